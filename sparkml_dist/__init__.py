@@ -1,0 +1,17 @@
+"""sparkml_dist: distributed training on the Spark cluster that already holds your data.
+
+* :mod:`sparkml_dist.ensemble` - one scikit-learn-API model per group of rows (bagging), as
+  pyspark.ml Estimators.
+* :mod:`sparkml_dist.partitioning` and :mod:`sparkml_dist.collection` - the shared split of rows
+  into groups and the shared way back for fitted objects.
+
+Importing this package needs neither torch nor horovod.
+"""
+
+from .errors import (CollectionError, ConfigurationError, InsufficientResourcesError,
+                     SparkMLDistError, WorkerError)
+
+__version__ = "0.1.0"
+
+__all__ = ["SparkMLDistError", "ConfigurationError", "InsufficientResourcesError", "WorkerError",
+           "CollectionError", "__version__"]

@@ -1,0 +1,303 @@
+"""BaggingClassifier / BaggingRegressor: one scikit-learn-API model per group.  [driver]
+
+``fit``: validate parameters and columns (no Spark job) -> split rows into groups
+(:mod:`sparkml_dist.partitioning`, one sizing/validation job) -> fit one clone of ``estimator`` per
+group inside the executors (:mod:`sparkml_dist.launch`) -> a model holding the members.
+
+Example::
+
+    from sklearn.tree import DecisionTreeClassifier
+    from sparkml_dist.ensemble import BaggingClassifier
+
+    bag = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=10), numModels=16,
+                            sampling="bootstrap", sampleRatio=0.25, featureRatio=0.8, seed=7)
+    model = bag.fit(train_df)                 # train_df: "features" vector column, "label" column
+    scored = model.transform(test_df)         # + prediction, probability, rawPrediction
+    model.predict_proba(X_numpy)              # the same numbers, locally
+    model.write().overwrite().save("/models/bag")
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyspark import keyword_only
+from pyspark.ml import Estimator, Model
+from pyspark.sql import functions as F
+
+from .. import launch, partitioning, serialization
+from ..errors import ConfigurationError
+from . import _worker, validation
+from .aggregation import Member, mean_prediction, probabilities, vote
+from .params import _ClassifierParams, _RegressorParams
+from .persistence import BaggingReadWrite
+
+log = logging.getLogger(__name__)
+
+_NAMES = {"num_groups": "numModels", "sampling": "sampling", "sample_ratio": "sampleRatio",
+          "feature_ratio": "featureRatio"}
+
+
+def _default_estimator(is_classifier: bool):
+    from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
+
+    return DecisionTreeClassifier() if is_classifier else DecisionTreeRegressor()
+
+
+class _BaggingEstimator(Estimator, BaggingReadWrite):
+    _is_classifier = False
+
+    def _resolved_estimator(self):
+        est = self.getEstimator()
+        return est if est is not None else _default_estimator(self._is_classifier)
+
+    def _split_spec(self) -> partitioning.SplitSpec:
+        return partitioning.SplitSpec(
+            num_groups=self.getNumModels(), sampling=self.getSampling(),
+            sample_ratio=self.getSampleRatio(), feature_ratio=self.getFeatureRatio(),
+            seed=int(self.getSeed()), names=_NAMES)
+
+    def _check_estimator(self, est, has_weight: bool) -> bytes:
+        for method in ("fit", "predict"):
+            if not callable(getattr(est, method, None)):
+                raise ConfigurationError(f"estimator={est!r} has no {method}() method; pass a "
+                                         "scikit-learn-API estimator such as DecisionTreeClassifier().")
+        try:
+            from sklearn.base import is_classifier, is_regressor
+
+            if self._is_classifier and is_regressor(est):
+                raise ConfigurationError(f"estimator={est!r} is a regressor; BaggingClassifier needs a "
+                                         "classifier (or use BaggingRegressor).")
+            if not self._is_classifier and is_classifier(est):
+                raise ConfigurationError(f"estimator={est!r} is a classifier; BaggingRegressor needs a "
+                                         "regressor (or use BaggingClassifier).")
+        except ImportError:  # pragma: no cover - scikit-learn is a dependency
+            pass
+        if self._is_classifier and self.getVoting() not in ("soft", "hard"):
+            raise ConfigurationError(f"voting must be 'soft' or 'hard', got {self.getVoting()!r}")
+        if self._is_classifier and self.getVoting() == "soft" and not hasattr(est, "predict_proba"):
+            raise ConfigurationError(f"voting='soft' needs predict_proba(), which estimator={est!r} "
+                                     "lacks; set voting='hard'.")
+        if has_weight:
+            import inspect
+
+            if "sample_weight" not in inspect.signature(est.fit).parameters:
+                raise ConfigurationError(f"weightCol={self.getWeightCol()!r} is set but estimator="
+                                         f"{est!r}.fit() takes no sample_weight; unset weightCol.")
+        try:
+            return serialization.dumps(est)
+        except Exception as exc:
+            raise ConfigurationError(f"estimator={est!r} cannot be pickled to send to executors: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+
+    def _fit(self, dataset):
+        spec = self._split_spec()
+        est = self._resolved_estimator()
+        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
+        blob = self._check_estimator(est, bool(weight_col))
+        feats_col, feats_cols = self.getFeaturesCol(), self.getFeaturesCols()
+        cols = [validation.features_column(dataset, feats_col, feats_cols).alias(_worker.FEATURES),
+                validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(_worker.LABEL)]
+        if weight_col:
+            cols.append(validation.numeric_column(dataset, weight_col, "weightCol").alias(_worker.WEIGHT))
+        prepared = dataset.select(*cols)
+        key_cols = [_worker.FEATURES, _worker.LABEL] + ([_worker.WEIGHT] if weight_col else [])
+        grouped = partitioning.assign_groups(prepared, spec, key_cols)
+
+        spark = launch.session_of(dataset)
+        with launch.job_scope(spark, "sparkml_dist: sizing groups"):
+            stats = partitioning.group_stats(
+                grouped, validation.data_aggregates(self._is_classifier, bool(weight_col)))
+        if not stats.rows and dataset.isEmpty():
+            raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
+        partitioning.check_groups(stats, spec, bytes_per_row=1.0, budget_bytes=1 << 62)  # empties
+        info = validation.check_data(
+            stats, dataset, features_col=feats_col, features_cols=feats_cols,
+            label_col=self.getLabelCol(), weight_col=weight_col,
+            allow_nan=validation.estimator_allows_nan(est), is_classifier=self._is_classifier,
+            counts_copies=spec.sampling != "disjoint")
+        n_features = info["n_features"]
+        subsets = partitioning.feature_subsets(n_features, spec)
+        widest = max(len(s) for s in subsets)
+        partitioning.check_groups(stats, spec, bytes_per_row=8.0 * (widest + 4) * 4,
+                                  budget_bytes=partitioning.task_memory_budget(spark))
+        log.info("%s: %s", type(self).__name__, stats.summary())
+
+        fit_spec = _worker.FitSpec(
+            estimator_blob=blob, is_classifier=self._is_classifier,
+            classes=info["classes"] or (), feature_subsets=tuple(tuple(int(i) for i in s) for s in subsets),
+            seeds=tuple(partitioning.group_seeds(spec)), n_features=n_features,
+            has_weight=bool(weight_col))
+        results = launch.run_on_groups(grouped, _worker.fit_groups, fit_spec,
+                                       expected_groups=range(spec.num_groups),
+                                       description=f"sparkml_dist: fitting {spec.num_groups} models")
+        members = [results[(g, 0)] for g in range(spec.num_groups)]
+        model = self._model_class()(members=members, n_features=n_features, classes=info["classes"])
+        model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
+        return self._copyValues(model)
+
+
+class _BaggingModel(Model, BaggingReadWrite):
+    _is_classifier = False
+
+    def __init__(self, members: Optional[List[Member]] = None, n_features: int = 0,
+                 classes: Optional[Sequence[float]] = None):
+        super().__init__()
+        self._members = list(members or [])
+        self._n_features = int(n_features)
+        self._classes = tuple(float(c) for c in classes) if classes is not None else None
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def models(self) -> List[Member]:
+        """The fitted members: ``member.model`` and ``member.features`` (column indices)."""
+        return list(self._members)
+
+    @property
+    def numFeatures(self) -> int:
+        return self._n_features
+
+    @property
+    def groupSizes(self) -> List[int]:
+        """Rows each member was trained on (bootstrap copies included)."""
+        return [m.n_rows for m in self._members]
+
+    # ------------------------------------------------------------------ local prediction
+    def _local_X(self, X) -> np.ndarray:
+        cols = self.getFeaturesCols()
+        if hasattr(X, "columns") and cols and all(c in X.columns for c in cols):
+            X = X[cols]
+        arr = np.asarray(X, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != self._n_features:
+            raise ConfigurationError(f"X has shape {arr.shape}; expected (n_rows, {self._n_features}).")
+        return arr
+
+    def _predict_spec(self) -> _worker.PredictSpec:
+        blob = serialization.dumps(self._members)
+        return _worker.PredictSpec(
+            blob=blob, digest=_worker.blob_digest(blob), is_classifier=self._is_classifier,
+            n_classes=len(self._classes or ()), classes=self._classes or (),
+            voting=self.getVoting() if self._is_classifier else "", n_features=self._n_features,
+            features_col=self.getFeaturesCol())
+
+    # ------------------------------------------------------------------ Spark transform
+    def _transform(self, dataset):
+        spec = self._predict_spec()
+        feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
+        if self._is_classifier:
+            out_type = "struct<prediction: double, probability: array<double>, raw: array<double>>"
+        else:
+            out_type = "struct<prediction: double>"
+
+        def predict(features: pa.Array) -> pa.Array:
+            return _worker.predict_arrow(features, spec)
+
+        udf = F.arrow_udf(predict, out_type)
+        tmp = "__sd_prediction"
+        out = dataset.withColumn(tmp, udf(feats))
+        outputs = {self.getPredictionCol(): F.col(f"{tmp}.prediction")}
+        if self._is_classifier:
+            from pyspark.ml.functions import array_to_vector
+
+            outputs[self.getProbabilityCol()] = array_to_vector(F.col(f"{tmp}.probability"))
+            outputs[self.getRawPredictionCol()] = array_to_vector(F.col(f"{tmp}.raw"))
+        outputs = {name: col for name, col in outputs.items() if name}
+        return out.withColumns(outputs).drop(tmp)
+
+
+class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
+    """Bagged ensemble of scikit-learn-API classifiers, one per group of rows (and columns).
+
+    Parameters (all keyword): ``estimator`` (default ``DecisionTreeClassifier()``), ``numModels``
+    (10), ``sampling`` ("disjoint" | "bootstrap" | "subsample"), ``sampleRatio`` (1.0),
+    ``featureRatio`` (1.0), ``seed`` (42), ``featuresCol`` ("features": a vector or array column) or
+    ``featuresCols`` (numeric columns), ``labelCol``, ``weightCol``, ``predictionCol``,
+    ``probabilityCol``, ``rawPredictionCol``, ``voting`` ("soft" | "hard").
+
+    Labels are numbers; classes are their sorted distinct values, and ``probability`` follows that
+    order (labels 0..C-1, as MLlib uses, give class ``i`` at index ``i``).
+    """
+
+    _is_classifier = True
+
+    @keyword_only
+    def __init__(self, *, estimator: Any = None, numModels: int = 10, sampling: str = "disjoint",
+                 sampleRatio: float = 1.0, featureRatio: float = 1.0, seed: int = 42,
+                 featuresCol: str = "features", featuresCols: Optional[List[str]] = None,
+                 labelCol: str = "label", weightCol: Optional[str] = None,
+                 predictionCol: str = "prediction", probabilityCol: str = "probability",
+                 rawPredictionCol: str = "rawPrediction", voting: str = "soft"):
+        super().__init__()
+        self._set(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs):
+        return self._set(**self._input_kwargs)
+
+    def _model_class(self):
+        return BaggingClassificationModel
+
+
+class BaggingRegressor(_BaggingEstimator, _RegressorParams):
+    """Bagged ensemble of scikit-learn-API regressors; predictions are the members' mean.
+
+    Same parameters as :class:`BaggingClassifier` without the classifier-only ones
+    (``probabilityCol``, ``rawPredictionCol``, ``voting``); default estimator
+    ``DecisionTreeRegressor()``.
+    """
+
+    @keyword_only
+    def __init__(self, *, estimator: Any = None, numModels: int = 10, sampling: str = "disjoint",
+                 sampleRatio: float = 1.0, featureRatio: float = 1.0, seed: int = 42,
+                 featuresCol: str = "features", featuresCols: Optional[List[str]] = None,
+                 labelCol: str = "label", weightCol: Optional[str] = None,
+                 predictionCol: str = "prediction"):
+        super().__init__()
+        self._set(**self._input_kwargs)
+
+    @keyword_only
+    def setParams(self, **kwargs):
+        return self._set(**self._input_kwargs)
+
+    def _model_class(self):
+        return BaggingRegressionModel
+
+
+class BaggingClassificationModel(_BaggingModel, _ClassifierParams):
+    """A fitted :class:`BaggingClassifier`."""
+
+    _is_classifier = True
+
+    @property
+    def classes(self) -> tuple:
+        """The label values, in the order of the probability vector."""
+        return self._classes
+
+    @property
+    def numClasses(self) -> int:
+        return len(self._classes)
+
+    def predict_raw(self, X) -> np.ndarray:
+        return vote(self._members, self._local_X(X), len(self._classes), self.getVoting())
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities for a local numpy array / pandas DataFrame (as ``transform``)."""
+        return probabilities(self.predict_raw(X))
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted labels for a local numpy array / pandas DataFrame (as ``transform``)."""
+        raw = self.predict_raw(X)
+        return np.asarray(self._classes)[raw.argmax(axis=1)]
+
+
+class BaggingRegressionModel(_BaggingModel, _RegressorParams):
+    """A fitted :class:`BaggingRegressor`."""
+
+    def predict(self, X) -> np.ndarray:
+        """Mean of the members' predictions for a local numpy array / pandas DataFrame."""
+        return mean_prediction(self._members, self._local_X(X))
+
+

@@ -1,0 +1,73 @@
+"""pyspark.ml Params shared by the bagging estimators and their models.  [driver]"""
+
+from __future__ import annotations
+
+from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol,
+                                     HasProbabilityCol, HasRawPredictionCol, HasSeed, HasWeightCol)
+
+
+class _BaggingParams(HasFeaturesCol, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed):
+    estimator = Param(
+        Params._dummy(), "estimator",
+        "scikit-learn-API estimator cloned for each group (default: a decision tree)",
+        typeConverter=None,
+    )
+    featuresCols = Param(
+        Params._dummy(), "featuresCols",
+        "numeric feature columns, used instead of featuresCol when set",
+        typeConverter=TypeConverters.toListString,
+    )
+    numModels = Param(Params._dummy(), "numModels", "number of members (groups), >= 1",
+                      typeConverter=TypeConverters.toInt)
+    sampling = Param(Params._dummy(), "sampling",
+                     "how rows are split into groups: disjoint | bootstrap | subsample",
+                     typeConverter=TypeConverters.toString)
+    sampleRatio = Param(Params._dummy(), "sampleRatio",
+                        "share of rows per group in (0, 1] (Poisson rate for bootstrap)",
+                        typeConverter=TypeConverters.toFloat)
+    featureRatio = Param(Params._dummy(), "featureRatio",
+                         "share of feature columns drawn per group in (0, 1] (random subspace)",
+                         typeConverter=TypeConverters.toFloat)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
+                         featuresCols=[], numModels=10, sampling="disjoint", sampleRatio=1.0,
+                         featureRatio=1.0, seed=42)
+
+    def getEstimator(self):
+        return self.getOrDefault(self.estimator) if self.isDefined(self.estimator) else None
+
+    def getFeaturesCols(self):
+        return self.getOrDefault(self.featuresCols)
+
+    def getNumModels(self) -> int:
+        return self.getOrDefault(self.numModels)
+
+    def getSampling(self) -> str:
+        return self.getOrDefault(self.sampling)
+
+    def getSampleRatio(self) -> float:
+        return self.getOrDefault(self.sampleRatio)
+
+    def getFeatureRatio(self) -> float:
+        return self.getOrDefault(self.featureRatio)
+
+
+class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
+    voting = Param(Params._dummy(), "voting",
+                   "soft (average member probabilities) or hard (majority of member predictions)",
+                   typeConverter=TypeConverters.toString)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(probabilityCol="probability", rawPredictionCol="rawPrediction",
+                         voting="soft")
+
+    def getVoting(self) -> str:
+        return self.getOrDefault(self.voting)
+
+
+class _RegressorParams(_BaggingParams):
+    pass

@@ -1,0 +1,79 @@
+"""Run a task function over the groups of a DataFrame and collect what it returns.  [driver]
+
+``run_on_groups(df, task_fn, spec)`` is ``df.mapInArrow(...)`` plus the collection layer:
+
+* ``task_fn(batches, spec)`` is a *module-level* executor function receiving the task's Arrow
+  record batches and a frozen spec of plain values; it yields chunk batches built with
+  :mod:`sparkml_dist.collection` (``encode`` / ``encode_error``);
+* the job runs under a unique job tag; Ctrl-C (KeyboardInterrupt) on the driver interrupts exactly
+  that job, so two runs in one session never cancel each other;
+* ``barrier=True`` gang-schedules the tasks (all start together or none).
+
+Only the DataFrame API is used, so the same code runs on classic Spark and on Spark Connect.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import uuid
+from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
+
+import pyarrow as pa
+
+from . import collection
+
+log = logging.getLogger(__name__)
+
+
+def session_of(df):
+    """The SparkSession of a DataFrame (classic or Connect)."""
+    return df.sparkSession
+
+
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+@contextlib.contextmanager
+def job_scope(spark, description: str):
+    """Tag the Spark jobs started inside; interrupt them on KeyboardInterrupt or error exit."""
+    tag = f"sparkml_dist-{uuid.uuid4().hex[:12]}"
+    spark.addTag(tag)
+    try:
+        yield tag
+    except BaseException:
+        with contextlib.suppress(Exception):
+            spark.interruptTag(tag)
+        raise
+    finally:
+        with contextlib.suppress(Exception):
+            spark.removeTag(tag)
+
+
+def _task_entry(task_fn: Callable, spec: Any, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Executor entry point: run the task, turning an unexpected failure into an error row."""
+    try:
+        yield from task_fn(batches, spec)
+    except Exception as exc:  # reported to the driver as a WorkerError, not retried blindly
+        yield collection.encode_error(-1, f"{type(exc).__name__}: {exc}")
+
+
+def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False):
+    """The lazy DataFrame of chunk rows produced by ``task_fn`` on every partition of ``df``."""
+    return df.mapInArrow(functools.partial(_task_entry, task_fn, spec), collection.CHUNK_DDL,
+                         barrier=barrier)
+
+
+def run_on_groups(df, task_fn: Callable, spec: Any, *, expected_groups: Optional[Iterable[int]] = None,
+                  barrier: bool = False, description: str = "sparkml_dist",
+                  what: str = "group") -> Dict[Tuple[int, int], Any]:
+    """Run ``task_fn`` over ``df``'s partitions and return ``{(group, item): object}``."""
+    out = map_groups(df, task_fn, spec, barrier=barrier)
+    spark = session_of(df)
+    with job_scope(spark, description):
+        table = out.toArrow()
+    log.debug("%s: collected %d chunk rows (%d bytes)", description, table.num_rows, table.nbytes)
+    return collection.decode(table, expected_groups, what=what)

@@ -1,0 +1,244 @@
+"""The shared split: rows of a DataFrame -> K groups, each group's rows in one task.  [driver]
+
+Modes (``sampling``):
+
+* ``disjoint``  every row lands in exactly one group (``sample_ratio`` < 1 keeps that share of it);
+* ``bootstrap`` each row appears Poisson(``sample_ratio``) times in every group (sampling with
+  replacement, as in random forests);
+* ``subsample`` each row appears in each group with probability ``sample_ratio`` (without
+  replacement).
+
+Assignment is a pure function of the seed and the row's *content*: a 64-bit key
+``xxhash64(seed, *key_cols)`` is computed in Spark SQL, and each group's draw is another hash of that
+key.  The same seed and the same rows give the same groups however the input is partitioned, on
+every retry and every cluster shape.  Group ``g`` is then moved to partition ``g`` exactly with
+``repartitionById`` (DataFrame API only, so it runs on Spark Connect too).  Inside a group, rows are
+ordered by key (ties broken by content) with :func:`order_rows` before fitting.
+
+Optional column subsets (``feature_ratio`` < 1, the random-subspace / vertical split) are drawn once
+on the driver with :func:`feature_subsets`.
+
+Example::
+
+    spec = SplitSpec(num_groups=8, sampling="bootstrap", sample_ratio=0.5, seed=42)
+    grouped = assign_groups(df, spec, key_cols=["features", "label"])
+    stats = group_stats(grouped)                       # one Spark job
+    check_groups(stats, spec, bytes_per_row=8 * 12, budget_bytes=task_memory_budget(spark))
+    print(stats.summary())                             # "8 groups, rows min/median/max = ..."
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence
+
+import numpy as np
+
+from .errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+SAMPLING_MODES = ("disjoint", "bootstrap", "subsample")
+GROUP_COL = "__sd_group"
+KEY_COL = "__sd_key"
+_U53 = 9007199254740992.0  # 2**53: uniform doubles from the top 53 bits of a 64-bit hash
+
+
+def check_ratio(name: str, value: float) -> float:
+    """``value`` must be a number in (0, 1]; the error names the parameter."""
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigurationError(f"{name} must be a number in (0, 1], got {value!r}") from None
+    if not (0.0 < v <= 1.0) or math.isnan(v):
+        raise ConfigurationError(f"{name} must be in (0, 1], got {value!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class SplitSpec:
+    """How to split rows (and columns) into groups.  Plain values: safe to ship to executors."""
+
+    num_groups: int
+    sampling: str = "disjoint"
+    sample_ratio: float = 1.0
+    feature_ratio: float = 1.0
+    seed: int = 0
+    names: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        n = self.names.get
+        if not isinstance(self.num_groups, (int, np.integer)) or isinstance(self.num_groups, bool) \
+                or self.num_groups < 1:
+            raise ConfigurationError(
+                f"{n('num_groups', 'num_groups')} must be an integer >= 1, got {self.num_groups!r}")
+        if self.sampling not in SAMPLING_MODES:
+            raise ConfigurationError(
+                f"{n('sampling', 'sampling')} must be one of {', '.join(SAMPLING_MODES)}; "
+                f"got {self.sampling!r}")
+        check_ratio(n("sample_ratio", "sample_ratio"), self.sample_ratio)
+        check_ratio(n("feature_ratio", "feature_ratio"), self.feature_ratio)
+
+
+# --------------------------------------------------------------------------- SQL expressions
+def _uniform(key: str, salt: str) -> str:
+    return f"(shiftrightunsigned(xxhash64({key}, {salt}), 11) / {_U53!r})"
+
+
+def _poisson_count(u: str, lam: float) -> str:
+    """Inverse-CDF Poisson(lam) draw from uniform ``u``, as a sum of threshold tests."""
+    terms, p, cum, k = [], math.exp(-lam), 0.0, 0
+    while True:
+        cum += p
+        if 1.0 - cum < 1e-12 or k > 60:
+            break
+        terms.append(f"CAST({u} >= {cum!r} AS INT)")
+        k += 1
+        p *= lam / k
+    return "(" + " + ".join(terms) + ")" if terms else "0"
+
+
+def membership_sql(spec: SplitSpec, key: str = KEY_COL) -> str:
+    """SQL for the array of group ids a row belongs to (with repeats for bootstrap copies)."""
+    k, r = spec.num_groups, float(spec.sample_ratio)
+    if spec.sampling == "disjoint":
+        one = f"array(CAST(pmod({key}, {k}) AS INT))"
+        return one if r >= 1.0 else f"CASE WHEN {_uniform(key, '-1')} < {r!r} THEN {one} ELSE array() END"
+    if spec.sampling == "subsample":
+        return f"filter(sequence(0, {k - 1}), g -> {_uniform(key, 'g')} < {r!r})"
+    return (f"flatten(transform(sequence(0, {k - 1}), "
+            f"g -> array_repeat(g, {_poisson_count(_uniform(key, 'g'), r)})))")
+
+
+def assign_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
+    """``df`` plus ``KEY_COL`` (long) and ``GROUP_COL`` (int), one row per (row, group, copy),
+    with group ``g`` in partition ``g``.  Lazy: starts no Spark job."""
+    from pyspark.sql import functions as F
+
+    if not key_cols:
+        raise ConfigurationError("key_cols must name at least one column to derive row keys from")
+    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(spec.seed)), *[F.col(c) for c in key_cols]))
+    exploded = keyed.withColumn(GROUP_COL, F.explode(F.expr(membership_sql(spec))))
+    return exploded.repartitionById(spec.num_groups, GROUP_COL)
+
+
+# --------------------------------------------------------------------------- drawn on the driver
+def feature_subsets(n_features: int, spec: SplitSpec) -> List[np.ndarray]:
+    """Sorted column indices per group: all columns, or ``ceil(feature_ratio * n)`` drawn per group."""
+    if spec.feature_ratio >= 1.0:
+        return [np.arange(n_features) for _ in range(spec.num_groups)]
+    size = max(1, int(math.ceil(spec.feature_ratio * n_features)))
+    rng = np.random.default_rng([int(spec.seed) & 0xFFFFFFFF, 1])
+    return [np.sort(rng.choice(n_features, size=size, replace=False)) for _ in range(spec.num_groups)]
+
+
+def group_seeds(spec: SplitSpec) -> List[int]:
+    """One seed per group for the member's own randomness (e.g. ``random_state``), drawn once."""
+    rng = np.random.default_rng([int(spec.seed) & 0xFFFFFFFF, 2])
+    return [int(s) for s in rng.integers(0, 2**31 - 1, size=spec.num_groups)]
+
+
+def order_rows(keys: np.ndarray, *tiebreak: np.ndarray) -> np.ndarray:
+    """Deterministic order of a group's rows: by key, ties (bootstrap copies, collisions) by content."""
+    order = np.argsort(keys, kind="stable")
+    sorted_keys = keys[order]
+    if sorted_keys.size < 2 or not np.any(sorted_keys[1:] == sorted_keys[:-1]) or not tiebreak:
+        return order
+    columns = []
+    for arr in tiebreak[::-1]:
+        arr = np.asarray(arr)
+        columns.extend(arr.T[::-1] if arr.ndim == 2 else [arr])
+    return np.lexsort(tuple(columns) + (keys,))
+
+
+# --------------------------------------------------------------------------- checks
+@dataclass
+class GroupStats:
+    """Rows per group (and any extra per-group aggregates) from one Spark job."""
+
+    num_groups: int
+    rows: Dict[int, int]
+    extras: Dict[int, dict] = field(default_factory=dict)
+
+    def counts(self) -> np.ndarray:
+        return np.array([self.rows.get(g, 0) for g in range(self.num_groups)], dtype=np.int64)
+
+    def summary(self) -> str:
+        c = self.counts()
+        return (f"{self.num_groups} groups, rows min/median/max = "
+                f"{int(c.min())}/{int(np.median(c))}/{int(c.max())} (total {int(c.sum())})")
+
+
+def group_stats(grouped, extra_aggs: Optional[Mapping[str, object]] = None) -> GroupStats:
+    """Count rows per group, plus ``extra_aggs`` ({name: aggregate Column}), in one Spark job."""
+    from pyspark.sql import functions as F
+
+    aggs = [F.count(F.lit(1)).alias("__rows")]
+    aggs += [col.alias(name) for name, col in (extra_aggs or {}).items()]
+    rows, extras = {}, {}
+    for r in grouped.groupBy(GROUP_COL).agg(*aggs).collect():
+        d = r.asDict()
+        g = int(d.pop(GROUP_COL))
+        rows[g] = int(d.pop("__rows"))
+        extras[g] = d
+    num_groups = max(rows) + 1 if rows else 0
+    return GroupStats(num_groups=num_groups, rows=rows, extras=extras)
+
+
+def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float,
+                 budget_bytes: int) -> None:
+    """No empty group, and no group larger than one task can hold."""
+    n = spec.names.get
+    stats.num_groups = spec.num_groups
+    counts = stats.counts()
+    empty = [g for g in range(spec.num_groups) if counts[g] == 0]
+    if empty:
+        shown = ", ".join(map(str, empty[:10])) + (" ..." if len(empty) > 10 else "")
+        raise ConfigurationError(
+            f"{len(empty)} of {spec.num_groups} groups received no rows (groups {shown}); "
+            f"{int(counts.sum())} rows were assigned in all. Lower {n('num_groups', 'num_groups')} "
+            f"or raise {n('sample_ratio', 'sample_ratio')}.")
+    biggest = int(counts.argmax())
+    need = float(counts[biggest]) * bytes_per_row
+    if need > budget_bytes:
+        raise ConfigurationError(
+            f"group {biggest} has {int(counts[biggest])} rows, about {need / 2**30:.2f} GiB in memory, "
+            f"more than one task can hold ({budget_bytes / 2**30:.2f} GiB). Raise "
+            f"{n('num_groups', 'num_groups')} or lower {n('sample_ratio', 'sample_ratio')}/"
+            f"{n('feature_ratio', 'feature_ratio')}, or give Python workers more memory with "
+            "spark.executor.pyspark.memory.")
+    log.debug("split: %s", stats.summary())
+
+
+def _parse_bytes(text: str) -> int:
+    t = text.strip().lower().rstrip("b")
+    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+    if t and t[-1] in mult:
+        return int(float(t[:-1]) * mult[t[-1]])
+    return int(float(t)) * (1 << 20)  # Spark reads a bare number of memory as MiB
+
+
+def task_memory_budget(spark) -> int:
+    """Bytes a single task's Python worker may use, from the Spark configuration.
+
+    ``spark.executor.pyspark.memory`` (divided by the cores of an executor) when set; otherwise
+    ``spark.executor.memory`` per core on a cluster, or half this machine's memory per core in local
+    mode (where executors are threads of the driver and Python workers share this machine).
+    """
+    conf = spark.conf
+    master = conf.get("spark.master", "local[*]") or "local[*]"
+    local = master.startswith("local") and not master.startswith("local-cluster")
+    cores = int(conf.get("spark.executor.cores", "1") or 1)
+    if local:
+        inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+        cores = (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
+    py_mem = conf.get("spark.executor.pyspark.memory", None)
+    if py_mem:
+        return _parse_bytes(py_mem) // max(1, cores)
+    if local:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return phys // 2 // max(1, cores)
+    return _parse_bytes(conf.get("spark.executor.memory", "1g") or "1g") // max(1, cores)
