@@ -52,4 +52,10 @@ def get_session(master: Optional[str] = None, *, conf: Optional[Mapping[str, str
         builder = builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate()
+    import warnings
+
+    with warnings.catch_warnings():
+        # a local Connect server receives every setting at start-up; pyspark then also tries to
+        # set static ones at runtime and warns that it cannot: that second attempt is noise
+        warnings.filterwarnings("ignore", message="Failed to set spark", category=UserWarning)
+        return builder.getOrCreate()

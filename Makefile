@@ -1,0 +1,49 @@
+# Two commands for a fresh machine:  make demo  |  make test
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+# torch is pinned to the CPU build that lies on disk; pandas<3 because pyspark 4.3 needs it.
+DEV_STAMP  := $(VENV)/.dev-installed
+BASE_STAMP := $(VENV)/.base-installed
+
+.PHONY: demo test test-unit test-local test-connect test-cluster bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+$(BASE_STAMP): $(BIN)/python setup.cfg pyproject.toml
+	$(PIP) install -q -e .
+	touch $@
+
+$(DEV_STAMP): $(BIN)/python setup.cfg pyproject.toml
+	$(PIP) install -q "torch==2.13.0" "pandas<3"
+	$(PIP) install -q -e ".[dev]"
+	touch $@ $(BASE_STAMP)
+
+demo: $(BASE_STAMP)
+	$(BIN)/sparkml-dist demo --master "local[*]"
+
+# Every pass must run tests: pytest's exit code 5 (nothing collected) fails the build too.
+test: $(DEV_STAMP)
+	$(MAKE) test-local test-connect test-cluster
+
+test-unit: $(DEV_STAMP)
+	$(PYTEST) tests/unit
+
+test-local: $(DEV_STAMP)
+	SPARKML_DIST_TEST_MASTER="local[2]" $(PYTEST) tests/unit tests/spark tests/e2e
+
+test-connect: $(DEV_STAMP)
+	SPARKML_DIST_TEST_MASTER="connect:local[2]" $(PYTEST) tests/spark
+
+test-cluster: $(DEV_STAMP)
+	SPARKML_DIST_TEST_MASTER="local-cluster[2,1,1024]" $(PYTEST) tests/spark
+
+bench: $(DEV_STAMP)
+	$(BIN)/python benchmarks/bench_ensemble.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info spark-warehouse metastore_db derby.log

@@ -1,0 +1,142 @@
+"""Bagged decision trees: sparkml_dist vs Spark MLlib RandomForest vs scikit-learn RandomForest.
+
+One process, one SparkSession on local[2]; contenders interleaved over several rounds; the load
+average is recorded before each run. Prints train time, transform throughput and test AUC /
+accuracy of each, and the ratios to ours.
+
+    python benchmarks/bench_ensemble.py [--rows 1000000] [--features 50] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def make_data(rows: int, features: int, test_rows: int, path: str):
+    import pandas as pd
+    from sklearn.datasets import make_classification
+
+    X, y = make_classification(n_samples=rows + test_rows, n_features=features, n_informative=15,
+                               n_redundant=10, flip_y=0.02, class_sep=0.8, random_state=0)
+    cols = [f"f{i}" for i in range(features)]
+    for name, sl in (("train", slice(0, rows)), ("test", slice(rows, rows + test_rows))):
+        out = os.path.join(path, f"{name}_{rows}x{features}.parquet")
+        if not os.path.exists(out):
+            pdf = pd.DataFrame(X[sl], columns=cols)
+            pdf["label"] = y[sl].astype(float)
+            pdf.to_parquet(out, row_group_size=100_000)
+    return (X[:rows], y[:rows], X[rows:], y[rows:], cols,
+            os.path.join(path, f"train_{rows}x{features}.parquet"),
+            os.path.join(path, f"test_{rows}x{features}.parquet"))
+
+
+def auc_acc(y, p1):
+    from sklearn.metrics import roc_auc_score
+
+    return roc_auc_score(y, p1), float(((p1 > 0.5) == (y > 0.5)).mean())
+
+
+def spark_scores(scored):
+    pdf = scored.select("label", "probability").toPandas()
+    return pdf["label"].to_numpy(), np.stack(pdf["probability"].map(lambda v: v.toArray()))[:, 1]
+
+
+def time_transform(scored) -> float:
+    t = time.perf_counter()
+    scored.select("prediction", "probability").write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - t
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--features", type=int, default=50)
+    ap.add_argument("--test-rows", type=int, default=200_000)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--trees", type=int, default=16)
+    ap.add_argument("--depth", type=int, default=10)
+    args = ap.parse_args()
+    data_dir = os.path.join(HERE, "data")
+    os.makedirs(data_dir, exist_ok=True)
+    Xtr, ytr, Xte, yte, cols, train_path, test_path = make_data(args.rows, args.features,
+                                                                args.test_rows, data_dir)
+
+    sys.path.insert(0, os.path.dirname(HERE))
+    from pyspark.ml.classification import RandomForestClassifier as SparkRF
+    from pyspark.ml.feature import VectorAssembler
+    from sklearn.ensemble import RandomForestClassifier as SkRF
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sparkml_dist.ensemble import BaggingClassifier
+    from sparkml_dist.session import get_session
+
+    spark = get_session("local[2]", conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
+                        conf={"spark.driver.memory": "10g", "spark.sql.shuffle.partitions": "16"},
+                        app_name="bench_ensemble")
+    spark.sparkContext.setLogLevel("ERROR")
+    assembler = VectorAssembler(inputCols=cols, outputCol="features")
+
+    def ours():
+        train, test = spark.read.parquet(train_path), spark.read.parquet(test_path)
+        t = time.perf_counter()
+        model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=args.depth, max_features="sqrt"),
+                                  numModels=args.trees, sampling="disjoint", featuresCols=cols, seed=1).fit(train)
+        fit_s = time.perf_counter() - t
+        scored = model.transform(test)
+        pred_s = time_transform(scored)
+        return fit_s, pred_s, *auc_acc(*spark_scores(scored))
+
+    def mllib():
+        train, test = spark.read.parquet(train_path), spark.read.parquet(test_path)
+        t = time.perf_counter()
+        model = SparkRF(numTrees=args.trees, maxDepth=args.depth, seed=1).fit(assembler.transform(train))
+        fit_s = time.perf_counter() - t
+        scored = model.transform(assembler.transform(test))
+        pred_s = time_transform(scored)
+        return fit_s, pred_s, *auc_acc(*spark_scores(scored))
+
+    def sklearn_rf():
+        t = time.perf_counter()
+        model = SkRF(n_estimators=args.trees, max_depth=args.depth, n_jobs=2, random_state=1).fit(Xtr, ytr)
+        fit_s = time.perf_counter() - t
+        t = time.perf_counter()
+        p1 = model.predict_proba(Xte)[:, 1]
+        pred_s = time.perf_counter() - t
+        return fit_s, pred_s, *auc_acc(yte, p1)
+
+    contenders = {"sparkml_dist": ours, "mllib_rf": mllib, "sklearn_rf": sklearn_rf}
+    results = {k: [] for k in contenders}
+    for r in range(args.repeats):
+        names = list(contenders)
+        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order every round
+        for name in names:
+            load = os.getloadavg()[0]
+            res = contenders[name]()
+            results[name].append(res)
+            print(f"round {r} {name:13s} load {load:4.2f}  fit {res[0]:7.2f}s  transform {res[1]:6.2f}s"
+                  f"  auc {res[2]:.4f}  acc {res[3]:.4f}", flush=True)
+
+    print(f"\n{args.rows} x {args.features} train rows, {args.test_rows} test rows, {args.trees} trees "
+          f"of depth {args.depth}, {args.repeats} rounds (median)")
+    med = {k: [statistics.median(x[i] for x in v) for i in range(4)] for k, v in results.items()}
+    print(f"{'contender':14s} {'fit s':>8s} {'rows/s':>12s} {'AUC':>7s} {'acc':>7s}")
+    for k, (fit_s, pred_s, auc, acc) in med.items():
+        print(f"{k:14s} {fit_s:8.2f} {args.test_rows / pred_s:12,.0f} {auc:7.4f} {acc:7.4f}")
+    o = med["sparkml_dist"]
+    for k in ("mllib_rf", "sklearn_rf"):
+        m = med[k]
+        print(f"ours/{k}: train time {o[0] / m[0]:.3f}x, transform throughput "
+              f"{(m[1] / o[1]):.2f}x, AUC diff {o[2] - m[2]:+.4f}")
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""Shared fixtures.  One SparkSession per pytest run; its master comes from SPARKML_DIST_TEST_MASTER:
+
+* ``local[2]`` (default), ``local-cluster[2,1,1024]`` (separate executor JVMs),
+* ``connect:local[2]`` (a local Spark Connect server).
+
+``.ci/run`` runs tests/spark once per mode; tests/unit need no Spark at all.
+"""
+
+import os
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MASTER = os.environ.get("SPARKML_DIST_TEST_MASTER", "local[2]")
+IS_CONNECT = MASTER.startswith("connect:")
+IS_CLUSTER = MASTER.startswith("local-cluster")
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# executors of local-cluster import tests' helper modules (estimators defined in tests)
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    from sparkml_dist.session import get_session
+
+    conf = {}
+    if IS_CLUSTER:
+        conf["spark.executorEnv.PYTHONPATH"] = os.environ["PYTHONPATH"]
+    session = get_session(MASTER, conf=conf, conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"),
+                          app_name="sparkml_dist-tests")
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def master():
+    return MASTER
+
+
+only_local = pytest.mark.skipif(MASTER != "local[2]", reason="starts its own local Spark; run in the local[2] pass")

@@ -1,0 +1,47 @@
+"""The sparkml-dist command, as a user runs it (its own local Spark in a subprocess)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from tests.conftest import ROOT, only_local
+
+
+def _run(*args, timeout=400):
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    proc = subprocess.run([sys.executable, "-m", "sparkml_dist", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout[proc.stdout.index("{"):])
+
+
+@only_local
+def test_ensemble_job_from_csv_trains_evaluates_and_saves(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, 4))
+    pdf = pd.DataFrame(X, columns=list("abcd"))
+    pdf["y"] = (X[:, 0] + X[:, 1] > 0).astype(float)
+    pdf.to_csv(tmp_path / "train.csv", index=False)
+    job = {"input": {"path": str(tmp_path / "train.csv")}, "task": "classification",
+           "estimator": {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"max_depth": 4}},
+           "params": {"numModels": 3, "labelCol": "y"},
+           "evaluate": {"test_fraction": 0.25},
+           "output": {"model_path": str(tmp_path / "model")}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    report = _run("ensemble", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
+    assert report["members"] == 3 and sum(report["group_rows"]) > 250
+    assert report["metrics"]["accuracy"] > 0.85 and report["metrics"]["auc"] > 0.9
+    assert (tmp_path / "model" / "metadata").is_dir()
+    manifest = json.loads((tmp_path / "model" / "data" / "manifest.json").read_text())
+    assert sorted(o["group"] for o in manifest["objects"]) == [-1, 0, 1, 2]
+
+
+@only_local
+def test_demo_command():
+    report = _run("demo", "--master", "local[2]")
+    assert report["members"] == 8 and report["metrics"]["auc"] > 0.95

@@ -1,0 +1,41 @@
+"""Estimators used by tests.  Importable by executors (PYTHONPATH holds the repository root)."""
+
+import os
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.tree import DecisionTreeClassifier
+
+
+class FailingClassifier(ClassifierMixin, BaseEstimator):
+    """Raises in fit() for one group (recognized by its random_state)."""
+
+    def __init__(self, bad_state=None, random_state=None):
+        self.bad_state = bad_state
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        if self.random_state == self.bad_state:
+            raise RuntimeError(f"deliberate failure for random_state={self.random_state}")
+        self.classes_ = np.unique(y)
+        return self
+
+    def predict(self, X):
+        return np.zeros(len(X), dtype=int)
+
+    def predict_proba(self, X):
+        return np.tile([1.0] + [0.0] * (len(self.classes_) - 1), (len(X), 1))
+
+
+class CrashOnceClassifier(DecisionTreeClassifier):
+    """Kills its Python worker (os._exit) the first time any member is fitted: a lost task."""
+
+    def __init__(self, marker=None, max_depth=None, random_state=None):
+        super().__init__(max_depth=max_depth, random_state=random_state)
+        self.marker = marker
+
+    def fit(self, X, y, sample_weight=None):
+        if self.marker and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            os._exit(3)
+        return super().fit(X, y, sample_weight=sample_weight)

@@ -1,0 +1,201 @@
+"""BaggingClassifier / BaggingRegressor end to end on a real SparkSession."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.ml.linalg import Vectors
+from sklearn.datasets import make_classification, make_regression
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
+
+from sparkml_dist import WorkerError
+from sparkml_dist.ensemble import (BaggingClassificationModel, BaggingClassifier,
+                                   BaggingRegressionModel, BaggingRegressor)
+
+COLS = [f"f{i}" for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def data3():
+    X, y = make_classification(n_samples=900, n_features=6, n_informative=4, n_redundant=0,
+                               n_classes=3, random_state=0)
+    return X, y.astype(float)
+
+
+@pytest.fixture(scope="module")
+def cols_df(spark, data3):
+    X, y = data3
+    pdf = pd.DataFrame(X, columns=COLS)
+    pdf["label"] = y
+    return spark.createDataFrame(pdf)
+
+
+@pytest.fixture(scope="module")
+def vec_df(spark, data3):
+    X, y = data3
+    return spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+
+
+def _scored(model, df):
+    out = model.transform(df).toPandas()
+    return out["prediction"].to_numpy(), np.stack(out["probability"].map(lambda v: v.toArray()))
+
+
+def test_fit_transform_matches_local_predict_and_learns(cols_df, data3):
+    X, y = data3
+    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=6), numModels=4,
+                              featuresCols=COLS, seed=1).fit(cols_df)
+    assert isinstance(model, BaggingClassificationModel)
+    assert len(model.models) == 4 and model.classes == (0.0, 1.0, 2.0)
+    assert sum(model.groupSizes) == len(X)  # disjoint: every row used exactly once
+    pred, prob = _scored(model, cols_df)
+    local_X = cols_df.toPandas()[COLS].to_numpy()
+    assert np.allclose(prob, model.predict_proba(local_X))
+    assert np.array_equal(pred, model.predict(cols_df.toPandas()[COLS]))
+    assert (pred == cols_df.toPandas()["label"].to_numpy()).mean() > 0.75
+
+
+def test_same_seed_identical_predictions_after_repartitioning(vec_df, data3):
+    X, _ = data3
+    est = BaggingClassifier(numModels=3, sampling="bootstrap", sampleRatio=0.6, featureRatio=0.7, seed=5)
+    a = est.fit(vec_df.repartition(1)).predict_proba(X)
+    b = est.fit(vec_df.repartition(5)).predict_proba(X)
+    c = est.copy({est.seed: 6}).fit(vec_df).predict_proba(X)
+    assert np.array_equal(a, b)
+    assert not np.array_equal(a, c)
+
+
+def test_array_features_hard_voting_and_feature_subsets(spark, data3):
+    X, y = data3
+    df = spark.createDataFrame([(x.tolist(), float(t)) for x, t in zip(X, y)], ["feats", "y"])
+    model = BaggingClassifier(estimator=LogisticRegression(), numModels=3, featuresCol="feats",
+                              labelCol="y", voting="hard", featureRatio=0.5, seed=2,
+                              probabilityCol="p", rawPredictionCol="").fit(df)
+    assert all(len(m.features) == 3 for m in model.models)
+    out = model.transform(df)
+    assert "rawPrediction" not in out.columns and "p" in out.columns
+    raw = model.predict_raw(X)
+    assert np.all(raw.sum(axis=1) == 3)  # vote counts
+    pdf = out.toPandas()
+    assert np.allclose(np.stack(pdf["p"].map(lambda v: v.toArray())), model.predict_proba(np.stack(pdf["feats"])))
+
+
+def test_members_that_miss_a_class_still_vote_correctly(spark):
+    # one of the 3 classes is so rare that most groups never see it
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 3))
+    y = (X[:, 0] > 0).astype(float)
+    X[:6, 1] += 20
+    y[:6] = 7.0
+    df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=5, seed=3).fit(df)
+    assert model.classes == (0.0, 1.0, 7.0)
+    assert any(len(m.classes) < 3 for m in model.models)
+    assert model.predict_proba(X).shape == (600, 3)
+    assert model.predict(X[:6]).tolist().count(7.0) >= 1
+
+
+def test_regressor_mean_of_members(spark):
+    X, y = make_regression(n_samples=500, n_features=4, noise=0.1, random_state=0)
+    df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    model = BaggingRegressor(estimator=DecisionTreeRegressor(max_depth=5), numModels=3,
+                             sampling="subsample", sampleRatio=0.5).fit(df)
+    assert isinstance(model, BaggingRegressionModel)
+    pdf = model.transform(df).toPandas()
+    X_local = np.stack(pdf["features"].map(lambda v: v.toArray()))
+    expected = np.mean([m.model.predict(X_local) for m in model.models], axis=0)
+    assert np.allclose(pdf["prediction"], expected)
+    assert np.corrcoef(pdf["prediction"], pdf["label"])[0, 1] > 0.8
+
+
+def test_weight_column_reaches_the_members(spark):
+    X = np.array([[0.0], [1.0]] * 50)
+    y = np.array([0.0, 1.0] * 50)
+    X = np.vstack([X, [[0.0]] * 10])
+    y = np.concatenate([y, [1.0] * 10])  # at x=0: 50 rows say 0, 10 rows say 1
+    w = np.where((X[:, 0] == 0) & (y == 1), 100.0, 1.0)
+    df = spark.createDataFrame([(Vectors.dense(a), float(b), float(c)) for a, b, c in zip(X, y, w)],
+                               ["features", "label", "w"])
+    plain = BaggingClassifier(estimator=DecisionTreeClassifier(), numModels=1).fit(df)
+    weighted = BaggingClassifier(estimator=DecisionTreeClassifier(), numModels=1, weightCol="w").fit(df)
+    assert plain.predict(np.array([[0.0]]))[0] == 0.0
+    assert weighted.predict(np.array([[0.0]]))[0] == 1.0
+
+
+def test_nan_accepted_by_estimators_that_handle_missing_values(spark, data3):
+    X, y = data3
+    X = X.copy()
+    X[::10, 2] = np.nan
+    df = spark.createDataFrame([(x.tolist(), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    model = BaggingClassifier(estimator=HistGradientBoostingClassifier(max_iter=20), numModels=2).fit(df)
+    assert np.isfinite(model.predict_proba(X)).all()
+
+
+def test_xgboost_members(spark, data3):
+    xgb = pytest.importorskip("xgboost")
+    X, y = data3
+    df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    model = BaggingClassifier(estimator=xgb.XGBClassifier(n_estimators=10, max_depth=3), numModels=2,
+                              seed=4).fit(df)
+    assert (model.predict(X) == y).mean() > 0.8
+
+
+def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
+    from sparkml_dist.partitioning import SplitSpec, group_seeds
+    from tests.helpers import FailingClassifier
+
+    X, y = data3
+    df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    bad = group_seeds(SplitSpec(num_groups=3, seed=8))[2]
+    with pytest.raises(WorkerError) as info:
+        BaggingClassifier(estimator=FailingClassifier(bad_state=bad), numModels=3, seed=8).fit(df)
+    assert info.value.group == 2
+    assert "deliberate failure" in info.value.worker_traceback
+    assert "Traceback" in info.value.worker_traceback
+
+
+def test_save_load_roundtrip(tmp_path, vec_df, data3):
+    X, _ = data3
+    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3,
+                              voting="hard", seed=9).fit(vec_df)
+    path = str(tmp_path / "bag")
+    model.write().overwrite().save(path)
+    model.write().overwrite().save(path)  # overwrite works
+    loaded = BaggingClassificationModel.load(path)
+    assert loaded.uid == model.uid and loaded.getVoting() == "hard"
+    assert isinstance(loaded.getEstimator(), DecisionTreeClassifier)
+    assert np.array_equal(loaded.predict_proba(X), model.predict_proba(X))
+    pred, _ = _scored(loaded, vec_df)
+    pred0, _ = _scored(model, vec_df)
+    assert np.array_equal(pred, pred0)
+    est_path = str(tmp_path / "est")
+    BaggingClassifier(numModels=7, sampling="subsample", sampleRatio=0.3).save(est_path)
+    est = BaggingClassifier.load(est_path)
+    assert est.getNumModels() == 7 and est.getSampleRatio() == pytest.approx(0.3)
+
+
+def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols_df):
+    from pyspark.ml import Pipeline, PipelineModel
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    bag = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=5), numModels=2)
+    pipe = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag])
+    fitted = pipe.fit(cols_df)
+    path = str(tmp_path / "pipe")
+    fitted.write().overwrite().save(path)
+    reloaded = PipelineModel.load(path)
+    a = reloaded.transform(cols_df).select("prediction").toPandas()["prediction"]
+    b = fitted.transform(cols_df).select("prediction").toPandas()["prediction"]
+    assert a.tolist() == b.tolist()
+    Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag]).write().overwrite() \
+        .save(str(tmp_path / "unfitted"))
+    assert isinstance(Pipeline.load(str(tmp_path / "unfitted")).getStages()[1], BaggingClassifier)
+
+    grid = ParamGridBuilder().addGrid(bag.numModels, [1, 3]).build()
+    cv = CrossValidator(estimator=pipe, estimatorParamMaps=grid, numFolds=2, seed=1,
+                        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
+    cv_model = cv.fit(cols_df)
+    assert len(cv_model.avgMetrics) == 2 and all(0.5 < m <= 1 for m in cv_model.avgMetrics)

@@ -1,0 +1,96 @@
+import json
+import os
+import pickle
+
+import pyarrow as pa
+import pytest
+
+from sparkml_dist import CollectionError, WorkerError, collection
+
+
+def _table(*batches):
+    return pa.Table.from_batches(list(batches), schema=collection.CHUNK_SCHEMA)
+
+
+def test_roundtrip_large_object_in_many_chunks():
+    obj = {"weights": bytes(range(256)) * 5000, "name": "m"}
+    batch = collection.encode(3, 0, obj, chunk_bytes=1000)
+    assert batch.num_rows > 100
+    assert collection.decode(_table(batch), expected_groups=[3]) == {(3, 0): obj}
+
+
+def test_duplicate_delivery_keeps_exactly_one_copy_and_never_mixes_attempts():
+    a = collection.encode(0, 0, ["first"] * 300, chunk_bytes=64)
+    b = collection.encode(0, 0, ["second"] * 300, chunk_bytes=64)
+    # interleave the two attempts' chunks as a retried task could deliver them
+    rows = pa.Table.from_batches([a, b]).to_pylist()
+    mixed = pa.Table.from_pylist(rows[::2] + rows[1::2], schema=collection.CHUNK_SCHEMA)
+    out = collection.decode(mixed, expected_groups=[0])
+    assert list(out) == [(0, 0)]
+    assert out[(0, 0)] in (["first"] * 300, ["second"] * 300)
+
+
+def test_incomplete_attempt_is_ignored_when_a_whole_copy_exists():
+    whole = collection.encode(1, 0, "whole", chunk_bytes=2)
+    torn = collection.encode(1, 0, "torn-copy-is-longer", chunk_bytes=2).slice(0, 3)
+    assert collection.decode(_table(torn, whole), expected_groups=[1]) == {(1, 0): "whole"}
+
+
+def test_missing_groups_are_named():
+    t = _table(collection.encode(0, 0, 1), collection.encode(2, 0, 2))
+    with pytest.raises(CollectionError, match=r"2 group\(s\) returned no result: 1, 3"):
+        collection.decode(t, expected_groups=range(4))
+
+
+def test_error_row_becomes_worker_error_with_group_and_traceback():
+    try:
+        raise ZeroDivisionError("boom")
+    except ZeroDivisionError:
+        err = collection.encode_error(5, "fitting failed")
+    with pytest.raises(WorkerError) as info:
+        collection.decode(_table(collection.encode(4, 0, "ok"), err), expected_groups=[4, 5])
+    assert info.value.group == 5
+    assert "ZeroDivisionError: boom" in info.value.worker_traceback
+    assert "group 5 failed" in str(info.value)
+    again = pickle.loads(pickle.dumps(info.value))
+    assert again.group == 5 and again.worker_traceback == info.value.worker_traceback
+
+
+def test_model_store_commit_load_and_checksum(tmp_path):
+    uri = "file://" + str(tmp_path / "store")
+    store = collection.ModelStore(uri)
+    metas = [store.write(g, 0, {"g": g}) for g in range(3)]
+    stray = store.write(1, 0, {"g": "duplicate attempt"})  # a second attempt of group 1
+    manifest = store.commit(metas + [stray])
+    assert len(manifest["objects"]) == 3
+    assert len(os.listdir(tmp_path / "store" / "objects")) == 3  # the stray was removed
+    again = collection.ModelStore(str(tmp_path / "store"))  # plain path, same store
+    loaded = again.load_all()
+    assert sorted(loaded) == [(0, 0), (1, 0), (2, 0)]
+    assert loaded[(0, 0)] == {"g": 0} and loaded[(2, 0)] == {"g": 2}
+    # corrupt a committed file: detected, never silently loaded
+    victim = tmp_path / "store" / manifest["objects"][0]["file"]
+    victim.write_bytes(victim.read_bytes()[:-1] + b"x")
+    with pytest.raises(CollectionError, match="checksum"):
+        again.load(0)
+
+
+def test_uncommitted_store_is_not_visible(tmp_path):
+    store = collection.ModelStore(str(tmp_path / "s"))
+    store.write(0, 0, "half-done run")
+    with pytest.raises(CollectionError, match="never committed"):
+        store.load_all()
+
+
+def test_store_refuses_malicious_pickle(tmp_path):
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("touch " + str(tmp_path / "pwned"),))
+
+    store = collection.ModelStore(str(tmp_path / "s"))
+    meta = store.write_bytes(0, 0, pickle.dumps(Evil()))
+    store.commit([meta])
+    with pytest.raises(CollectionError, match="refusing to load global"):
+        store.load(0)
+    assert not (tmp_path / "pwned").exists()
+    assert json.loads((tmp_path / "s" / "manifest.json").read_text())["objects"][0]["group"] == 0
