@@ -99,6 +99,9 @@ def main() -> None:
         t = time.perf_counter()
         model = SparkRF(numTrees=args.trees, maxDepth=args.depth, seed=1).fit(assembler.transform(train))
         fit_s = time.perf_counter() - t
+        # Spark 4.3: a model still holding its training summary (which references the session)
+        # fails to serialize in transform ("Task not serializable"); copy() drops the summary.
+        model = model.copy()
         scored = model.transform(assembler.transform(test))
         pred_s = time_transform(scored)
         return fit_s, pred_s, *auc_acc(*spark_scores(scored))

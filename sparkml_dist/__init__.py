@@ -2,6 +2,7 @@
 
 * :mod:`sparkml_dist.ensemble` - one scikit-learn-API model per group of rows (bagging), as
   pyspark.ml Estimators.
+* :mod:`sparkml_dist.runner` - data-parallel PyTorch training in barrier mode (BarrierRunner).
 * :mod:`sparkml_dist.partitioning` and :mod:`sparkml_dist.collection` - the shared split of rows
   into groups and the shared way back for fitted objects.
 
@@ -9,9 +10,9 @@ Importing this package needs neither torch nor horovod.
 """
 
 from .errors import (CollectionError, ConfigurationError, InsufficientResourcesError,
-                     SparkMLDistError, WorkerError)
+                     RunTimeoutError, SparkMLDistError, WorkerError)
 
 __version__ = "0.1.0"
 
 __all__ = ["SparkMLDistError", "ConfigurationError", "InsufficientResourcesError", "WorkerError",
-           "CollectionError", "__version__"]
+           "CollectionError", "RunTimeoutError", "__version__"]

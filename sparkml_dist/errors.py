@@ -6,7 +6,8 @@ Every error names the parameter, column, group or rank concerned and, where ther
     ├── ConfigurationError (also ValueError)      bad parameter or bad input, raised on the driver
     ├── InsufficientResourcesError (RuntimeError) the cluster cannot run what was asked
     ├── WorkerError (RuntimeError)                user code failed on an executor (group or rank)
-    └── CollectionError (RuntimeError)            results did not come back complete
+    ├── CollectionError (RuntimeError)            results did not come back complete
+    └── RunTimeoutError (TimeoutError)            a run exceeded its wall-clock timeout
 """
 
 from __future__ import annotations
@@ -69,3 +70,7 @@ class WorkerError(SparkMLDistError, RuntimeError):
 def _rebuild_worker_error(message, group, rank, exit_code, worker_traceback):
     return WorkerError(message, group=group, rank=rank, exit_code=exit_code,
                        worker_traceback=worker_traceback)
+
+
+class RunTimeoutError(SparkMLDistError, TimeoutError):
+    """A run exceeded its wall-clock ``timeout``; its Spark job was cancelled and ranks killed."""

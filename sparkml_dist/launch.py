@@ -61,10 +61,15 @@ def _task_entry(task_fn: Callable, spec: Any, batches: Iterable[pa.RecordBatch])
         yield collection.encode_error(-1, f"{type(exc).__name__}: {exc}")
 
 
-def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False):
-    """The lazy DataFrame of chunk rows produced by ``task_fn`` on every partition of ``df``."""
-    return df.mapInArrow(functools.partial(_task_entry, task_fn, spec), collection.CHUNK_DDL,
-                         barrier=barrier)
+def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False, catch_errors: bool = True):
+    """The lazy DataFrame of chunk rows produced by ``task_fn`` on every partition of ``df``.
+
+    With ``catch_errors`` an exception escaping ``task_fn`` becomes an error row (the task succeeds
+    and the driver raises WorkerError); without it the task fails, which a barrier stage needs so
+    that Spark stops the other tasks.
+    """
+    fn = functools.partial(_task_entry, task_fn, spec) if catch_errors else functools.partial(task_fn, spec=spec)
+    return df.mapInArrow(fn, collection.CHUNK_DDL, barrier=barrier)
 
 
 def run_on_groups(df, task_fn: Callable, spec: Any, *, expected_groups: Optional[Iterable[int]] = None,

@@ -1,0 +1,126 @@
+"""One rank process, started by the barrier task with ``python -c`` calling :func:`main`.  [executor: child of a barrier task]
+
+Started by the barrier task (:mod:`sparkml_dist.runner._task`) with RANK/WORLD_SIZE set.  Steps:
+
+1. die with the task (``PR_SET_PDEATHSIG``), so a killed task never leaves a rank behind;
+2. rank 0 (torch backend): host the TCPStore on an OS-chosen port and report it to the task;
+3. read the rendezvous environment (MASTER_ADDR/PORT, LOCAL_RANK, ...) from stdin;
+4. report reaching the rendezvous when ``init_process_group`` is called;
+5. map the shard, load ``(main, args, kwargs)``, call it, write the result for the task.
+
+Control messages to the task are JSON lines on the file descriptor in SPARKML_DIST_CTRL_FD.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+from datetime import timedelta
+
+WORKDIR_ENV = "SPARKML_DIST_WORKDIR"
+CTRL_ENV = "SPARKML_DIST_CTRL_FD"
+PARENT_ENV = "SPARKML_DIST_PARENT_PID"
+TIMEOUT_ENV = "SPARKML_DIST_COLLECTIVE_TIMEOUT"
+BACKEND_ENV = "SPARKML_DIST_BACKEND"
+RUN_ENV = "SPARKML_DIST_RUN_ID"
+USE_GPU_ENV = "SPARKML_DIST_USE_GPU"
+FN_FILE = "fn.pkl"
+RESULT_FILE = "result.pkl"
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    parent = int(os.environ.get(PARENT_ENV, "0") or 0)
+    if parent and os.getppid() != parent:  # the task died before prctl took effect
+        os._exit(1)
+
+
+class _Ctrl:
+    def __init__(self, fd: int) -> None:
+        self._fh = os.fdopen(fd, "w", buffering=1)
+
+    def send(self, **message) -> None:
+        self._fh.write(json.dumps(message) + "\n")
+        self._fh.flush()
+
+
+def collective_timeout() -> timedelta:
+    return timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
+
+
+def _host_store(world_size: int):
+    import torch.distributed as dist
+
+    return dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False,
+                         timeout=collective_timeout())
+
+
+def _hook_rendezvous(ctrl: _Ctrl) -> None:
+    """Report the first call of torch.distributed.init_process_group to the task."""
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+    if getattr(original, "_sparkml_dist_hook", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        ctrl.send(event="rendezvous")
+        return original(*args, **kwargs)
+
+    init_process_group._sparkml_dist_hook = True  # type: ignore[attr-defined]
+    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    init_process_group.__doc__ = original.__doc__
+    dist.init_process_group = init_process_group
+
+
+def main() -> int:
+    _die_with_parent()
+    workdir = os.environ[WORKDIR_ENV]
+    ctrl = _Ctrl(int(os.environ[CTRL_ENV]))
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch_backend = os.environ.get(BACKEND_ENV, "torch") == "torch"
+
+    store = None
+    if torch_backend:
+        import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
+    if torch_backend and rank == 0:
+        store = _host_store(world)  # held for the life of this process
+        ctrl.send(event="store", port=store.port)
+    line = sys.stdin.readline()
+    if not line:
+        return 1  # the task went away before the rendezvous
+    os.environ.update(json.loads(line)["env"])
+    if torch_backend:
+        _hook_rendezvous(ctrl)
+    else:
+        ctrl.send(event="rendezvous")
+
+    from . import data
+    from .. import serialization
+
+    data.load_from_env()
+    with open(os.path.join(workdir, FN_FILE), "rb") as fh:
+        fn, args, kwargs, want_result = serialization.loads(fh.read())
+    os.unlink(os.path.join(workdir, FN_FILE))
+    result = fn(*args, **kwargs)
+    if want_result:
+        blob = serialization.dumps(result)
+        tmp = os.path.join(workdir, RESULT_FILE + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(blob)
+        os.replace(tmp, os.path.join(workdir, RESULT_FILE))
+    ctrl.send(event="done")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    del store
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

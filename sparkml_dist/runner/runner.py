@@ -1,0 +1,411 @@
+"""BarrierRunner: data-parallel training functions on Spark barrier tasks.  [driver]
+
+Validate -> plan (shards, slots, encryption) -> launch ``np`` barrier tasks with
+``mapInArrow(barrier=True)`` -> stream the ranks' logs -> return rank 0's result (or every rank's).
+
+Example::
+
+    from sparkml_dist.runner import BarrierRunner, init_process_group, shard
+
+    def train(epochs):
+        import torch
+        init_process_group()
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(50, 2))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(epochs):
+            for X, y in shard().dataloader(256, ["features", "label"]):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(X), y).backward()
+                opt.step()
+        return model.module.state_dict()
+
+    state = BarrierRunner(np=2).run_with_data(df, train, epochs=3)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+import uuid
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+
+from .. import collection, launch, partitioning, serialization
+from ..errors import (ConfigurationError, InsufficientResourcesError, RunTimeoutError,
+                      SparkMLDistError, WorkerError)
+from . import _task, rendezvous
+from .channel import LogServer, new_secret
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("torch", "horovod")
+_SLOT_ERROR = "requires more slots than the total number of slots"
+
+
+def _parse_log_ranks(value, world: int) -> tuple:
+    if value is None or value == "none":
+        return ()
+    if value == "all":
+        return tuple(range(world))
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, str):
+        try:
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            pass
+    elif isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    raise ConfigurationError(f"log_ranks must be 'all', 'none', a rank or a list of ranks; got {value!r}")
+
+
+def _unpicklable_part(fn: Callable) -> str:
+    """Name what a function captures that cannot be pickled (closure cells, then globals)."""
+    code = getattr(fn, "__code__", None)
+    candidates = []
+    if code is not None and getattr(fn, "__closure__", None):
+        candidates += list(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
+    if code is not None:
+        g = getattr(fn, "__globals__", {})
+        candidates += [(n, g[n]) for n in code.co_names if n in g and not isinstance(g[n], type(sys))]
+    for name, value in candidates:
+        try:
+            serialization.dumps(value)
+        except Exception as exc:  # the first capture that cannot travel
+            return f" It captures {name!r} ({type(value).__module__}.{type(value).__qualname__}), " \
+                   f"which cannot be pickled: {exc}. Create it inside the function instead."
+    return ""
+
+
+class BarrierRunner:
+    """Run a training function on ``np`` ranks, each in its own process, gang-scheduled by Spark.
+
+    Args:
+        np: ranks. ``np > 0``: that many Spark barrier tasks. ``np < 0``: ``-np`` local processes
+            on the driver, no Spark tasks (for debugging; same function, same result).
+        backend: "torch" (torch.distributed: gloo on CPU, NCCL on GPU). "horovod" is recognised
+            but not supported yet and is refused with an explanation.
+        use_gpu: pin each rank to the GPU(s) Spark assigned to its task and use NCCL.
+        log_ranks: whose stdout/stderr stream to the driver: "0" (default), "all", "none",
+            a rank or a list of ranks. Lines are prefixed with ``[rank r]``.
+        start_timeout: seconds for every rank to reach the rendezvous (its call of
+            ``init_process_group``, or the end of the function); None waits forever.
+        timeout: wall-clock seconds for the whole run; None waits forever.
+        collective_timeout: seconds a collective may block (``init_process_group`` default);
+            defaults to ``timeout`` or torch's 30 minutes.
+        allow_unencrypted: run on a cluster configured for encryption even though collective
+            traffic between ranks is not encrypted.
+        spark: the SparkSession (default: the active one).
+        log_sink: where streamed lines go (default ``sys.stdout.write``: the notebook cell).
+    """
+
+    def __init__(self, np: int, *, backend: str = "torch", use_gpu: bool = False,
+                 log_ranks: Union[str, int, Sequence[int], None] = "0",
+                 start_timeout: Optional[float] = 180.0, timeout: Optional[float] = None,
+                 collective_timeout: Optional[float] = None, allow_unencrypted: bool = False,
+                 spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
+        if not isinstance(np, int) or isinstance(np, bool) or np == 0:
+            raise ConfigurationError(f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
+                                     f"np < 0: local processes on the driver); got {np!r}")
+        if backend not in BACKENDS:
+            raise ConfigurationError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        if backend == "horovod":
+            raise ConfigurationError(
+                "backend='horovod' is not supported yet: Horovod 0.28.1 must be built from source "
+                "against torch 2.13 and its gloo rendezvous is not wired into this runner. Use "
+                "backend='torch' (torch.distributed DDP), which needs no extra install.")
+        for name, value in (("start_timeout", start_timeout), ("timeout", timeout),
+                            ("collective_timeout", collective_timeout)):
+            if value is not None and not value > 0:
+                raise ConfigurationError(f"{name} must be a positive number of seconds or None, got {value!r}")
+        self.np = np
+        self.world_size = abs(np)
+        self.backend = backend
+        self.use_gpu = bool(use_gpu)
+        self.log_ranks = _parse_log_ranks(log_ranks, self.world_size)
+        self.start_timeout = start_timeout
+        self.timeout = timeout
+        self.collective_timeout = collective_timeout or timeout or 1800.0
+        self.allow_unencrypted = allow_unencrypted
+        self._spark = spark
+        self._sink = log_sink or (lambda text: sys.stdout.write(text))
+        self._seed = 0
+
+    # ------------------------------------------------------------------ public API
+    def run(self, main: Callable, *args, return_all: bool = False, **kwargs):
+        """Run ``main(*args, **kwargs)`` on every rank; rank 0's return value (or all, in rank order)."""
+        return self._run(None, main, args, kwargs, return_all)
+
+    def run_with_data(self, df, main: Callable, *args, return_all: bool = False, **kwargs):
+        """As :meth:`run`, with each rank's shard of ``df`` available as ``sparkml_dist.runner.shard()``.
+
+        Rows are split into ``np`` disjoint shards by the shared partitioning layer (a hash of each
+        row, so shards do not depend on how ``df`` is partitioned).
+        """
+        return self._run(df, main, args, kwargs, return_all)
+
+    # ------------------------------------------------------------------ planning
+    def _session(self, df):
+        if df is not None:
+            return df.sparkSession
+        if self._spark is not None:
+            return self._spark
+        from pyspark.sql import SparkSession
+
+        try:  # the thread's active session, else the default one (runs started from other threads)
+            return SparkSession.active()
+        except Exception:
+            raise ConfigurationError("no active SparkSession: create one first, or pass spark=..., or "
+                                     "use np < 0 to run local processes without Spark") from None
+
+    def _payload(self, main: Callable, args, kwargs, want_result: bool) -> bytes:
+        if not callable(main):
+            raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
+        try:
+            return serialization.dumps((main, args, kwargs, want_result))
+        except Exception as exc:
+            raise ConfigurationError(
+                f"cannot send {getattr(main, '__name__', main)!r} and its arguments to the ranks: "
+                f"{type(exc).__name__}: {exc}.{_unpicklable_part(main)}") from None
+
+    def _check_cluster(self, spark) -> None:
+        conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
+        warning = rendezvous.check_encryption(conf, self.allow_unencrypted)
+        if warning:
+            log.warning("%s", warning)
+        master = conf("spark.master", "") or ""
+        live = None
+        if rendezvous._master_slots(master, conf) is None and not launch.is_connect(spark):
+            with contextlib.suppress(Exception):  # the JVM's count of slots, on cluster managers
+                sc = spark.sparkContext._jsc.sc()
+                live = int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+        rendezvous.check_slots(self.world_size, master, conf, live)
+        if self.use_gpu and not any(conf(k, None) for k in ("spark.task.resource.gpu.amount",
+                                                            "spark.executor.resource.gpu.amount",
+                                                            "spark.driver.resource.gpu.amount")):
+            raise InsufficientResourcesError(
+                "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
+                "spark.task.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript "
+                "(spark.driver.resource.gpu.* in local mode), or use use_gpu=False.")
+
+    def _shards(self, df):
+        """(DataFrame with np partitions, shard sizes) for run_with_data."""
+        from pyspark.sql import functions as F
+
+        cols = df.columns
+        spec = partitioning.SplitSpec(num_groups=self.world_size, seed=self._seed,
+                                      names={"num_groups": "np"})
+        grouped = partitioning.assign_groups(df, spec, cols)
+        stats = partitioning.group_stats(grouped)
+        sizes = [int(c) for c in stats.counts()] + [0] * (self.world_size - stats.num_groups)
+        sizes = sizes[: self.world_size]
+        total = sum(sizes)
+        if total < self.world_size:
+            raise ConfigurationError(f"the DataFrame has {total} rows, fewer than np={self.world_size} "
+                                     "ranks; every rank needs at least one row.")
+        if min(sizes) == 0:
+            # few rows: deal them round-robin in key order instead (still independent of partitioning)
+            from pyspark.sql import Window
+
+            keyed = df.withColumn(partitioning.KEY_COL, F.xxhash64(F.lit(self._seed), *[F.col(c) for c in cols]))
+            order = Window.orderBy(partitioning.KEY_COL, *cols)
+            grouped = (keyed.withColumn(partitioning.GROUP_COL,
+                                        ((F.row_number().over(order) - 1) % self.world_size).cast("int"))
+                       .repartitionById(self.world_size, partitioning.GROUP_COL))
+            sizes = [total // self.world_size + (1 if r < total % self.world_size else 0)
+                     for r in range(self.world_size)]
+        return grouped.select(*cols), sizes
+
+    def _max_result_bytes(self, spark) -> int:
+        text = (spark.conf.get("spark.driver.maxResultSize", "1g") or "1g") if spark is not None else "1g"
+        limit = partitioning._parse_bytes(text)
+        return limit - (1 << 20) if limit > 0 else 1 << 62  # room for chunk row overhead
+
+    # ------------------------------------------------------------------ running
+    def _run(self, df, main, args, kwargs, return_all: bool):
+        spark = None if self.np < 0 and df is None else self._session(df)
+        payload = self._payload(main, args, kwargs, True)
+        if self.np > 0:
+            self._check_cluster(spark)
+        run_id = uuid.uuid4().hex[:12]
+        monitor = _Monitor(self.world_size, self._sink)
+        secret = new_secret()
+        server = LogServer(secret, monitor.on_message)
+        try:
+            host = self._driver_host(spark)
+            data_df, sizes = (self._shards(df) if df is not None else (None, [0] * self.world_size))
+            spec = _task.TaskSpec(
+                run_id=run_id, world_size=self.world_size, payload=payload, backend=self.backend,
+                use_gpu=self.use_gpu, log_ranks=self.log_ranks, channel=(host, server.port),
+                secret=secret, start_timeout=self.start_timeout,
+                collective_timeout=float(self.collective_timeout), has_data=df is not None,
+                shard_sizes=tuple(sizes), return_all=return_all,
+                max_result_bytes=self._max_result_bytes(spark))
+            expected = range(self.world_size) if return_all else [0]
+            if self.np > 0:
+                table = self._launch_spark(spark, data_df, spec, monitor)
+            else:
+                table = self._launch_local(data_df, spec, monitor)
+            results = collection.decode(table, expected, what="rank")
+        finally:
+            server.close()
+        if return_all:
+            return [results[(r, 0)] for r in range(self.world_size)]
+        return results[(0, 0)]
+
+    @staticmethod
+    def _driver_host(spark) -> str:
+        if spark is not None and not launch.is_connect(spark):
+            host = spark.conf.get("spark.driver.host", None)
+            if host:
+                return host
+        return _task._host_address()
+
+    def _wait(self, done: threading.Event, monitor: "_Monitor", cancel: Callable[[], None],
+              errors: List[BaseException]) -> None:
+        """Wait for the job, a reported failure, the timeout or Ctrl-C; cancel on anything but success."""
+        deadline = time.monotonic() + self.timeout if self.timeout else None
+        try:
+            while not done.wait(0.1):
+                if monitor.failure is not None:
+                    cancel()
+                    done.wait(30)
+                    raise monitor.worker_error()
+                if deadline is not None and time.monotonic() > deadline:
+                    cancel()
+                    done.wait(30)
+                    raise RunTimeoutError(
+                        f"the run exceeded timeout={self.timeout}s; its Spark job was cancelled and "
+                        f"every rank stopped. Ranks that reached the rendezvous: {sorted(monitor.reached)}.")
+        except KeyboardInterrupt:
+            cancel()
+            done.wait(30)
+            raise
+        if monitor.failure is not None:
+            raise monitor.worker_error()
+        if errors:
+            raise self._translate(errors[0], monitor)
+
+    def _translate(self, exc: BaseException, monitor: "_Monitor") -> BaseException:
+        text = str(exc)
+        detail = _task.parse_failure(text)
+        if detail is not None:
+            monitor.failure = monitor.failure or detail
+            return monitor.worker_error()
+        if _SLOT_ERROR in text or "barrier stage that requires more slots" in text:
+            return InsufficientResourcesError(
+                f"np={self.world_size} barrier tasks need {self.world_size} free task slots at once and "
+                f"the cluster has fewer (Spark: {text.splitlines()[0][:300]}). Lower np or add executors.")
+        if isinstance(exc, SparkMLDistError):
+            return exc
+        return WorkerError(f"the barrier job failed: {type(exc).__name__}: {text.splitlines()[0][:500] if text else ''}",
+                           worker_traceback=text[-5000:])
+
+    def _launch_spark(self, spark, data_df, spec: _task.TaskSpec, monitor: "_Monitor"):
+        df = data_df if data_df is not None else spark.range(0, self.world_size, 1, self.world_size)
+        out = launch.map_groups(df, _task.barrier_task, spec, barrier=True, catch_errors=False)
+        tag = f"sparkml_dist-run-{spec.run_id}"
+        done, box, errors = threading.Event(), [], []
+
+        def job():
+            try:
+                spark.addTag(tag)
+                box.append(out.toArrow())
+            except BaseException as exc:  # reported to the waiting thread
+                errors.append(exc)
+            finally:
+                with contextlib.suppress(Exception):
+                    spark.removeTag(tag)
+                done.set()
+
+        threading.Thread(target=job, name=f"sparkml_dist-{spec.run_id}", daemon=True).start()
+        self._wait(done, monitor, lambda: spark.interruptTag(tag), errors)
+        return box[0]
+
+    def _launch_local(self, data_df, spec: _task.TaskSpec, monitor: "_Monitor"):
+        import pyarrow as pa
+
+        gang = _task.ThreadGang(self.world_size)
+        shards: List[list] = [[] for _ in range(self.world_size)]
+        if data_df is not None:
+            from pyspark.sql import functions as F
+
+            table = data_df.withColumn("__sd_rank", F.spark_partition_id()).toArrow()
+            ranks = table.column("__sd_rank").to_numpy()
+            table = table.drop_columns(["__sd_rank"])
+            for r in range(self.world_size):
+                shards[r] = table.filter(pa.array(ranks == r)).to_batches()
+        done, errors, outputs = threading.Event(), [], [[] for _ in range(self.world_size)]
+        cancel_event = threading.Event()
+
+        def rank_thread(r: int) -> None:
+            member = gang.member(r)
+            try:
+                for batch in _task.supervise(member, iter(shards[r]), spec, cancel=cancel_event):
+                    outputs[r].append(batch)
+            except BaseException as exc:
+                errors.append(exc)
+                cancel_event.set()
+                member.abort()
+
+        threads = [threading.Thread(target=rank_thread, args=(r,), daemon=True) for r in range(self.world_size)]
+        for t in threads:
+            t.start()
+
+        def joiner():
+            for t in threads:
+                t.join()
+            done.set()
+
+        threading.Thread(target=joiner, daemon=True).start()
+
+        def cancel():
+            cancel_event.set()
+
+        self._wait(done, monitor, cancel, errors)
+        batches = [b for out in outputs for b in out]
+        return pa.Table.from_batches(batches, schema=collection.CHUNK_SCHEMA)
+
+
+class _Monitor:
+    """Driver-side view of the run, fed by the log channel."""
+
+    def __init__(self, world_size: int, sink: Callable[[str], Any]) -> None:
+        self.world_size = world_size
+        self._sink = sink
+        self._lock = threading.Lock()
+        self.reached: set = set()
+        self.started: set = set()
+        self.finished: set = set()
+        self.failure: Optional[dict] = None
+
+    def on_message(self, msg: Dict[str, Any]) -> None:
+        kind, rank = msg.get("type"), msg.get("rank")
+        if kind == "line":
+            with self._lock:
+                self._sink(f"[rank {rank}] {msg.get('text', '')}\n")
+        elif kind == "started":
+            self.started.add(rank)
+        elif kind == "rendezvous":
+            self.reached.add(rank)
+        elif kind == "done":
+            self.finished.add(rank)
+        elif kind == "failed" and self.failure is None:
+            self.failure = msg
+
+    def worker_error(self) -> WorkerError:
+        d = self.failure or {}
+        rank = d.get("rank")
+        message = d.get("message", "a rank failed")
+        if d.get("phase") in ("rendezvous", "start"):
+            time.sleep(0.5)  # let the other ranks' start-timeout reports arrive
+            missing = sorted(set(range(self.world_size)) - self.reached)
+            if missing:
+                message = (f"ranks {missing} did not reach the rendezvous (init_process_group) within "
+                           f"start_timeout; {message}")
+        if self.finished:
+            message += f" (ranks {sorted(self.finished)} had already finished)"
+        tail = "\n".join(d.get("tail") or [])
+        return WorkerError(message, rank=rank, exit_code=d.get("exit_code"), worker_traceback=tail)

@@ -1,0 +1,58 @@
+"""BarrierRunner on Spark barrier tasks (np > 0): the shared checks plus data feeding and slots."""
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from sparkml_dist import ConfigurationError, InsufficientResourcesError
+from sparkml_dist.runner import BarrierRunner
+from tests import runner_helpers as h
+from tests.runner_checks import RunnerChecks, assert_no_rank_left
+
+
+class TestSparkRunner(RunnerChecks):
+    np_sign = 1
+
+
+@pytest.fixture(scope="module")
+def numbers(spark):
+    return spark.range(0, 1000).select(F.col("id").cast("double").alias("x"))
+
+
+@pytest.mark.parametrize("layout", ["1 partition", "3 partitions", "7 partitions", "skewed + empty"])
+def test_every_row_reaches_exactly_one_rank_and_steps_are_equal(numbers, layout):
+    if layout == "skewed + empty":
+        df = numbers.repartition(4, (F.col("x") < 950).cast("int")).where("x >= 0")  # one huge, some empty
+    else:
+        df = numbers.repartition(int(layout.split()[0]))
+    out = BarrierRunner(2, timeout=180).run_with_data(df, h.shard_summary, 32, return_all=True)
+    values = sorted(v for r in out for v in r["values"])
+    assert values == [float(i) for i in range(1000)]  # no row lost or duplicated
+    assert out[0]["steps"] == out[1]["steps"] == int(np.ceil(max(r["rows"] for r in out) / 32))
+    assert min(r["rows"] for r in out) > 350  # hash split: balanced
+
+
+def test_shards_do_not_depend_on_input_partitioning(numbers):
+    a = BarrierRunner(2).run_with_data(numbers.repartition(1), h.shard_summary, return_all=True)
+    b = BarrierRunner(2).run_with_data(numbers.repartition(5), h.shard_summary, return_all=True)
+    assert [r["values"] for r in a] == [r["values"] for r in b]
+
+
+def test_tiny_data_still_gives_every_rank_rows(spark):
+    df = spark.range(0, 3).select(F.col("id").cast("double").alias("x"))
+    out = BarrierRunner(2).run_with_data(df, h.shard_summary, 2, return_all=True)
+    assert sorted(r["rows"] for r in out) == [1, 2]
+    assert out[0]["steps"] == out[1]["steps"] == 1
+    with pytest.raises(ConfigurationError, match="fewer than np=2 ranks"):
+        BarrierRunner(2).run_with_data(df.limit(1), h.shard_summary)
+
+
+def test_too_many_ranks_fails_before_launching(spark):
+    with pytest.raises(InsufficientResourcesError, match=r"np=5 barrier tasks need 5 task slots but the cluster has 2"):
+        BarrierRunner(5).run(h.allreduce_rank_sum)
+    assert_no_rank_left()
+
+
+def test_use_gpu_without_gpus_is_refused_before_launching(spark):
+    with pytest.raises(InsufficientResourcesError, match="use_gpu=True"):
+        BarrierRunner(2, use_gpu=True).run(h.allreduce_rank_sum)

@@ -1,0 +1,26 @@
+"""BarrierRunner with np < 0: ranks as local processes on the driver, no Spark at all."""
+
+import pytest
+
+from sparkml_dist import ConfigurationError
+from sparkml_dist.runner import BarrierRunner
+from tests.runner_checks import RunnerChecks
+
+
+@pytest.fixture
+def spark():
+    return None  # local mode needs no SparkSession
+
+
+class TestLocalRunner(RunnerChecks):
+    np_sign = -1
+
+
+def test_bad_constructor_arguments():
+    for kwargs, match in ((dict(np=0), "np must be a non-zero integer"),
+                          (dict(np=2, backend="mpi"), "backend must be one of"),
+                          (dict(np=2, backend="horovod"), "not supported yet"),
+                          (dict(np=2, timeout=0), "timeout must be a positive"),
+                          (dict(np=2, log_ranks="some"), "log_ranks must be")):
+        with pytest.raises(ConfigurationError, match=match):
+            BarrierRunner(**kwargs)
