@@ -2,6 +2,7 @@
 
     sparkml-dist demo [--master local[*]]                 train and evaluate on a bundled dataset
     sparkml-dist ensemble --conf conf/ensemble_example.yaml [--master ...]
+    sparkml-dist run --np 2 train.py -- --epochs 3        a training script on 2 ranks (torchrun for Spark)
 
 Under ``spark-submit`` pass this file (its imports are absolute) and omit ``--master``, so the
 session spark-submit configured is used::
@@ -129,12 +130,26 @@ def demo(spark) -> dict:
     return run_ensemble_job(spark, job)
 
 
+def _run_script(spark, args) -> int:
+    from sparkml_dist.runner import BarrierRunner
+    from sparkml_dist.runner.script import run_script
+
+    with open(args.script) as fh:
+        source = fh.read()
+    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    runner = BarrierRunner(args.np, log_ranks=args.log_ranks, start_timeout=args.start_timeout,
+                           timeout=args.timeout, use_gpu=args.use_gpu, spark=spark)
+    runner.run(run_script, source, os.path.abspath(args.script), script_args)
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkml-dist", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (("demo", "train and evaluate a bagged ensemble on a bundled dataset"),
-                        ("ensemble", "train a bagged ensemble from a job file")):
+                        ("ensemble", "train a bagged ensemble from a job file"),
+                        ("run", "run a torch.distributed training script on barrier tasks")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--master", default=None,
                        help="local[*], local-cluster[...], connect:local[2], sc://host:port; omit "
@@ -142,11 +157,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         p.add_argument("--spark-conf", default=None, help="YAML file of Spark settings")
         if name == "ensemble":
             p.add_argument("--conf", required=True, help="YAML job file")
+        if name == "run":
+            p.add_argument("--np", type=int, required=True,
+                           help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark)")
+            p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
+            p.add_argument("--start-timeout", type=float, default=180.0)
+            p.add_argument("--timeout", type=float, default=None)
+            p.add_argument("--use-gpu", action="store_true")
+            p.add_argument("script", help="the training script (read here, shipped to the ranks)")
+            p.add_argument("script_args", nargs=argparse.REMAINDER,
+                           help="arguments for the script, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
     from sparkml_dist.session import get_session
 
+    if args.command == "run" and args.np < 0:  # local processes: no Spark session at all
+        return _run_script(None, args)
     conf_file = args.spark_conf
     if conf_file is None and args.master and args.master.startswith(("local", "connect:local")) \
             and os.path.exists(_DEFAULT_CONF):
@@ -155,6 +182,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "demo":
             report = demo(spark)
+        elif args.command == "run":
+            return _run_script(spark, args)
         else:
             import yaml
 

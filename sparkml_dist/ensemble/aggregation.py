@@ -33,7 +33,9 @@ class Member:
     n_rows: int
     constant: bool = False
 
-    def _inputs(self, X: np.ndarray) -> np.ndarray:
+    def _inputs(self, X: "np.ndarray | _Batch") -> np.ndarray:
+        if isinstance(X, _Batch):
+            X = X.for_model(self.model)
         if self.features.size == X.shape[1] and np.array_equal(self.features, np.arange(X.shape[1])):
             return X
         return X[:, self.features]
@@ -58,8 +60,29 @@ class Member:
         return np.asarray(self.model.predict(self._inputs(X)), dtype=np.float64).reshape(-1)
 
 
+class _Batch:
+    """One batch of features shared by all members, converted at most once per dtype.
+
+    scikit-learn trees predict on float32 and convert float64 input themselves, once per call;
+    converting once per batch for all tree members gives the same numbers without the copies.
+    """
+
+    def __init__(self, X: np.ndarray) -> None:
+        self.X = X
+        self.shape = X.shape
+        self._f32: Optional[np.ndarray] = None
+
+    def for_model(self, model: Any) -> np.ndarray:
+        if hasattr(model, "tree_"):
+            if self._f32 is None:
+                self._f32 = np.ascontiguousarray(self.X, dtype=np.float32)
+            return self._f32
+        return self.X
+
+
 def vote(members: Sequence[Member], X: np.ndarray, n_classes: int, voting: str) -> np.ndarray:
     """Raw class scores (n_rows, n_classes): summed probabilities (soft) or vote counts (hard)."""
+    X = _Batch(X) if isinstance(X, np.ndarray) else X
     raw = np.zeros((X.shape[0], n_classes))
     if voting == "soft":
         for m in members:
@@ -78,6 +101,7 @@ def probabilities(raw: np.ndarray) -> np.ndarray:
 
 
 def mean_prediction(members: Sequence[Member], X: np.ndarray) -> np.ndarray:
+    X = _Batch(X) if isinstance(X, np.ndarray) else X
     out = np.zeros(X.shape[0])
     for m in members:
         out += m.predict_value(X)

@@ -48,23 +48,47 @@ def _column_numpy(col: pa.ChunkedArray, name: str) -> np.ndarray:
     return arr.to_numpy(zero_copy_only=False)
 
 
-def _to_tensor(arr: np.ndarray, float_dtype=None):
-    """A writable tensor: floating data as ``float_dtype`` (float32), integers as int64.
+def _float_target(float_dtype) -> type:
+    import torch
 
-    The shard is a read-only memory map, so data is copied once here (a float64 column becomes a
-    float32 tensor half its size); tensors never alias the file.
+    return {torch.float64: np.float64, torch.float16: np.float16}.get(float_dtype, np.float32)
+
+
+def _columns_array(table: pa.Table, names: List[str], dtype=None) -> np.ndarray:
+    """The named columns as one 2-D array with at most one copy.
+
+    A single list column without ``dtype`` is a zero-copy (read-only) view of the shard; otherwise
+    one array of ``dtype`` is allocated and filled column by column (no intermediate copies).
+    """
+    parts = [_column_numpy(table.column(c), c) for c in names]
+    if len(parts) == 1 and parts[0].ndim == 2 and (dtype is None or parts[0].dtype == dtype):
+        return parts[0]
+    widths = [p.shape[1] if p.ndim == 2 else 1 for p in parts]
+    out = np.empty((table.num_rows, sum(widths)), dtype=dtype or np.result_type(*parts))
+    at = 0
+    for p, w in zip(parts, widths):
+        out[:, at:at + w] = p if p.ndim == 2 else p[:, None]
+        at += w
+    return out
+
+
+def _tensor_dtype(arr: np.ndarray, float_dtype=None):
+    if np.issubdtype(arr.dtype, np.floating):
+        return _float_target(float_dtype)
+    return np.bool_ if np.issubdtype(arr.dtype, np.bool_) else np.int64
+
+
+def _to_tensor(arr: np.ndarray, float_dtype=None):
+    """A writable tensor (floats as float32 unless ``float_dtype``; integers as int64).
+
+    The shard is a read-only memory map: this copies at most once, and tensors never alias it.
     """
     import torch
 
-    if np.issubdtype(arr.dtype, np.floating):
-        target = {torch.float64: np.float64, torch.float16: np.float16}.get(float_dtype, np.float32)
-    elif np.issubdtype(arr.dtype, np.bool_):
-        target = np.bool_
-    else:
-        target = np.int64
-    out = np.array(arr, dtype=target, copy=True, order="C") if (arr.dtype != target or not arr.flags.writeable) \
-        else np.ascontiguousarray(arr)
-    return torch.from_numpy(out)
+    target = _tensor_dtype(arr, float_dtype)
+    if arr.dtype != target or not arr.flags.writeable or not arr.flags.c_contiguous:
+        arr = np.array(arr, dtype=target, copy=True, order="C")
+    return torch.from_numpy(arr)
 
 
 class Shard:
@@ -92,17 +116,20 @@ class Shard:
             raise ConfigurationError(f"columns {missing} are not in this shard; it has {self.table.column_names}")
         return names
 
-    def to_numpy(self, columns: Columns = None) -> np.ndarray:
-        """One 2-D array: a single list column as (n, d) (zero copy), scalar columns stacked."""
-        names = self._names(columns)
-        arrays = [_column_numpy(self.table.column(c), c) for c in names]
-        if len(arrays) == 1:
-            return arrays[0] if arrays[0].ndim == 2 else arrays[0].reshape(-1, 1)
-        return np.column_stack([a if a.ndim == 2 else a.reshape(-1, 1) for a in arrays])
+    def to_numpy(self, columns: Columns = None, dtype=None) -> np.ndarray:
+        """One 2-D array of the columns (list columns spread over several).
+
+        A single list column is returned without copying (a read-only view of the shard) unless
+        ``dtype`` asks for another type; scalar columns are filled into one new array.
+        """
+        return _columns_array(self.table, self._names(columns), dtype)
 
     def to_torch(self, columns: Columns = None, dtype=None):
-        """A tensor of ``to_numpy(columns)``: floating data as ``dtype`` (default float32)."""
-        return _to_tensor(self.to_numpy(columns), dtype)
+        """A writable tensor of the columns: floating data as ``dtype`` (default float32),
+        integers as int64; one copy of the data."""
+        names = self._names(columns)
+        sample = _column_numpy(self.table.column(names[0]), names[0])
+        return _to_tensor(_columns_array(self.table, names, _tensor_dtype(sample, dtype)), dtype)
 
     def steps_per_epoch(self, batch_size: int, drop_last: bool = False) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""

@@ -1,0 +1,232 @@
+"""BarrierRunner vs TorchDistributor vs plain torchrun (the floor), one SparkSession on local[2].
+
+(a) wall time of a no-op job (init + one all-reduce);
+(b) samples/s of a fixed MLP trained with DDP (measured inside rank 0, after warm-up);
+(c) a 1,000,000 x 50 float DataFrame into per-rank tensors: BarrierRunner.run_with_data +
+    shard().to_torch() vs TorchDistributor's DataFrame loader; with the rank's peak memory growth.
+
+Contenders are interleaved (the order rotates every round); the load average is recorded.
+
+    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+# ---------------------------------------------------------------- functions run on the ranks
+def noop():
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    return t.item()
+
+
+def mlp_throughput(steps=300, batch=256, warmup=20):
+    import time as _t
+
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    net = torch.nn.Sequential(torch.nn.Linear(50, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                              torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    g = torch.Generator().manual_seed(dist.get_rank())
+    X = torch.randn(4096, 50, generator=g)
+    y = (X[:, 0] > 0).long()
+    for i in range(warmup + steps):
+        if i == warmup:
+            dist.barrier()
+            t0 = _t.perf_counter()
+        idx = torch.randint(0, 4096, (batch,), generator=g)
+        loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    dist.barrier()
+    return steps * batch * dist.get_world_size() / (_t.perf_counter() - t0)
+
+
+def _rss_mb():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _peak_mb():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def ours_load(cols):
+    import torch  # noqa: F401 - imported before the baseline, as a training function would
+
+    from sparkml_dist.runner import shard
+
+    base = _rss_mb()
+    s = shard()
+    X = s.to_torch(cols)
+    shard_mb = s.table.nbytes / 2**20
+    return {"rows": X.shape[0], "shard_mb": shard_mb, "peak_growth_mb": _peak_mb() - base}
+
+
+def td_load(cols, rows_per_rank):
+    import numpy as np
+    import torch
+
+    from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
+
+    base = _rss_mb()
+    loader = _get_spark_partition_data_loader(rows_per_rank, 10_000, num_workers=0)
+    parts = [torch.stack([torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b], dim=1)
+             if isinstance(b, (list, tuple)) else b for b in loader]
+    X = torch.cat(parts)
+    return {"rows": X.shape[0], "peak_growth_mb": _peak_mb() - base}
+
+
+# ---------------------------------------------------------------- driver
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, {here!r})
+    from bench_runner import noop, mlp_throughput
+    r = {fn}()
+    import torch.distributed as dist
+    if dist.get_rank() == 0:
+        print("RESULT", r, flush=True)
+    dist.destroy_process_group()
+""")
+
+
+def torchrun(fn: str, steps: int):
+    script = os.path.join(tempfile.mkdtemp(), "job.py")
+    call = "noop" if fn == "noop" else f"lambda: mlp_throughput({steps})"
+    with open(script, "w") as fh:
+        fh.write(TORCHRUN_SCRIPT.format(here=HERE, fn=f"({call})"))
+    t = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                          "--nproc_per_node=2", script], capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - t
+    value = float(out.stdout.split("RESULT", 1)[1].split()[0])
+    return wall, value
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--steps", type=int, default=300)
+    args = ap.parse_args()
+
+    from pyspark.ml.torch.distributor import TorchDistributor
+
+    from sparkml_dist.runner import BarrierRunner
+    from sparkml_dist.session import get_session
+
+    spark = get_session("local[2]", conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
+                        conf={"spark.driver.memory": "6g",
+                              "spark.executorEnv.PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")},
+                        app_name="bench_runner")
+    spark.sparkContext.setLogLevel("ERROR")
+    os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+    quiet = dict(log_ranks="none")
+
+    def timed(fn):
+        t = time.perf_counter()
+        v = fn()
+        return time.perf_counter() - t, v
+
+    td = lambda: TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)  # noqa: E731
+    noop_contenders = {
+        "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run(noop)),
+        "torch_distributor": lambda: timed(lambda: td().run(noop)),
+        "torchrun": lambda: torchrun("noop", args.steps),
+    }
+    mlp_contenders = {
+        "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run(mlp_throughput, args.steps)),
+        "torch_distributor": lambda: timed(lambda: td().run(mlp_throughput, args.steps)),
+        "torchrun": lambda: torchrun("mlp", args.steps),
+    }
+    cols = [f"c{i}" for i in range(50)]
+    data_path = os.path.join(HERE, "data", f"floats_{args.rows}x50.parquet")
+    if not os.path.exists(data_path):
+        os.makedirs(os.path.dirname(data_path), exist_ok=True)
+        from pyspark.sql import functions as F
+
+        spark.range(args.rows, numPartitions=8).select(
+            *[(F.rand(i) * 2 - 1).alias(c) for i, c in enumerate(cols)]).write.parquet(data_path)
+    df = spark.read.parquet(data_path)
+    rows_per_rank = args.rows // 2
+    data_contenders = {
+        "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run_with_data(df, ours_load, cols,
+                                                                                       return_all=True)),
+        "torch_distributor": lambda: timed(lambda: td()._train_on_dataframe(
+            _td_all_ranks, df.repartition(2), cols, rows_per_rank)),
+    }
+    results = {"noop": {}, "mlp": {}, "data": {}}
+    for r in range(args.repeats):
+        for section, contenders in (("noop", noop_contenders), ("mlp", mlp_contenders),
+                                    ("data", data_contenders)):
+            names = list(contenders)
+            names = names[r % len(names):] + names[:r % len(names)]
+            for name in names:
+                load = os.getloadavg()[0]
+                wall, value = contenders[name]()
+                results[section].setdefault(name, []).append((wall, value))
+                print(f"round {r} {section:5s} {name:18s} load {load:4.2f} wall {wall:7.2f}s  {value}", flush=True)
+
+    med = lambda xs: statistics.median(xs)  # noqa: E731
+    print(f"\n(a) no-op job (init + one all-reduce), median wall seconds over {args.repeats} rounds")
+    noop_w = {k: med([w for w, _ in v]) for k, v in results["noop"].items()}
+    for k, w in noop_w.items():
+        print(f"  {k:18s} {w:7.2f}s")
+    print(f"  ours/torch_distributor {noop_w['sparkml_dist'] / noop_w['torch_distributor']:.3f}x, "
+          f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x")
+    print("(b) DDP MLP samples/s (rank 0's training loop)")
+    sps = {k: med([v for _, v in vals]) for k, vals in results["mlp"].items()}
+    for k, v in sps.items():
+        print(f"  {k:18s} {v:12,.0f}")
+    print(f"  ours/torchrun {sps['sparkml_dist'] / sps['torchrun']:.3f}x, "
+          f"ours/torch_distributor {sps['sparkml_dist'] / sps['torch_distributor']:.3f}x")
+    print(f"(c) {args.rows:,} x 50 DataFrame into per-rank tensors")
+    data_w = {k: med([w for w, _ in v]) for k, v in results["data"].items()}
+    for k, vals in results["data"].items():
+        print(f"  {k:18s} {data_w[k]:7.2f}s  last: {vals[-1][1]}")
+    print(f"  speed-up over torch_distributor {data_w['torch_distributor'] / data_w['sparkml_dist']:.1f}x")
+    ours_mem = results["data"]["sparkml_dist"][-1][1]
+    ratio = max(r["peak_growth_mb"] / r["shard_mb"] for r in ours_mem)
+    print(f"  ours: peak rank memory growth / shard size = {ratio:.2f}")
+    spark.stop()
+
+
+def _td_all_ranks(cols, rows_per_rank):
+    """TorchDistributor returns rank 0's value only: the load measured on rank 0."""
+    return td_load(cols, rows_per_rank)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""The runner as users start it: `sparkml-dist run`, and GPU pinning with a fake discovery script."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT, only_local
+
+
+def _py(*args, timeout=400):
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@only_local
+def test_cli_runs_an_unchanged_ddp_script_on_barrier_tasks():
+    proc = _py("-m", "sparkml_dist", "run", "--np", "2", "--master", "local[2]",
+               "examples/ddp_train.py", "--", "--steps", "25")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[rank 0] final loss" in proc.stdout and "after 25 steps on 2 ranks" in proc.stdout
+
+
+@only_local
+def test_cli_run_failure_exits_non_zero(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
+    proc = _py("-m", "sparkml_dist", "run", "--np", "-2", str(script))
+    assert proc.returncode != 0
+    assert "exited with code 3" in proc.stderr
+
+
+@only_local
+def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path):
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    script.chmod(0o755)
+    proc = _py("tests/e2e/gpu_assignment_job.py", str(script))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    assert [r["rank"] for r in out] == [0, 1]
+    assert sorted(r["cuda_visible"] for r in out) == ["0", "1"]  # one distinct GPU per rank
+    assert all(r["device"] == "cuda:0" for r in out)
