@@ -80,7 +80,12 @@ def _master_slots(master: str, conf: Callable[[str, Optional[str]], Optional[str
 def check_slots(np_: int, master: str, conf: Callable[[str, Optional[str]], Optional[str]],
                 live_slots: Optional[int] = None) -> None:
     """Refuse to launch ``np_`` barrier tasks on a cluster that cannot run them all at once."""
-    slots = live_slots if live_slots is not None else _master_slots(master, conf)
+    configured = _master_slots(master, conf)
+    slots = live_slots if live_slots is not None else configured
+    if configured is not None and live_slots is not None and live_slots < np_ <= configured:
+        raise InsufficientResourcesError(
+            f"np={np_} barrier tasks need {np_} task slots; {master} will have {configured} but only "
+            f"{live_slots} are registered (executors still starting or lost). Retry shortly or lower np.")
     dyn = (conf("spark.dynamicAllocation.enabled", "false") or "false").lower() == "true"
     if dyn:
         cap = conf("spark.dynamicAllocation.maxExecutors", None)

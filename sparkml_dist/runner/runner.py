@@ -176,11 +176,7 @@ class BarrierRunner:
         if warning:
             log.warning("%s", warning)
         master = conf("spark.master", "") or ""
-        live = None
-        if rendezvous._master_slots(master, conf) is None and not launch.is_connect(spark):
-            with contextlib.suppress(Exception):  # the JVM's count of slots, on cluster managers
-                sc = spark.sparkContext._jsc.sc()
-                live = int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+        live = self._live_slots(spark, master, conf)
         rendezvous.check_slots(self.world_size, master, conf, live)
         if self.use_gpu and not any(conf(k, None) for k in ("spark.task.resource.gpu.amount",
                                                             "spark.executor.resource.gpu.amount",
@@ -189,6 +185,26 @@ class BarrierRunner:
                 "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
                 "spark.task.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript "
                 "(spark.driver.resource.gpu.* in local mode), or use use_gpu=False.")
+
+    def _live_slots(self, spark, master: str, conf) -> Optional[int]:
+        """Task slots of the executors registered now (classic Spark only; None if unknown).
+
+        Executors of a cluster that has just started register over some seconds: wait for enough
+        of them (up to ``start_timeout``) rather than fail the first run on a fresh cluster.
+        """
+        if launch.is_connect(spark) or (master.startswith("local") and not master.startswith("local-cluster")):
+            return None
+        try:
+            sc = spark.sparkContext._jsc.sc()
+            profile = sc.resourceProfileManager().defaultResourceProfile()
+        except Exception:  # no JVM access: Spark's own barrier check decides
+            return None
+        deadline = time.monotonic() + (self.start_timeout or 60.0)
+        while True:
+            slots = int(sc.maxNumConcurrentTasks(profile))
+            if slots >= self.world_size or time.monotonic() > deadline:
+                return slots
+            time.sleep(0.5)
 
     def _shards(self, df):
         """(DataFrame with np partitions, shard sizes) for run_with_data."""
@@ -295,9 +311,10 @@ class BarrierRunner:
             monitor.failure = monitor.failure or detail
             return monitor.worker_error()
         if _SLOT_ERROR in text or "barrier stage that requires more slots" in text:
+            spark_line = next((ln.strip() for ln in text.splitlines() if "slots" in ln), "")
             return InsufficientResourcesError(
                 f"np={self.world_size} barrier tasks need {self.world_size} free task slots at once and "
-                f"the cluster has fewer (Spark: {text.splitlines()[0][:300]}). Lower np or add executors.")
+                f"the cluster has fewer (Spark: {spark_line[:300]}). Lower np or add executors.")
         if isinstance(exc, SparkMLDistError):
             return exc
         return WorkerError(f"the barrier job failed: {type(exc).__name__}: {text.splitlines()[0][:500] if text else ''}",

@@ -1,5 +1,6 @@
-"""Started by test_runner_e2e: a local[2] Spark whose driver 'has' two GPUs (a fake discovery
-script), so the runner's GPU pinning runs for real on a CPU machine."""
+"""Started by test_runner_e2e: a local-cluster Spark whose one executor 'has' two GPUs (a fake
+discovery script), so the runner's GPU pinning runs for real on a CPU machine.  (Local mode does
+not schedule custom resources; a real executor does.)"""
 
 import json
 import os
@@ -16,14 +17,16 @@ def where_am_i():
 
 if __name__ == "__main__":
     script = sys.argv[1]
-    spark = get_session("local[2]", conf={
-        "spark.driver.resource.gpu.amount": "2",
-        "spark.driver.resource.gpu.discoveryScript": script,
+    spark = get_session("local-cluster[1,2,1024]", conf={
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": script,
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": script,
         "spark.task.resource.gpu.amount": "1",
         "spark.ui.enabled": "false",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     })
-    out = BarrierRunner(2, use_gpu=True, timeout=120).run(where_am_i, return_all=True)
+    out = BarrierRunner(2, use_gpu=True, start_timeout=120, timeout=240).run(where_am_i, return_all=True)
     print("RESULT " + json.dumps(out))
     spark.stop()

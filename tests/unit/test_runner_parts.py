@@ -54,6 +54,8 @@ def test_slot_checks():
                                                  "spark.dynamicAllocation.maxExecutors": "1",
                                                  "spark.executor.cores": "2"}), live_slots=8)
     rendezvous.check_slots(4, "yarn", _conf({}), live_slots=None)  # unknown: Spark's own check decides
+    with pytest.raises(InsufficientResourcesError, match="will have 4 but only 1 are registered"):
+        rendezvous.check_slots(3, "local-cluster[2,2,1024]", _conf({}), live_slots=1)
 
 
 def test_encryption_refused_unless_opted_in():
