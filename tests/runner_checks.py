@@ -11,7 +11,7 @@ from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.runner import BarrierRunner
 from tests import runner_helpers as h
 
-RANK_MARK = "sparkml_dist.runner._rank import main"
+RANK_MARK = "sparkml_dist.runner._rank import run"
 
 
 def rank_processes():

@@ -35,7 +35,7 @@ from . import _rank, data, rendezvous
 from .channel import LogClient
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
-_RANK_ENTRY = "import sys; from sparkml_dist.runner._rank import main; sys.exit(main())"
+_RANK_ENTRY = "from sparkml_dist.runner._rank import run; run()"
 TAIL_LINES = 40
 
 
@@ -220,24 +220,15 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
 
     def fail(message: str, code: Optional[int] = None, phase: str = "run") -> RankFailure:
         tail = list(watcher.tail) if watcher else []
-        detail = {"rank": rank, "exit_code": code, "phase": phase, "message": message, "tail": tail}
+        detail = {"rank": rank, "exit_code": code, "phase": phase, "message": message, "tail": tail,
+                  "failed_at": time.time()}
         if client is not None:
             client.send({"type": "failed", **detail})
         return RankFailure(detail)
 
     try:
-        if spec.channel is not None:
-            try:
-                client = LogClient(spec.channel[0], spec.channel[1], spec.secret)
-            except OSError:
-                client = None  # the driver is unreachable (e.g. a remote Connect client): no live logs
-        shard_path = os.path.join(workdir, "shard.arrow")
-        if spec.has_data:
-            _write_shard(batches, shard_path)
-            if not os.path.exists(shard_path):  # an empty partition: write an empty file of no columns
-                pa.ipc.new_file(shard_path, pa.schema([])).close()
-        with open(os.path.join(workdir, _rank.FN_FILE), "wb") as fh:
-            fh.write(spec.payload)
+        # Start the rank process first: its interpreter and torch import (seconds) overlap with
+        # connecting the log channel, writing the shard and the gang rendezvous.
         gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, rank)
         ctrl_r, ctrl_w = os.pipe()
         env = dict(os.environ)
@@ -249,16 +240,28 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
             _rank.RUN_ENV: spec.run_id, _rank.USE_GPU_ENV: "1" if spec.use_gpu else "0",
             data.SHARD_SIZES_ENV: json.dumps(list(spec.shard_sizes)),
         })
-        if spec.has_data:
-            env[data.SHARD_ENV] = shard_path
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         proc = subprocess.Popen([sys.executable, "-c", _RANK_ENTRY], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 pass_fds=(ctrl_w,), cwd=workdir, start_new_session=True)
         os.close(ctrl_w)
+        if spec.channel is not None:
+            try:
+                client = LogClient(spec.channel[0], spec.channel[1], spec.secret)
+            except OSError:
+                client = None  # the driver is unreachable (e.g. a remote Connect client): no live logs
         watcher = _Watcher(proc, ctrl_r, rank, rank in spec.log_ranks, client)
         deadline = started + spec.start_timeout if spec.start_timeout else None
+        go_env: Dict[str, str] = {}
+        if spec.has_data:
+            shard_path = os.path.join(workdir, "shard.arrow")
+            _write_shard(batches, shard_path)
+            if not os.path.exists(shard_path):  # an empty partition: an empty file of no columns
+                pa.ipc.new_file(shard_path, pa.schema([])).close()
+            go_env[data.SHARD_ENV] = shard_path
+        with open(os.path.join(workdir, _rank.FN_FILE), "wb") as fh:
+            fh.write(spec.payload)
 
         def wait_event(name: str, limit: Optional[float]) -> Optional[dict]:
             """The next control event ``name``; None when the process exited or ``limit`` passed."""
@@ -292,6 +295,7 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
         peers = [json.loads(m) for m in gang.allgather(me)]
         hosts = [p["host"] for p in peers]
         renv = rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus)
+        renv.update(go_env)
         proc.stdin.write((json.dumps({"env": renv}) + "\n").encode())
         proc.stdin.flush()
         if client is not None:

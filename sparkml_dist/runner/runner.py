@@ -41,6 +41,10 @@ from .channel import LogServer, new_secret
 log = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "horovod")
+FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the others
+# a rank failing with one of these only noticed that another rank went away: a symptom
+_PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
 _SLOT_ERROR = "requires more slots than the total number of slots"
 
 
@@ -286,6 +290,7 @@ class BarrierRunner:
         try:
             while not done.wait(0.1):
                 if monitor.failure is not None:
+                    monitor.wait_for_reports(FAILURE_GRACE_S)
                     cancel()
                     done.wait(30)
                     raise monitor.worker_error()
@@ -308,7 +313,7 @@ class BarrierRunner:
         text = str(exc)
         detail = _task.parse_failure(text)
         if detail is not None:
-            monitor.failure = monitor.failure or detail
+            monitor.add_failure(detail)
             return monitor.worker_error()
         if _SLOT_ERROR in text or "barrier stage that requires more slots" in text:
             spark_line = next((ln.strip() for ln in text.splitlines() if "slots" in ln), "")
@@ -396,7 +401,26 @@ class _Monitor:
         self.reached: set = set()
         self.started: set = set()
         self.finished: set = set()
-        self.failure: Optional[dict] = None
+        self.failures: List[dict] = []
+        self._first_failure_at: Optional[float] = None
+
+    @property
+    def failure(self) -> Optional[dict]:
+        return self.failures[0] if self.failures else None
+
+    def add_failure(self, detail: dict) -> None:
+        with self._lock:
+            if all(f.get("rank") != detail.get("rank") for f in self.failures):
+                self.failures.append(detail)
+                if self._first_failure_at is None:
+                    self._first_failure_at = time.monotonic()
+
+    def wait_for_reports(self, grace: float) -> None:
+        """Give the other ranks ``grace`` seconds to report, so the root cause can be picked."""
+        while self._first_failure_at is not None and time.monotonic() < self._first_failure_at + grace:
+            if len(self.failures) + len(self.finished) >= self.world_size:
+                return
+            time.sleep(0.05)
 
     def on_message(self, msg: Dict[str, Any]) -> None:
         kind, rank = msg.get("type"), msg.get("rank")
@@ -409,11 +433,19 @@ class _Monitor:
             self.reached.add(rank)
         elif kind == "done":
             self.finished.add(rank)
-        elif kind == "failed" and self.failure is None:
-            self.failure = msg
+        elif kind == "failed":
+            self.add_failure(msg)
+
+    def root_cause(self) -> dict:
+        """The failure that caused the others: not a lost-peer symptom, then the earliest."""
+        def symptom(f: dict) -> bool:
+            return any(p in line for line in (f.get("tail") or [])[-5:] for p in _PEER_LOST)
+
+        return min(self.failures, key=lambda f: (f.get("phase") == "cancelled", symptom(f),
+                                                 f.get("failed_at", float("inf"))))
 
     def worker_error(self) -> WorkerError:
-        d = self.failure or {}
+        d = self.root_cause() if self.failures else {}
         rank = d.get("rank")
         message = d.get("message", "a rank failed")
         if d.get("phase") in ("rendezvous", "start"):
@@ -422,6 +454,10 @@ class _Monitor:
             if missing:
                 message = (f"ranks {missing} did not reach the rendezvous (init_process_group) within "
                            f"start_timeout; {message}")
+        others = [f for f in self.failures if f is not d]
+        if others:
+            message += "; then " + ", ".join(f"rank {f['rank']} ({f['message'].split(' ', 2)[-1]})"
+                                             for f in sorted(others, key=lambda f: f["rank"]))
         if self.finished:
             message += f" (ranks {sorted(self.finished)} had already finished)"
         tail = "\n".join(d.get("tail") or [])

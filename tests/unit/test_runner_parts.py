@@ -200,3 +200,18 @@ def test_result_larger_than_max_result_size_is_refused_with_a_pointer_to_storage
     assert isinstance(errors[0], _task.RankFailure)
     assert "more than the driver accepts" in str(errors[0]) and "ModelStore" in str(errors[0])
     assert _task.parse_failure(str(errors[0]))["rank"] == 0
+
+
+def test_root_cause_is_the_failure_not_its_symptoms():
+    from sparkml_dist.runner.runner import _Monitor
+
+    m = _Monitor(3, lambda s: None)
+    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "exit_code": 1, "failed_at": 1.0,
+                   "tail": ["RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:41856"]})
+    m.add_failure({"rank": 2, "message": "rank 2 was stopped because the run was cancelled",
+                   "phase": "cancelled", "failed_at": 0.5, "tail": []})
+    m.add_failure({"rank": 1, "message": "rank 1 exited with code 7", "exit_code": 7, "failed_at": 2.0,
+                   "tail": ["about to fail"]})
+    err = m.worker_error()
+    assert err.rank == 1 and err.exit_code == 7
+    assert str(err).startswith("rank 1 exited with code 7; then rank 0 (exited with code 1)")
