@@ -75,6 +75,12 @@ def _rss_mb():
     return 0.0
 
 
+def _reset_peak():
+    """Reset VmHWM (Linux >= 4.0) so the peak covers only what follows, not torch's import."""
+    with open("/proc/self/clear_refs", "w") as fh:
+        fh.write("5")
+
+
 def _peak_mb():
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -89,6 +95,7 @@ def ours_load(cols):
     from sparkml_dist.runner import shard
 
     base = _rss_mb()
+    _reset_peak()
     s = shard()
     X = s.to_torch(cols)
     shard_mb = s.table.nbytes / 2**20
@@ -102,6 +109,7 @@ def td_load(cols, rows_per_rank):
     from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
 
     base = _rss_mb()
+    _reset_peak()
     loader = _get_spark_partition_data_loader(rows_per_rank, 10_000, num_workers=0)
     parts = [torch.stack([torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b], dim=1)
              if isinstance(b, (list, tuple)) else b for b in loader]
@@ -188,6 +196,8 @@ def main() -> None:
             _td_all_ranks, df.repartition(2), cols, rows_per_rank)),
     }
     results = {"noop": {}, "mlp": {}, "data": {}}
+    for name, fn in noop_contenders.items():  # untimed warm-up: Python workers, page cache
+        fn()
     for r in range(args.repeats):
         for section, contenders in (("noop", noop_contenders), ("mlp", mlp_contenders),
                                     ("data", data_contenders)):

@@ -34,18 +34,33 @@ SHARD_SIZES_ENV = "SPARKML_DIST_SHARD_SIZES"
 Columns = Optional[Union[str, Sequence[str]]]
 
 
+def _is_list(t: pa.DataType) -> bool:
+    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+
+
+def _chunk_numpy(chunk: pa.Array, name: str) -> np.ndarray:
+    """A zero-copy numpy view of one Arrow chunk: (n, d) for a list column, (n,) otherwise."""
+    if not _is_list(chunk.type):
+        return chunk.to_numpy(zero_copy_only=False)
+    if chunk.null_count:
+        raise ConfigurationError(f"column {name!r}: {chunk.null_count} rows are null")
+    n = len(chunk)
+    values = chunk.flatten()
+    if n and len(values) % n:
+        raise ConfigurationError(f"column {name!r}: rows have different lengths")
+    return values.to_numpy(zero_copy_only=False).reshape(n, len(values) // n if n else 0)
+
+
 def _column_numpy(col: pa.ChunkedArray, name: str) -> np.ndarray:
-    arr = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
-        n = len(arr)
-        if arr.null_count:
-            raise ConfigurationError(f"column {name!r}: {arr.null_count} rows are null")
-        values = arr.flatten()
-        if n and len(values) % n:
-            raise ConfigurationError(f"column {name!r}: rows have different lengths")
-        width = len(values) // n if n else 0
-        return values.to_numpy(zero_copy_only=False).reshape(n, width)
-    return arr.to_numpy(zero_copy_only=False)
+    """One column as numpy: a view when it is one chunk, else one concatenated copy."""
+    parts = [_chunk_numpy(c, name) for c in col.chunks if len(c)]
+    if not parts:
+        return np.zeros((0, 0) if _is_list(col.type) else 0)
+    if len(parts) == 1:
+        return parts[0]
+    if parts[0].ndim == 2 and len({p.shape[1] for p in parts}) > 1:
+        raise ConfigurationError(f"column {name!r}: rows have different lengths")
+    return np.concatenate(parts)
 
 
 def _float_target(float_dtype) -> type:
@@ -55,19 +70,33 @@ def _float_target(float_dtype) -> type:
 
 
 def _columns_array(table: pa.Table, names: List[str], dtype=None) -> np.ndarray:
-    """The named columns as one 2-D array with at most one copy.
+    """The named columns as one 2-D array with at most one copy of the data.
 
-    A single list column without ``dtype`` is a zero-copy (read-only) view of the shard; otherwise
-    one array of ``dtype`` is allocated and filled column by column (no intermediate copies).
+    A single one-chunk list column without ``dtype`` is a zero-copy (read-only) view of the shard;
+    otherwise one array of ``dtype`` is allocated and filled chunk by chunk from zero-copy views,
+    so the peak is the mapped shard plus the output.
     """
-    parts = [_column_numpy(table.column(c), c) for c in names]
-    if len(parts) == 1 and parts[0].ndim == 2 and (dtype is None or parts[0].dtype == dtype):
-        return parts[0]
-    widths = [p.shape[1] if p.ndim == 2 else 1 for p in parts]
-    out = np.empty((table.num_rows, sum(widths)), dtype=dtype or np.result_type(*parts))
+    cols = [table.column(c) for c in names]
+    if len(cols) == 1 and cols[0].num_chunks == 1:
+        only = _chunk_numpy(cols[0].chunk(0), names[0])
+        if only.ndim == 2 and (dtype is None or only.dtype == dtype):
+            return only
+    widths, dtypes = [], []
+    for name, col in zip(names, cols):
+        first = next((c for c in col.chunks if len(c)), None)
+        sample = _chunk_numpy(first, name) if first is not None else np.zeros(0)
+        widths.append(sample.shape[1] if sample.ndim == 2 else 1)
+        dtypes.append(sample.dtype)
+    out = np.empty((table.num_rows, sum(widths)), dtype=dtype or np.result_type(*dtypes))
     at = 0
-    for p, w in zip(parts, widths):
-        out[:, at:at + w] = p if p.ndim == 2 else p[:, None]
+    for name, col, w in zip(names, cols, widths):
+        row = 0
+        for chunk in col.chunks:
+            part = _chunk_numpy(chunk, name)
+            if part.ndim == 2 and part.shape[1] != w:
+                raise ConfigurationError(f"column {name!r}: rows have different lengths")
+            out[row:row + len(chunk), at:at + w] = part if part.ndim == 2 else part[:, None]
+            row += len(chunk)
         at += w
     return out
 
@@ -155,12 +184,21 @@ class ShardLoader:
 
     def __init__(self, shard: Shard, names: List[str], batch_size: int, shuffle: bool, seed: int,
                  drop_last: bool) -> None:
-        self._tensors = [_to_tensor(_column_numpy(shard.table.column(c), c)) for c in names]
+        self._tensors = [self._tensor(shard.table, c) for c in names]
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.steps = shard.steps_per_epoch(batch_size, drop_last)
         self.rows = shard.num_rows
         self.rank = shard.rank
         self.epoch = 0
+
+    @staticmethod
+    def _tensor(table: pa.Table, name: str):
+        """One column as a tensor with one copy: (n, d) for a list column, (n,) otherwise."""
+        col = table.column(name)
+        first = next((c for c in col.chunks if len(c)), None)
+        target = _tensor_dtype(_chunk_numpy(first, name) if first is not None else np.zeros(0))
+        arr = _columns_array(table, [name], target)
+        return _to_tensor(arr if _is_list(col.type) else arr[:, 0])
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -215,3 +215,18 @@ def test_root_cause_is_the_failure_not_its_symptoms():
     err = m.worker_error()
     assert err.rank == 1 and err.exit_code == 7
     assert str(err).startswith("rank 1 exited with code 7; then rank 0 (exited with code 1)")
+
+
+def test_multi_chunk_shards_convert_across_chunk_boundaries():
+    b1 = pa.record_batch({"a": pa.array([1.0, 2.0]), "v": pa.array([[1.0, 2.0], [3.0, 4.0]]),
+                          "y": pa.array([0, 1])})
+    b2 = pa.record_batch({"a": pa.array([3.0]), "v": pa.array([[5.0, 6.0]]), "y": pa.array([2])})
+    s = Shard(pa.Table.from_batches([b1, b2]), [3], 0)
+    assert s.to_numpy(["a", "v"]).tolist() == [[1, 1, 2], [2, 3, 4], [3, 5, 6]]
+    assert s.to_torch(["v", "a"]).tolist() == [[1, 2, 1], [3, 4, 2], [5, 6, 3]]
+    (v, y), = list(s.dataloader(3, ["v", "y"], shuffle=False))
+    assert v.tolist() == [[1, 2], [3, 4], [5, 6]] and y.tolist() == [0, 1, 2]
+    ragged = pa.Table.from_batches([pa.record_batch({"v": pa.array([[1.0]])}),
+                                    pa.record_batch({"v": pa.array([[1.0, 2.0]])})])
+    with pytest.raises(ConfigurationError, match="different lengths"):
+        Shard(ragged, [2], 0).to_numpy(["v"])
