@@ -67,10 +67,11 @@ def mlp_throughput(steps=300, batch=256, warmup=20):
     return steps * batch * dist.get_world_size() / (_t.perf_counter() - t0)
 
 
-def _rss_mb():
+def _status_mb(key: str) -> float:
+    """A memory figure of this process from /proc/self/status (VmRSS: now, VmHWM: peak), in MiB."""
     with open("/proc/self/status") as fh:
         for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(key + ":"):
                 return int(line.split()[1]) / 1024
     return 0.0
 
@@ -81,25 +82,17 @@ def _reset_peak():
         fh.write("5")
 
 
-def _peak_mb():
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    return 0.0
-
-
 def ours_load(cols):
     import torch  # noqa: F401 - imported before the baseline, as a training function would
 
     from sparkml_dist.runner import shard
 
-    base = _rss_mb()
+    base = _status_mb("VmRSS")
     _reset_peak()
     s = shard()
     X = s.to_torch(cols)
     shard_mb = s.table.nbytes / 2**20
-    return {"rows": X.shape[0], "shard_mb": shard_mb, "peak_growth_mb": _peak_mb() - base}
+    return {"rows": X.shape[0], "shard_mb": shard_mb, "peak_growth_mb": _status_mb("VmHWM") - base}
 
 
 def td_load(cols, rows_per_rank):
@@ -108,13 +101,13 @@ def td_load(cols, rows_per_rank):
 
     from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
 
-    base = _rss_mb()
+    base = _status_mb("VmRSS")
     _reset_peak()
     loader = _get_spark_partition_data_loader(rows_per_rank, 10_000, num_workers=0)
     parts = [torch.stack([torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b], dim=1)
              if isinstance(b, (list, tuple)) else b for b in loader]
     X = torch.cat(parts)
-    return {"rows": X.shape[0], "peak_growth_mb": _peak_mb() - base}
+    return {"rows": X.shape[0], "peak_growth_mb": _status_mb("VmHWM") - base}
 
 
 # ---------------------------------------------------------------- driver

@@ -71,3 +71,17 @@ def shard_summary(batch_size=32, column="x"):
     values = sorted(s.to_numpy([column]).reshape(-1).tolist())
     dist.barrier()
     return {"rank": context().rank, "rows": s.num_rows, "steps": steps, "values": values}
+
+
+def kill_my_executor(seconds_before):
+    """Rank 1 SIGKILLs the executor JVM running its task (FAULTS #6), then everyone waits."""
+    import psutil
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(seconds_before)
+        for parent in psutil.Process().parents():
+            if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                os.kill(parent.pid, signal.SIGKILL)
+    time.sleep(600)

@@ -1,6 +1,5 @@
 """Writes notebooks/01_ensembles.ipynb (kept as code so reviews see plain diffs)."""
-import os
-import nbformat as nbf
+from nbwrite import write
 
 cells = [
     ("md", "# Bagged ensembles on Spark with `sparkml_dist`\n\nTrain one scikit-learn model per group "
@@ -53,9 +52,4 @@ cells = [
              "print('reloaded model predicts the same:', same)\nassert same"),
     ("code", "spark.stop()"),
 ]
-nb = nbf.v4.new_notebook()
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.cells = [nbf.v4.new_markdown_cell(s) if k == "md" else nbf.v4.new_code_cell(s) for k, s in cells]
-out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "01_ensembles.ipynb")
-nbf.write(nb, out)
-print("wrote", out)
+write(cells, "01_ensembles.ipynb")

@@ -1,6 +1,5 @@
 """Writes notebooks/02_barrier_training.ipynb (kept as code so reviews see plain diffs)."""
-import os
-import nbformat as nbf
+from nbwrite import write
 
 cells = [
     ("md", "# Data-parallel PyTorch on Spark with `BarrierRunner`\n\nAn MLP on scikit-learn's digits, "
@@ -61,9 +60,4 @@ cells = [
              "assert accuracy > 0.9, accuracy\nassert result['losses'][-1] < result['losses'][0]"),
     ("code", "spark.stop()"),
 ]
-nb = nbf.v4.new_notebook()
-nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-nb.cells = [nbf.v4.new_markdown_cell(s) if k == "md" else nbf.v4.new_code_cell(s) for k, s in cells]
-out = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "02_barrier_training.ipynb")
-nbf.write(nb, out)
-print("wrote", out)
+write(cells, "02_barrier_training.ipynb")

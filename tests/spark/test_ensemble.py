@@ -10,6 +10,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 from sparkml_dist import WorkerError
+from tests.conftest import IS_CLUSTER
 from sparkml_dist.ensemble import (BaggingClassificationModel, BaggingClassifier,
                                    BaggingRegressionModel, BaggingRegressor)
 
@@ -199,3 +200,23 @@ def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols
                         evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
     cv_model = cv.fit(cols_df)
     assert len(cv_model.avgMetrics) == 2 and all(0.5 < m <= 1 for m in cv_model.avgMetrics)
+
+
+@pytest.mark.skipif(not IS_CLUSTER, reason="local[N] never retries a task: runs in the local-cluster pass")
+def test_task_lost_on_first_attempt_gives_the_same_members(spark, tmp_path):
+    """FAULTS #12: a Python worker dies mid-fit; the retried task yields the same members."""
+    import os
+
+    from tests.helpers import CrashOnceClassifier
+
+    X, y = make_classification(n_samples=400, n_features=5, random_state=0)
+    df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    marker = str(tmp_path / "crashed-once")
+    retried = BaggingClassifier(estimator=CrashOnceClassifier(marker=marker, max_depth=4), numModels=3,
+                                sampling="bootstrap", sampleRatio=0.7, seed=3).fit(df)
+    assert os.path.exists(marker)  # a worker really died on the first attempt
+    plain = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3,
+                              sampling="bootstrap", sampleRatio=0.7, seed=3).fit(df)
+    assert [m.group for m in retried.models] == [0, 1, 2]
+    assert retried.groupSizes == plain.groupSizes  # the same rows per group
+    assert np.array_equal(retried.predict_proba(X), plain.predict_proba(X))

@@ -7,6 +7,7 @@ from pyspark.sql import functions as F
 from sparkml_dist import ConfigurationError, InsufficientResourcesError
 from sparkml_dist.runner import BarrierRunner
 from tests import runner_helpers as h
+from tests.conftest import IS_CLUSTER
 from tests.runner_checks import RunnerChecks, assert_no_rank_left
 
 
@@ -56,3 +57,17 @@ def test_too_many_ranks_fails_before_launching(spark):
 def test_use_gpu_without_gpus_is_refused_before_launching(spark):
     with pytest.raises(InsufficientResourcesError, match="use_gpu=True"):
         BarrierRunner(2, use_gpu=True).run(h.allreduce_rank_sum)
+
+
+@pytest.mark.skipif(not IS_CLUSTER, reason="needs executor JVMs to kill: runs in the local-cluster pass")
+def test_executor_jvm_killed_mid_training_fails_fast(spark):
+    """FAULTS #6: an executor dies under a rank: a bounded failure, no rank left behind."""
+    import time
+
+    from sparkml_dist import WorkerError
+
+    t = time.time()
+    with pytest.raises(WorkerError):
+        BarrierRunner(2, timeout=240).run(h.kill_my_executor, 2)
+    assert time.time() - t < 120
+    assert_no_rank_left(within=30)
