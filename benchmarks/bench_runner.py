@@ -7,7 +7,7 @@
 
 Contenders are interleaved (the order rotates every round); the load average is recorded.
 
-    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 300]
+    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500]
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--steps", type=int, default=1500)
     args = ap.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor

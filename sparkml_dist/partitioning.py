@@ -213,7 +213,23 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float,
     log.debug("split: %s", stats.summary())
 
 
-def _parse_bytes(text: str) -> int:
+def deal_groups(df, num_groups: int, seed: int, key_cols: Sequence[str]):
+    """Rows dealt round-robin to ``num_groups`` groups in key order: exactly balanced sizes.
+
+    For *small* inputs only (the ordering runs in one partition): hash assignment
+    (:func:`assign_groups`, disjoint) can leave a group empty when there are few rows per group.
+    Like :func:`assign_groups` it depends on the rows and the seed, not on the input partitioning.
+    """
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in key_cols]))
+    order = Window.orderBy(KEY_COL, *[F.col(c) for c in key_cols])
+    dealt = keyed.withColumn(GROUP_COL, ((F.row_number().over(order) - 1) % num_groups).cast("int"))
+    return dealt.repartitionById(num_groups, GROUP_COL)
+
+
+def parse_bytes(text: str) -> int:
     t = text.strip().lower().rstrip("b")
     mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
     if t and t[-1] in mult:
@@ -237,8 +253,8 @@ def task_memory_budget(spark) -> int:
         cores = (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
     py_mem = conf.get("spark.executor.pyspark.memory", None)
     if py_mem:
-        return _parse_bytes(py_mem) // max(1, cores)
+        return parse_bytes(py_mem) // max(1, cores)
     if local:
         phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return phys // 2 // max(1, cores)
-    return _parse_bytes(conf.get("spark.executor.memory", "1g") or "1g") // max(1, cores)
+    return parse_bytes(conf.get("spark.executor.memory", "1g") or "1g") // max(1, cores)

@@ -54,7 +54,6 @@ class TaskSpec:
     start_timeout: Optional[float]
     collective_timeout: float
     has_data: bool
-    shard_sizes: Tuple[int, ...]
     return_all: bool
     max_result_bytes: int
     env: Tuple[Tuple[str, str], ...] = ()
@@ -238,7 +237,6 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
             _rank.WORKDIR_ENV: workdir, _rank.CTRL_ENV: str(ctrl_w), _rank.PARENT_ENV: str(os.getpid()),
             _rank.TIMEOUT_ENV: str(spec.collective_timeout), _rank.BACKEND_ENV: spec.backend,
             _rank.RUN_ENV: spec.run_id, _rank.USE_GPU_ENV: "1" if spec.use_gpu else "0",
-            data.SHARD_SIZES_ENV: json.dumps(list(spec.shard_sizes)),
         })
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -254,9 +252,10 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
         watcher = _Watcher(proc, ctrl_r, rank, rank in spec.log_ranks, client)
         deadline = started + spec.start_timeout if spec.start_timeout else None
         go_env: Dict[str, str] = {}
+        rows = 0
         if spec.has_data:
             shard_path = os.path.join(workdir, "shard.arrow")
-            _write_shard(batches, shard_path)
+            rows = _write_shard(batches, shard_path)
             if not os.path.exists(shard_path):  # an empty partition: an empty file of no columns
                 pa.ipc.new_file(shard_path, pa.schema([])).close()
             go_env[data.SHARD_ENV] = shard_path
@@ -291,11 +290,12 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
                 raise fail(f"rank 0 did not start its rendezvous store within start_timeout="
                            f"{spec.start_timeout}s", None, "start")
             port = int(ev["port"])
-        me = json.dumps({"host": _host_address(), "port": port})
+        me = json.dumps({"host": _host_address(), "port": port, "rows": rows})
         peers = [json.loads(m) for m in gang.allgather(me)]
         hosts = [p["host"] for p in peers]
         renv = rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus)
         renv.update(go_env)
+        renv[data.SHARD_SIZES_ENV] = json.dumps([p["rows"] for p in peers])
         proc.stdin.write((json.dumps({"env": renv}) + "\n").encode())
         proc.stdin.flush()
         if client is not None:
@@ -311,6 +311,8 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
             client.send({"type": "rendezvous", "rank": rank})
         while proc.poll() is None:
             if cancel is not None and cancel.wait(0.1):
+                if proc.poll() is not None:
+                    break  # it ended on its own meanwhile: report what really happened
                 _kill_group(proc)
                 raise fail(f"rank {rank} was stopped because the run was cancelled", None, "cancelled")
             if cancel is None:

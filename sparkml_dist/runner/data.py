@@ -1,8 +1,10 @@
 """This rank's shard of the DataFrame, as Arrow / numpy / torch.  [executor: inside a rank process]
 
 The barrier task writes its partition to an Arrow IPC file on local disk; the rank process
-memory-maps it (zero copy) and removes the file at once, so the disk space goes back when the
-process ends, whatever way it ends.  No rows are pickled.
+memory-maps it (``shard().table``, zero copy), keeps a handle open and removes the file at once,
+so the disk space goes back when the process ends, whatever way it ends.  Tensors are filled by
+reading the file batch by batch through that handle: building them costs the tensors plus one
+batch of memory.  No rows are pickled.
 
 Inside ``main``::
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Iterator, List, Optional, Sequence, Tuple, Union
+from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import pyarrow as pa
@@ -51,82 +53,83 @@ def _chunk_numpy(chunk: pa.Array, name: str) -> np.ndarray:
     return values.to_numpy(zero_copy_only=False).reshape(n, len(values) // n if n else 0)
 
 
-def _column_numpy(col: pa.ChunkedArray, name: str) -> np.ndarray:
-    """One column as numpy: a view when it is one chunk, else one concatenated copy."""
-    parts = [_chunk_numpy(c, name) for c in col.chunks if len(c)]
-    if not parts:
-        return np.zeros((0, 0) if _is_list(col.type) else 0)
-    if len(parts) == 1:
-        return parts[0]
-    if parts[0].ndim == 2 and len({p.shape[1] for p in parts}) > 1:
-        raise ConfigurationError(f"column {name!r}: rows have different lengths")
-    return np.concatenate(parts)
-
-
 def _float_target(float_dtype) -> type:
     import torch
 
     return {torch.float64: np.float64, torch.float16: np.float16}.get(float_dtype, np.float32)
 
 
-def _columns_array(table: pa.Table, names: List[str], dtype=None) -> np.ndarray:
-    """The named columns as one 2-D array with at most one copy of the data.
+def _fill(batches: Iterable[pa.RecordBatch], names: List[str], n_rows: int, dtypes: List,
+          stack: bool) -> List[np.ndarray]:
+    """One pass over ``batches`` filling freshly allocated arrays for the named columns.
 
-    A single one-chunk list column without ``dtype`` is a zero-copy (read-only) view of the shard;
-    otherwise one array of ``dtype`` is allocated and filled chunk by chunk from zero-copy views,
-    so the peak is the mapped shard plus the output.
+    ``stack``: one (n, total width) array of ``dtypes[0]``; otherwise one array per column,
+    (n, d) for a list column and (n,) for a scalar one.  Each batch is viewed without copying and
+    dropped after use, so the peak is the outputs plus one batch.
     """
-    cols = [table.column(c) for c in names]
-    if len(cols) == 1 and cols[0].num_chunks == 1:
-        only = _chunk_numpy(cols[0].chunk(0), names[0])
-        if only.ndim == 2 and (dtype is None or only.dtype == dtype):
-            return only
-    widths, dtypes = [], []
-    for name, col in zip(names, cols):
-        first = next((c for c in col.chunks if len(c)), None)
-        sample = _chunk_numpy(first, name) if first is not None else np.zeros(0)
-        widths.append(sample.shape[1] if sample.ndim == 2 else 1)
-        dtypes.append(sample.dtype)
-    out = np.empty((table.num_rows, sum(widths)), dtype=dtype or np.result_type(*dtypes))
-    at = 0
-    for name, col, w in zip(names, cols, widths):
-        row = 0
-        for chunk in col.chunks:
-            part = _chunk_numpy(chunk, name)
+    outs: Optional[List[np.ndarray]] = None
+    widths: List[int] = []
+    row = 0
+    for batch in batches:
+        if not len(batch):
+            continue
+        parts = [_chunk_numpy(batch.column(c), c) for c in names]
+        if outs is None:
+            widths = [p.shape[1] if p.ndim == 2 else 1 for p in parts]
+            if stack:
+                outs = [np.empty((n_rows, sum(widths)), dtype=dtypes[0])]
+            else:
+                outs = [np.empty((n_rows, w) if p.ndim == 2 else (n_rows,), dtype=dt)
+                        for p, w, dt in zip(parts, widths, dtypes)]
+        at = 0
+        for j, (name, part, w) in enumerate(zip(names, parts, widths)):
             if part.ndim == 2 and part.shape[1] != w:
                 raise ConfigurationError(f"column {name!r}: rows have different lengths")
-            out[row:row + len(chunk), at:at + w] = part if part.ndim == 2 else part[:, None]
-            row += len(chunk)
-        at += w
-    return out
-
-
-def _tensor_dtype(arr: np.ndarray, float_dtype=None):
-    if np.issubdtype(arr.dtype, np.floating):
-        return _float_target(float_dtype)
-    return np.bool_ if np.issubdtype(arr.dtype, np.bool_) else np.int64
-
-
-def _to_tensor(arr: np.ndarray, float_dtype=None):
-    """A writable tensor (floats as float32 unless ``float_dtype``; integers as int64).
-
-    The shard is a read-only memory map: this copies at most once, and tensors never alias it.
-    """
-    import torch
-
-    target = _tensor_dtype(arr, float_dtype)
-    if arr.dtype != target or not arr.flags.writeable or not arr.flags.c_contiguous:
-        arr = np.array(arr, dtype=target, copy=True, order="C")
-    return torch.from_numpy(arr)
+            if stack:
+                outs[0][row:row + len(batch), at:at + w] = part if part.ndim == 2 else part[:, None]
+            else:
+                outs[j][row:row + len(batch)] = part
+            at += w
+        row += len(batch)
+    if outs is None:  # no rows
+        outs = [np.zeros((0, 0), dtype=dtypes[0])] if stack else [np.zeros(0, dtype=d) for d in dtypes]
+    return outs
 
 
 class Shard:
-    """One rank's rows.  ``table`` is the memory-mapped Arrow table."""
+    """One rank's rows.
 
-    def __init__(self, table: pa.Table, shard_sizes: Sequence[int], rank: int) -> None:
+    ``table`` is the memory-mapped Arrow table (zero copy; pages count toward this process's
+    memory only once touched).  ``to_numpy``/``to_torch``/``dataloader`` instead *read* the shard
+    file batch by batch through ``source``, so building a tensor costs the tensor plus one batch,
+    not the tensor plus the mapped shard.
+    """
+
+    def __init__(self, table: pa.Table, shard_sizes: Sequence[int], rank: int,
+                 source: Optional[BinaryIO] = None) -> None:
         self.table = table
         self.shard_sizes = list(shard_sizes)
         self.rank = rank
+        self._source = source
+
+    def _batches(self) -> Iterator[pa.RecordBatch]:
+        if self._source is None:
+            yield from self.table.to_batches()
+            return
+        self._source.seek(0)
+        reader = pa.ipc.open_file(pa.PythonFile(self._source, mode="r"))
+        for i in range(reader.num_record_batches):
+            yield reader.get_batch(i)
+
+    def _dtype(self, name: str, float_dtype=None, for_torch: bool = False):
+        t = self.table.schema.field(name).type
+        while _is_list(t):
+            t = t.value_type
+        if pa.types.is_floating(t):
+            return _float_target(float_dtype) if for_torch else t.to_pandas_dtype()
+        if for_torch:
+            return np.bool_ if pa.types.is_boolean(t) else np.int64
+        return t.to_pandas_dtype()
 
     @property
     def num_rows(self) -> int:
@@ -146,19 +149,22 @@ class Shard:
         return names
 
     def to_numpy(self, columns: Columns = None, dtype=None) -> np.ndarray:
-        """One 2-D array of the columns (list columns spread over several).
-
-        A single list column is returned without copying (a read-only view of the shard) unless
-        ``dtype`` asks for another type; scalar columns are filled into one new array.
-        """
-        return _columns_array(self.table, self._names(columns), dtype)
+        """One new 2-D array of the columns (a list column spreads over several), as ``dtype``
+        (default: the columns' common type)."""
+        names = self._names(columns)
+        target = dtype or np.result_type(*[self._dtype(c) for c in names])
+        return _fill(self._batches(), names, self.num_rows, [target], stack=True)[0]
 
     def to_torch(self, columns: Columns = None, dtype=None):
-        """A writable tensor of the columns: floating data as ``dtype`` (default float32),
-        integers as int64; one copy of the data."""
+        """A tensor of the columns: floating data as ``dtype`` (default float32), integers as int64.
+
+        Filled straight from the shard file: the peak is the tensor plus one batch.
+        """
+        import torch
+
         names = self._names(columns)
-        sample = _column_numpy(self.table.column(names[0]), names[0])
-        return _to_tensor(_columns_array(self.table, names, _tensor_dtype(sample, dtype)), dtype)
+        target = np.result_type(*[self._dtype(c, dtype, for_torch=True) for c in names])
+        return torch.from_numpy(_fill(self._batches(), names, self.num_rows, [target], stack=True)[0])
 
     def steps_per_epoch(self, batch_size: int, drop_last: bool = False) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""
@@ -173,7 +179,12 @@ class Shard:
         if self.num_rows == 0:
             raise ConfigurationError(f"rank {self.rank} received an empty shard; there are fewer rows "
                                      "than ranks. Lower np or add data.")
-        return ShardLoader(self, self._names(columns), batch_size, shuffle, seed, drop_last)
+        names = self._names(columns)
+        import torch
+
+        arrays = _fill(self._batches(), names, self.num_rows,
+                       [self._dtype(c, for_torch=True) for c in names], stack=False)
+        return ShardLoader(self, [torch.from_numpy(a) for a in arrays], batch_size, shuffle, seed, drop_last)
 
 
 class ShardLoader:
@@ -182,23 +193,14 @@ class ShardLoader:
     Call ``set_epoch(e)`` to choose the epoch explicitly, as with DistributedSampler.
     """
 
-    def __init__(self, shard: Shard, names: List[str], batch_size: int, shuffle: bool, seed: int,
+    def __init__(self, shard: Shard, tensors: list, batch_size: int, shuffle: bool, seed: int,
                  drop_last: bool) -> None:
-        self._tensors = [self._tensor(shard.table, c) for c in names]
+        self._tensors = tensors
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.steps = shard.steps_per_epoch(batch_size, drop_last)
         self.rows = shard.num_rows
         self.rank = shard.rank
         self.epoch = 0
-
-    @staticmethod
-    def _tensor(table: pa.Table, name: str):
-        """One column as a tensor with one copy: (n, d) for a list column, (n,) otherwise."""
-        col = table.column(name)
-        first = next((c for c in col.chunks if len(c)), None)
-        target = _tensor_dtype(_chunk_numpy(first, name) if first is not None else np.zeros(0))
-        arr = _columns_array(table, [name], target)
-        return _to_tensor(arr if _is_list(col.type) else arr[:, 0])
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -241,10 +243,11 @@ def load_from_env(unlink: bool = True) -> None:
     if not path:
         return
     table = _open_shard_file(path)
+    source = open(path, "rb")  # kept open: conversions read through it after the unlink
     if unlink:
         os.unlink(path)
     sizes = json.loads(os.environ.get(SHARD_SIZES_ENV, "[]"))
-    _SHARD = Shard(table, sizes, int(os.environ.get("RANK", "0")))
+    _SHARD = Shard(table, sizes, int(os.environ.get("RANK", "0")), source)
 
 
 def shard() -> Shard:

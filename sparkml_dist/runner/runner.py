@@ -211,36 +211,29 @@ class BarrierRunner:
             time.sleep(0.5)
 
     def _shards(self, df):
-        """(DataFrame with np partitions, shard sizes) for run_with_data."""
-        from pyspark.sql import functions as F
+        """``df`` as ``np`` partitions, partition r holding rank r's shard (lazy but for one cheap check).
 
+        Rows are hashed to ranks (shared partitioning layer, disjoint), which needs no pass over the
+        data; an input too small for hashing to fill every rank (fewer than 64 rows per rank) is
+        dealt round-robin instead. The ranks exchange their row counts at the rendezvous.
+        """
         cols = df.columns
-        spec = partitioning.SplitSpec(num_groups=self.world_size, seed=self._seed,
-                                      names={"num_groups": "np"})
-        grouped = partitioning.assign_groups(df, spec, cols)
-        stats = partitioning.group_stats(grouped)
-        sizes = [int(c) for c in stats.counts()] + [0] * (self.world_size - stats.num_groups)
-        sizes = sizes[: self.world_size]
-        total = sum(sizes)
-        if total < self.world_size:
-            raise ConfigurationError(f"the DataFrame has {total} rows, fewer than np={self.world_size} "
+        small = 64 * self.world_size
+        n = df.limit(small).count()
+        if n < self.world_size:
+            raise ConfigurationError(f"the DataFrame has {n} rows, fewer than np={self.world_size} "
                                      "ranks; every rank needs at least one row.")
-        if min(sizes) == 0:
-            # few rows: deal them round-robin in key order instead (still independent of partitioning)
-            from pyspark.sql import Window
-
-            keyed = df.withColumn(partitioning.KEY_COL, F.xxhash64(F.lit(self._seed), *[F.col(c) for c in cols]))
-            order = Window.orderBy(partitioning.KEY_COL, *cols)
-            grouped = (keyed.withColumn(partitioning.GROUP_COL,
-                                        ((F.row_number().over(order) - 1) % self.world_size).cast("int"))
-                       .repartitionById(self.world_size, partitioning.GROUP_COL))
-            sizes = [total // self.world_size + (1 if r < total % self.world_size else 0)
-                     for r in range(self.world_size)]
-        return grouped.select(*cols), sizes
+        if n < small:
+            grouped = partitioning.deal_groups(df, self.world_size, self._seed, cols)
+        else:
+            spec = partitioning.SplitSpec(num_groups=self.world_size, seed=self._seed,
+                                          names={"num_groups": "np"})
+            grouped = partitioning.assign_groups(df, spec, cols)
+        return grouped.select(*cols)
 
     def _max_result_bytes(self, spark) -> int:
         text = (spark.conf.get("spark.driver.maxResultSize", "1g") or "1g") if spark is not None else "1g"
-        limit = partitioning._parse_bytes(text)
+        limit = partitioning.parse_bytes(text)
         return limit - (1 << 20) if limit > 0 else 1 << 62  # room for chunk row overhead
 
     # ------------------------------------------------------------------ running
@@ -255,13 +248,13 @@ class BarrierRunner:
         server = LogServer(secret, monitor.on_message)
         try:
             host = self._driver_host(spark)
-            data_df, sizes = (self._shards(df) if df is not None else (None, [0] * self.world_size))
+            data_df = self._shards(df) if df is not None else None
             spec = _task.TaskSpec(
                 run_id=run_id, world_size=self.world_size, payload=payload, backend=self.backend,
                 use_gpu=self.use_gpu, log_ranks=self.log_ranks, channel=(host, server.port),
                 secret=secret, start_timeout=self.start_timeout,
                 collective_timeout=float(self.collective_timeout), has_data=df is not None,
-                shard_sizes=tuple(sizes), return_all=return_all,
+                return_all=return_all,
                 max_result_bytes=self._max_result_bytes(spark))
             expected = range(self.world_size) if return_all else [0]
             if self.np > 0:
@@ -369,8 +362,10 @@ class BarrierRunner:
                     outputs[r].append(batch)
             except BaseException as exc:
                 errors.append(exc)
-                cancel_event.set()
-                member.abort()
+                member.abort()  # ranks still waiting at the gang rendezvous stop now
+                # ranks already running get the same grace as the driver's reports: the first
+                # failure seen may be a symptom of another rank's failure that is still exiting
+                threading.Timer(FAILURE_GRACE_S, cancel_event.set).start()
 
         threads = [threading.Thread(target=rank_thread, args=(r,), daemon=True) for r in range(self.world_size)]
         for t in threads:

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from sparkml_dist import ConfigurationError
-from sparkml_dist.partitioning import (SplitSpec, _parse_bytes, feature_subsets, group_seeds,
+from sparkml_dist.partitioning import (SplitSpec, parse_bytes, feature_subsets, group_seeds,
                                        membership_sql, order_rows)
 
 
@@ -55,5 +55,5 @@ def test_membership_sql_per_mode():
 
 
 def test_parse_bytes():
-    assert _parse_bytes("2g") == 2 << 30 and _parse_bytes("512m") == 512 << 20
-    assert _parse_bytes("1024") == 1 << 30
+    assert parse_bytes("2g") == 2 << 30 and parse_bytes("512m") == 512 << 20
+    assert parse_bytes("1024") == 1 << 30

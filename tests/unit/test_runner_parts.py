@@ -158,7 +158,7 @@ def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeou
                           payload=serialization.dumps((fn, args, {}, True)), backend="torch",
                           use_gpu=False, log_ranks=(), channel=None, secret=b"s",
                           start_timeout=start_timeout, collective_timeout=60.0, has_data=False,
-                          shard_sizes=(0,) * world, return_all=return_all, max_result_bytes=max_result)
+                          return_all=return_all, max_result_bytes=max_result)
 
 
 def _run_gang(spec):
