@@ -7,7 +7,8 @@
   :mod:`sparkml_dist.collection` (``encode`` / ``encode_error``);
 * the job runs under a unique job tag; Ctrl-C (KeyboardInterrupt) on the driver interrupts exactly
   that job, so two runs in one session never cancel each other;
-* ``barrier=True`` gang-schedules the tasks (all start together or none).
+* ``barrier=True`` gang-schedules the tasks (all start together or none);
+* ``profile`` attaches a stage-level ResourceProfile (e.g. a GPU per task).
 
 Only the DataFrame API is used, so the same code runs on classic Spark and on Spark Connect.
 """
@@ -61,7 +62,8 @@ def _task_entry(task_fn: Callable, spec: Any, batches: Iterable[pa.RecordBatch])
         yield collection.encode_error(-1, f"{type(exc).__name__}: {exc}")
 
 
-def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False, catch_errors: bool = True):
+def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False, catch_errors: bool = True,
+               profile: Any = None):
     """The lazy DataFrame of chunk rows produced by ``task_fn`` on every partition of ``df``.
 
     With ``catch_errors`` an exception escaping ``task_fn`` becomes an error row (the task succeeds
@@ -69,6 +71,8 @@ def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False, catch
     that Spark stops the other tasks.
     """
     fn = functools.partial(_task_entry, task_fn, spec) if catch_errors else functools.partial(task_fn, spec=spec)
+    if profile is not None:  # stage-level scheduling (e.g. one GPU per task)
+        return df.mapInArrow(fn, collection.CHUNK_DDL, barrier=barrier, profile=profile)
     return df.mapInArrow(fn, collection.CHUNK_DDL, barrier=barrier)
 
 

@@ -133,3 +133,18 @@ class RunnerChecks:
         assert sorted(r["x"] for r in results) == [1, 2]
         assert len({r["env"]["MASTER_PORT"] for r in results}) == 2
         assert_no_rank_left()
+
+    def test_ctrl_c_on_the_driver_cancels_the_run(self, spark):
+        import os
+        import signal
+
+        timer = threading.Timer(6.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+        t = time.time()
+        timer.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                self.runner(2, timeout=300).run(h.fail_on, 1, "hang", 0)
+        finally:
+            timer.cancel()
+        assert time.time() - t < 60
+        assert_no_rank_left(within=20)

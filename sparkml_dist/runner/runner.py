@@ -182,8 +182,7 @@ class BarrierRunner:
         master = conf("spark.master", "") or ""
         live = self._live_slots(spark, master, conf)
         rendezvous.check_slots(self.world_size, master, conf, live)
-        if self.use_gpu and not any(conf(k, None) for k in ("spark.task.resource.gpu.amount",
-                                                            "spark.executor.resource.gpu.amount",
+        if self.use_gpu and not any(conf(k, None) for k in ("spark.executor.resource.gpu.amount",
                                                             "spark.driver.resource.gpu.amount")):
             raise InsufficientResourcesError(
                 "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
@@ -318,9 +317,23 @@ class BarrierRunner:
         return WorkerError(f"the barrier job failed: {type(exc).__name__}: {text.splitlines()[0][:500] if text else ''}",
                            worker_traceback=text[-5000:])
 
+    def _gpu_profile(self, spark):
+        """A stage-level profile asking one GPU per task, when the cluster does not set one.
+
+        With ``spark.task.resource.gpu.amount`` set, Spark already gives each task its GPUs.
+        Otherwise (executors have GPUs, tasks request none by default) this stage asks for one.
+        """
+        if not self.use_gpu or spark.conf.get("spark.task.resource.gpu.amount", None):
+            return None
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        cpus = int(spark.conf.get("spark.task.cpus", "1") or 1)
+        return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", 1)).build
+
     def _launch_spark(self, spark, data_df, spec: _task.TaskSpec, monitor: "_Monitor"):
         df = data_df if data_df is not None else spark.range(0, self.world_size, 1, self.world_size)
-        out = launch.map_groups(df, _task.barrier_task, spec, barrier=True, catch_errors=False)
+        out = launch.map_groups(df, _task.barrier_task, spec, barrier=True, catch_errors=False,
+                                profile=self._gpu_profile(spark))
         tag = f"sparkml_dist-run-{spec.run_id}"
         done, box, errors = threading.Event(), [], []
 

@@ -16,13 +16,15 @@ def where_am_i():
 
 
 if __name__ == "__main__":
-    script = sys.argv[1]
-    spark = get_session("local-cluster[1,2,1024]", conf={
+    script, mode = sys.argv[1], sys.argv[2]
+    # mode "conf": the cluster gives every task a GPU (spark.task.resource.gpu.amount);
+    # mode "profile": it does not, and the runner asks for one per task with a stage-level profile
+    task_amount = {"spark.task.resource.gpu.amount": "1"} if mode == "conf" else {}
+    spark = get_session("local-cluster[1,2,1024]", conf={**task_amount,
         "spark.worker.resource.gpu.amount": "2",
         "spark.worker.resource.gpu.discoveryScript": script,
         "spark.executor.resource.gpu.amount": "2",
         "spark.executor.resource.gpu.discoveryScript": script,
-        "spark.task.resource.gpu.amount": "1",
         "spark.ui.enabled": "false",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",

@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.conftest import ROOT, only_local
 
 
@@ -32,11 +34,12 @@ def test_cli_run_failure_exits_non_zero(tmp_path):
 
 
 @only_local
-def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path):
+@pytest.mark.parametrize("mode", ["conf", "profile"])
+def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
     script = tmp_path / "gpus.sh"
     script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
     script.chmod(0o755)
-    proc = _py("tests/e2e/gpu_assignment_job.py", str(script))
+    proc = _py("tests/e2e/gpu_assignment_job.py", str(script), mode)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
     assert [r["rank"] for r in out] == [0, 1]
