@@ -30,7 +30,7 @@ import posixpath
 import traceback
 import uuid
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import pyarrow as pa
 
@@ -278,9 +278,3 @@ class ModelStore:
         return {(m["group"], m["item"]): serialization.safe_loads(self.read_bytes(m), trusted_modules)
                 for m in self.manifest()["objects"]}
 
-
-def iter_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Pass through non-empty batches (helper for task functions)."""
-    for batch in batches:
-        if batch.num_rows:
-            yield batch
