@@ -22,7 +22,7 @@ Example::
 
     spec = SplitSpec(num_groups=8, sampling="bootstrap", sample_ratio=0.5, seed=42)
     grouped = assign_groups(df, spec, key_cols=["features", "label"])
-    stats = group_stats(grouped)                       # one Spark job
+    stats = group_stats(grouped, spec.num_groups)      # one Spark job
     check_groups(stats, spec, bytes_per_row=8 * 12, budget_bytes=task_memory_budget(spark))
     print(stats.summary())                             # "8 groups, rows min/median/max = ..."
 """
@@ -172,8 +172,9 @@ class GroupStats:
                 f"{int(c.min())}/{int(np.median(c))}/{int(c.max())} (total {int(c.sum())})")
 
 
-def group_stats(grouped, extra_aggs: Optional[Mapping[str, object]] = None) -> GroupStats:
-    """Count rows per group, plus ``extra_aggs`` ({name: aggregate Column}), in one Spark job."""
+def group_stats(grouped, num_groups: int, extra_aggs: Optional[Mapping[str, object]] = None) -> GroupStats:
+    """Count rows per group (0..num_groups-1), plus ``extra_aggs`` ({name: aggregate Column}), in one
+    Spark job."""
     from pyspark.sql import functions as F
 
     aggs = [F.count(F.lit(1)).alias("__rows")]
@@ -184,7 +185,6 @@ def group_stats(grouped, extra_aggs: Optional[Mapping[str, object]] = None) -> G
         g = int(d.pop(GROUP_COL))
         rows[g] = int(d.pop("__rows"))
         extras[g] = d
-    num_groups = max(rows) + 1 if rows else 0
     return GroupStats(num_groups=num_groups, rows=rows, extras=extras)
 
 
@@ -192,7 +192,6 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float,
                  budget_bytes: int) -> None:
     """No empty group, and no group larger than one task can hold."""
     n = spec.names.get
-    stats.num_groups = spec.num_groups
     counts = stats.counts()
     empty = [g for g in range(spec.num_groups) if counts[g] == 0]
     if empty:

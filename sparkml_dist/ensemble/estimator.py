@@ -110,10 +110,9 @@ class _BaggingEstimator(Estimator, BaggingReadWrite):
         spark = launch.session_of(dataset)
         with launch.job_scope(spark, "sparkml_dist: sizing groups"):
             stats = partitioning.group_stats(
-                grouped, validation.data_aggregates(self._is_classifier, bool(weight_col)))
+                grouped, spec.num_groups, validation.data_aggregates(self._is_classifier, bool(weight_col)))
         if not stats.rows and dataset.isEmpty():
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
-        partitioning.check_groups(stats, spec, bytes_per_row=1.0, budget_bytes=1 << 62)  # empties
         info = validation.check_data(
             stats, dataset, features_col=feats_col, features_cols=feats_cols,
             label_col=self.getLabelCol(), weight_col=weight_col,

@@ -298,8 +298,6 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
         renv[data.SHARD_SIZES_ENV] = json.dumps([p["rows"] for p in peers])
         proc.stdin.write((json.dumps({"env": renv}) + "\n").encode())
         proc.stdin.flush()
-        if client is not None:
-            client.send({"type": "started", "rank": rank, "host": hosts[rank]})
 
         ev = wait_event("rendezvous", deadline)
         if ev is None and proc.poll() is None and not (cancel is not None and cancel.is_set()):

@@ -407,7 +407,6 @@ class _Monitor:
         self._sink = sink
         self._lock = threading.Lock()
         self.reached: set = set()
-        self.started: set = set()
         self.finished: set = set()
         self.failures: List[dict] = []
         self._first_failure_at: Optional[float] = None
@@ -435,8 +434,6 @@ class _Monitor:
         if kind == "line":
             with self._lock:
                 self._sink(f"[rank {rank}] {msg.get('text', '')}\n")
-        elif kind == "started":
-            self.started.add(rank)
         elif kind == "rendezvous":
             self.reached.add(rank)
         elif kind == "done":

@@ -39,7 +39,7 @@ def test_mode_statistics(rows):
     disjoint = assign_groups(rows, SplitSpec(num_groups=4, seed=3), ["id"])
     ids = [r[0] for r in disjoint.select("id").collect()]
     assert sorted(ids) == list(range(n))  # every row in exactly one group
-    counts = group_stats(disjoint).counts()
+    counts = group_stats(disjoint, 4).counts()
     assert counts.sum() == n and counts.min() > 0.8 * n / 4
 
     boot = assign_groups(rows, SplitSpec(num_groups=4, sampling="bootstrap", sample_ratio=0.5, seed=3), ["id"])
@@ -63,11 +63,11 @@ def test_keys_are_stable_row_hashes(rows):
 def test_empty_groups_and_oversized_groups_are_refused(spark):
     tiny = spark.range(0, 3).select(F.col("id").cast("double").alias("x"))
     spec = SplitSpec(num_groups=8, seed=0, names={"num_groups": "numModels"})
-    stats = group_stats(assign_groups(tiny, spec, ["x"]))
+    stats = group_stats(assign_groups(tiny, spec, ["x"]), spec.num_groups)
     with pytest.raises(ConfigurationError, match="groups received no rows.*Lower numModels"):
         check_groups(stats, spec, bytes_per_row=8, budget_bytes=1 << 30)
     spec2 = SplitSpec(num_groups=1)
-    stats2 = group_stats(assign_groups(tiny, spec2, ["x"]))
+    stats2 = group_stats(assign_groups(tiny, spec2, ["x"]), spec2.num_groups)
     with pytest.raises(ConfigurationError, match="more than one task can hold"):
         check_groups(stats2, spec2, bytes_per_row=1 << 30, budget_bytes=1 << 30)
     assert "rows min/median/max = 3/3/3" in stats2.summary()
