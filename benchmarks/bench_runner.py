@@ -2,12 +2,14 @@
 
 (a) wall time of a no-op job (init + one all-reduce);
 (b) samples/s of a fixed MLP trained with DDP (measured inside rank 0, after warm-up);
-(c) a 1,000,000 x 50 float DataFrame into per-rank tensors: BarrierRunner.run_with_data +
+(c) a 1,000,000 x 50 float DataFrame (Parquet) into per-rank tensors: BarrierRunner.run_with_data +
     shard().to_torch() vs TorchDistributor's DataFrame loader; with the rank's peak memory growth.
+    Ours twice: reading the Parquet files directly (the default for a plain scan) and with
+    read_files=False (rows converted and shuffled by Spark, as for any other DataFrame).
 
 Contenders are interleaved (the order rotates every round); the load average is recorded.
 
-    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500]
+    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500] [--sections noop,mlp,data]
 """
 
 from __future__ import annotations
@@ -82,6 +84,13 @@ def _reset_peak():
         fh.write("5")
 
 
+def import_torch():
+    """The launch alone: what every contender pays before any data moves (ranks import torch)."""
+    import torch
+
+    return torch.__version__
+
+
 def ours_load(cols):
     import torch  # noqa: F401 - imported before the baseline, as a training function would
 
@@ -141,6 +150,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=1500)
+    ap.add_argument("--sections", default="noop,mlp,data")
     args = ap.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -185,15 +195,22 @@ def main() -> None:
     data_contenders = {
         "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run_with_data(df, ours_load, cols,
                                                                                        return_all=True)),
+        "sparkml_dist_spark": lambda: timed(lambda: BarrierRunner(2, read_files=False, **quiet).run_with_data(
+            df, ours_load, cols, return_all=True)),
         "torch_distributor": lambda: timed(lambda: td()._train_on_dataframe(
             _td_all_ranks, df.repartition(2), cols, rows_per_rank)),
+        # the same launches without data: subtracted to give the feeding time alone
+        "sparkml_dist_launch": lambda: timed(lambda: BarrierRunner(2, **quiet).run(import_torch)),
+        "torch_distributor_launch": lambda: timed(lambda: td().run(import_torch)),
     }
-    results = {"noop": {}, "mlp": {}, "data": {}}
+    sections = [s for s in args.sections.split(",") if s]
+    results = {s: {} for s in sections}
     for name, fn in noop_contenders.items():  # untimed warm-up: Python workers, page cache
         fn()
+    all_contenders = {"noop": noop_contenders, "mlp": mlp_contenders, "data": data_contenders}
     for r in range(args.repeats):
-        for section, contenders in (("noop", noop_contenders), ("mlp", mlp_contenders),
-                                    ("data", data_contenders)):
+        for section in sections:
+            contenders = all_contenders[section]
             names = list(contenders)
             names = names[r % len(names):] + names[:r % len(names)]
             for name in names:
@@ -203,26 +220,33 @@ def main() -> None:
                 print(f"round {r} {section:5s} {name:18s} load {load:4.2f} wall {wall:7.2f}s  {value}", flush=True)
 
     med = lambda xs: statistics.median(xs)  # noqa: E731
-    print(f"\n(a) no-op job (init + one all-reduce), median wall seconds over {args.repeats} rounds")
-    noop_w = {k: med([w for w, _ in v]) for k, v in results["noop"].items()}
-    for k, w in noop_w.items():
-        print(f"  {k:18s} {w:7.2f}s")
-    print(f"  ours/torch_distributor {noop_w['sparkml_dist'] / noop_w['torch_distributor']:.3f}x, "
-          f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x")
-    print("(b) DDP MLP samples/s (rank 0's training loop)")
-    sps = {k: med([v for _, v in vals]) for k, vals in results["mlp"].items()}
-    for k, v in sps.items():
-        print(f"  {k:18s} {v:12,.0f}")
-    print(f"  ours/torchrun {sps['sparkml_dist'] / sps['torchrun']:.3f}x, "
-          f"ours/torch_distributor {sps['sparkml_dist'] / sps['torch_distributor']:.3f}x")
-    print(f"(c) {args.rows:,} x 50 DataFrame into per-rank tensors")
-    data_w = {k: med([w for w, _ in v]) for k, v in results["data"].items()}
-    for k, vals in results["data"].items():
-        print(f"  {k:18s} {data_w[k]:7.2f}s  last: {vals[-1][1]}")
-    print(f"  speed-up over torch_distributor {data_w['torch_distributor'] / data_w['sparkml_dist']:.1f}x")
-    ours_mem = results["data"]["sparkml_dist"][-1][1]
-    ratio = max(r["peak_growth_mb"] / r["shard_mb"] for r in ours_mem)
-    print(f"  ours: peak rank memory growth / shard size = {ratio:.2f}")
+    if "noop" in results:
+        print(f"\n(a) no-op job (init + one all-reduce), median wall seconds over {args.repeats} rounds")
+        noop_w = {k: med([w for w, _ in v]) for k, v in results["noop"].items()}
+        for k, w in noop_w.items():
+            print(f"  {k:18s} {w:7.2f}s")
+        print(f"  ours/torch_distributor {noop_w['sparkml_dist'] / noop_w['torch_distributor']:.3f}x, "
+              f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x")
+    if "mlp" in results:
+        print("(b) DDP MLP samples/s (rank 0's training loop)")
+        sps = {k: med([v for _, v in vals]) for k, vals in results["mlp"].items()}
+        for k, v in sps.items():
+            print(f"  {k:18s} {v:12,.0f}")
+        print(f"  ours/torchrun {sps['sparkml_dist'] / sps['torchrun']:.3f}x, "
+              f"ours/torch_distributor {sps['sparkml_dist'] / sps['torch_distributor']:.3f}x")
+    if "data" in results:
+        print(f"(c) {args.rows:,} x 50 DataFrame into per-rank tensors, median wall seconds")
+        data_w = {k: med([w for w, _ in v]) for k, v in results["data"].items()}
+        for k, vals in results["data"].items():
+            print(f"  {k:18s} {data_w[k]:7.2f}s  last: {vals[-1][1]}")
+        td_feed = data_w["torch_distributor"] - data_w["torch_distributor_launch"]
+        for k in ("sparkml_dist", "sparkml_dist_spark"):
+            feed = data_w[k] - data_w["sparkml_dist_launch"]
+            print(f"  {k}: end to end {data_w['torch_distributor'] / data_w[k]:.1f}x faster than "
+                  f"torch_distributor; feeding alone (minus each one's launch) {feed:.2f}s vs "
+                  f"{td_feed:.2f}s = {td_feed / feed:.1f}x")
+            ratio = max(r["peak_growth_mb"] / r["shard_mb"] for r in results["data"][k][-1][1])
+            print(f"  {k}: peak rank memory growth / shard size = {ratio:.2f}")
     spark.stop()
 
 

@@ -85,3 +85,10 @@ def kill_my_executor(seconds_before):
             if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
                 os.kill(parent.pid, signal.SIGKILL)
     time.sleep(600)
+
+
+def shard_in_order(column="x"):
+    """This rank's values of ``column`` in shard order, and its rank (no collectives)."""
+    from sparkml_dist.runner import context, shard
+
+    return {"rank": context().rank, "values": shard().table.column(column).to_pylist()}

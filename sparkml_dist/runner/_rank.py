@@ -3,7 +3,7 @@
 Started by the barrier task (:mod:`sparkml_dist.runner._task`) with RANK/WORLD_SIZE set.  Steps:
 
 1. die with the task (``PR_SET_PDEATHSIG``), so a killed task never leaves a rank behind;
-2. rank 0 (torch backend): host the TCPStore on an OS-chosen port and report it to the task;
+2. rank 0 (torch backend): host the TCPStore on the listening socket its task passed down;
 3. read the rendezvous environment (MASTER_ADDR/PORT, LOCAL_RANK, ...) from stdin;
 4. report reaching the rendezvous when ``init_process_group`` is called;
 5. map the shard, load ``(main, args, kwargs)``, call it, write the result for the task;
@@ -29,6 +29,7 @@ TIMEOUT_ENV = "SPARKML_DIST_COLLECTIVE_TIMEOUT"
 BACKEND_ENV = "SPARKML_DIST_BACKEND"
 RUN_ENV = "SPARKML_DIST_RUN_ID"
 USE_GPU_ENV = "SPARKML_DIST_USE_GPU"
+STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
 FN_FILE = "fn.pkl"
 RESULT_FILE = "result.pkl"
 
@@ -55,11 +56,16 @@ def collective_timeout() -> timedelta:
     return timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "1800")))
 
 
-def _host_store(world_size: int):
+def _host_store(world_size: int, fd: int):
+    """The rendezvous store, served on the socket the task bound and listens on (fd)."""
+    import socket
+
     import torch.distributed as dist
 
-    return dist.TCPStore("0.0.0.0", 0, world_size, is_master=True, wait_for_workers=False,
-                         timeout=collective_timeout())
+    with socket.socket(fileno=os.dup(fd)) as s:
+        port = s.getsockname()[1]
+    return dist.TCPStore("0.0.0.0", port, world_size, is_master=True, wait_for_workers=False,
+                         timeout=collective_timeout(), master_listen_fd=fd)
 
 
 def _hook_rendezvous(ctrl: _Ctrl) -> None:
@@ -92,8 +98,7 @@ def main() -> int:
     if torch_backend:
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
     if torch_backend and rank == 0:
-        store = _host_store(world)  # held for the life of this process
-        ctrl.send(event="store", port=store.port)
+        store = _host_store(world, int(os.environ[STORE_FD_ENV]))  # held for the life of this process
     line = sys.stdin.readline()
     if not line:
         return 1  # the task went away before the rendezvous

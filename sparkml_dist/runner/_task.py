@@ -30,7 +30,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
-from .. import collection
+from .. import collection, parquet_split
 from . import _rank, data, rendezvous
 from .channel import LogClient
 
@@ -57,6 +57,7 @@ class TaskSpec:
     return_all: bool
     max_result_bytes: int
     env: Tuple[Tuple[str, str], ...] = ()
+    file_split: Optional[parquet_split.ParquetSplit] = None  # shards read from Parquet files
 
 
 class RankFailure(RuntimeError):
@@ -216,6 +217,8 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
     client: Optional[LogClient] = None
     proc: Optional[subprocess.Popen] = None
     watcher: Optional[_Watcher] = None
+    listener: Optional[socket.socket] = None
+    store_port = 0
 
     def fail(message: str, code: Optional[int] = None, phase: str = "run") -> RankFailure:
         tail = list(watcher.tail) if watcher else []
@@ -230,6 +233,15 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
         # connecting the log channel, writing the shard and the gang rendezvous.
         gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, rank)
         ctrl_r, ctrl_w = os.pipe()
+        fds = [ctrl_w]
+        if spec.backend == "torch" and rank == 0:
+            # rank 0's process hosts the TCPStore on this socket, bound and listening now: its port
+            # is known before torch is imported, and peers that connect early wait in the backlog.
+            listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            listener.bind(("0.0.0.0", 0))
+            listener.listen(1024)
+            store_port = listener.getsockname()[1]
+            fds.append(listener.fileno())
         env = dict(os.environ)
         env.update(dict(spec.env))
         env.update({
@@ -238,12 +250,16 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
             _rank.TIMEOUT_ENV: str(spec.collective_timeout), _rank.BACKEND_ENV: spec.backend,
             _rank.RUN_ENV: spec.run_id, _rank.USE_GPU_ENV: "1" if spec.use_gpu else "0",
         })
+        if listener is not None:
+            env[_rank.STORE_FD_ENV] = str(listener.fileno())
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         proc = subprocess.Popen([sys.executable, "-c", _RANK_ENTRY], env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                pass_fds=(ctrl_w,), cwd=workdir, start_new_session=True)
+                                pass_fds=tuple(fds), cwd=workdir, start_new_session=True)
         os.close(ctrl_w)
+        if listener is not None:
+            listener.close()  # the rank process holds its own copy
         if spec.channel is not None:
             try:
                 client = LogClient(spec.channel[0], spec.channel[1], spec.secret)
@@ -253,9 +269,13 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
         deadline = started + spec.start_timeout if spec.start_timeout else None
         go_env: Dict[str, str] = {}
         rows = 0
+        if not spec.has_data or spec.file_split is not None:
+            for _ in batches:  # drain the placeholder rows, so Spark can reuse this Python worker
+                pass
         if spec.has_data:
             shard_path = os.path.join(workdir, "shard.arrow")
-            rows = _write_shard(batches, shard_path)
+            source = batches if spec.file_split is None else parquet_split.read(spec.file_split, rank)
+            rows = _write_shard(source, shard_path)
             if not os.path.exists(shard_path):  # an empty partition: an empty file of no columns
                 pa.ipc.new_file(shard_path, pa.schema([])).close()
             go_env[data.SHARD_ENV] = shard_path
@@ -279,18 +299,7 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
                 if ev.get("event") == name:
                     return ev
 
-        port = 0
-        if spec.backend == "torch" and rank == 0:
-            ev = wait_event("store", deadline)
-            if ev is None:
-                if proc.poll() is not None:
-                    watcher.join()
-                    raise fail(f"rank 0 {_exit_text(proc.returncode)} before hosting the rendezvous store",
-                               proc.returncode, "start")
-                raise fail(f"rank 0 did not start its rendezvous store within start_timeout="
-                           f"{spec.start_timeout}s", None, "start")
-            port = int(ev["port"])
-        me = json.dumps({"host": _host_address(), "port": port, "rows": rows})
+        me = json.dumps({"host": _host_address(), "port": store_port, "rows": rows})
         peers = [json.loads(m) for m in gang.allgather(me)]
         hosts = [p["host"] for p in peers]
         renv = rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus)
@@ -340,6 +349,8 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
                     pipe.close()
                 except OSError:
                     pass
+        if listener is not None:
+            listener.close()
         if client is not None:
             client.close()
         shutil.rmtree(workdir, ignore_errors=True)

@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .. import collection, launch, partitioning, serialization
+from .. import collection, launch, parquet_split, partitioning, serialization
 from ..errors import (ConfigurationError, InsufficientResourcesError, RunTimeoutError,
                       SparkMLDistError, WorkerError)
 from . import _task, rendezvous
@@ -101,6 +101,11 @@ class BarrierRunner:
             defaults to ``timeout`` or torch's 30 minutes.
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
+        read_files: when ``df`` given to :meth:`run_with_data` is a plain scan of Parquet files
+            (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), each
+            task reads its rows straight from the files with pyarrow (contiguous, balanced row
+            ranges in file order; see :mod:`sparkml_dist.parquet_split`) instead of Spark
+            converting and shuffling them. False always moves rows through Spark (hashed to ranks).
         spark: the SparkSession (default: the active one).
         log_sink: where streamed lines go (default ``sys.stdout.write``: the notebook cell).
     """
@@ -109,7 +114,7 @@ class BarrierRunner:
                  log_ranks: Union[str, int, Sequence[int], None] = "0",
                  start_timeout: Optional[float] = 180.0, timeout: Optional[float] = None,
                  collective_timeout: Optional[float] = None, allow_unencrypted: bool = False,
-                 spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
+                 read_files: bool = True, spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ConfigurationError(f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
                                      f"np < 0: local processes on the driver); got {np!r}")
@@ -133,6 +138,7 @@ class BarrierRunner:
         self.timeout = timeout
         self.collective_timeout = collective_timeout or timeout or 1800.0
         self.allow_unencrypted = allow_unencrypted
+        self.read_files = bool(read_files)
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
@@ -145,8 +151,10 @@ class BarrierRunner:
     def run_with_data(self, df, main: Callable, *args, return_all: bool = False, **kwargs):
         """As :meth:`run`, with each rank's shard of ``df`` available as ``sparkml_dist.runner.shard()``.
 
-        Rows are split into ``np`` disjoint shards by the shared partitioning layer (a hash of each
-        row, so shards do not depend on how ``df`` is partitioned).
+        Rows are split into ``np`` disjoint shards: read straight from the files when ``df`` is a
+        plain Parquet scan (contiguous row ranges whose sizes differ by at most one row, see
+        ``read_files``), else by the shared partitioning layer (a hash of each row, so shards do
+        not depend on how ``df`` is partitioned).
         """
         return self._run(df, main, args, kwargs, return_all)
 
@@ -209,6 +217,21 @@ class BarrierRunner:
                 return slots
             time.sleep(0.5)
 
+    def _file_split(self, df) -> Optional[parquet_split.ParquetSplit]:
+        """Each rank's row ranges of ``df``'s Parquet files, or None to move the rows through Spark."""
+        if not self.read_files:
+            return None
+        split, why = parquet_split.plan(df, self.world_size)
+        if split is None:
+            log.info("run_with_data: the rows go through Spark, not straight from files: %s", why)
+            return None
+        if split.num_rows < self.world_size:
+            raise ConfigurationError(f"the DataFrame has {split.num_rows} rows, fewer than np="
+                                     f"{self.world_size} ranks; every rank needs at least one row.")
+        log.info("run_with_data: %d ranks read %d rows straight from %d Parquet files", self.world_size,
+                 split.num_rows, len({s.uri for part in split.parts for s in part}))
+        return split
+
     def _shards(self, df):
         """``df`` as ``np`` partitions, partition r holding rank r's shard (lazy but for one cheap check).
 
@@ -247,13 +270,14 @@ class BarrierRunner:
         server = LogServer(secret, monitor.on_message)
         try:
             host = self._driver_host(spark)
-            data_df = self._shards(df) if df is not None else None
+            split = self._file_split(df) if df is not None else None
+            data_df = self._shards(df) if df is not None and split is None else None
             spec = _task.TaskSpec(
                 run_id=run_id, world_size=self.world_size, payload=payload, backend=self.backend,
                 use_gpu=self.use_gpu, log_ranks=self.log_ranks, channel=(host, server.port),
                 secret=secret, start_timeout=self.start_timeout,
                 collective_timeout=float(self.collective_timeout), has_data=df is not None,
-                return_all=return_all,
+                file_split=split, return_all=return_all,
                 max_result_bytes=self._max_result_bytes(spark))
             expected = range(self.world_size) if return_all else [0]
             if self.np > 0:
