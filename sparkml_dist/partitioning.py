@@ -257,3 +257,19 @@ def task_memory_budget(spark) -> int:
         phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         return phys // 2 // max(1, cores)
     return parse_bytes(conf.get("spark.executor.memory", "1g") or "1g") // max(1, cores)
+
+
+def assign_keys(df, key_col: str, key_table, num_parts: int):
+    """Rows grouped by the value of ``key_col``: ``GROUP_COL`` = the key's index in ``key_table``.
+
+    ``key_table`` is a small DataFrame of ``(key_col, GROUP_COL)``; rows whose key is not in it are
+    dropped (the caller decided to skip those keys).  Group ``g`` lands in partition
+    ``g mod num_parts`` and each partition is sorted by group, so a task sees its groups one after
+    another and can fit them one at a time.  Lazy: starts no Spark job.
+    """
+    from pyspark.sql import functions as F
+
+    joined = df.join(F.broadcast(key_table), on=key_col, how="inner")
+    part = "__sd_part"
+    return (joined.withColumn(part, F.pmod(F.col(GROUP_COL), F.lit(int(num_parts))))
+            .repartitionById(int(num_parts), part).drop(part).sortWithinPartitions(GROUP_COL))

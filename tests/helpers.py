@@ -3,7 +3,7 @@
 import os
 
 import numpy as np
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.tree import DecisionTreeClassifier
 
 
@@ -39,3 +39,22 @@ class CrashOnceClassifier(DecisionTreeClassifier):
             open(self.marker, "w").close()
             os._exit(3)
         return super().fit(X, y, sample_weight=sample_weight)
+
+
+class FailOnKeyRegressor(RegressorMixin, BaseEstimator):
+    """A linear regressor that raises when the fitted slope of the first feature has a given sign:
+    in the grouped tests, only key 'c' (slope -1) fails."""
+
+    def __init__(self, bad_slope_sign=-1):
+        self.bad_slope_sign = bad_slope_sign
+
+    def fit(self, X, y):
+        from sklearn.linear_model import LinearRegression
+
+        self.model_ = LinearRegression().fit(X, y)
+        if np.sign(self.model_.coef_[0]) == self.bad_slope_sign:
+            raise ValueError("injected failure for a negative slope")
+        return self
+
+    def predict(self, X):
+        return self.model_.predict(X)

@@ -1,11 +1,13 @@
-"""Independent models per group of rows: bagging ensembles as pyspark.ml stages.  [driver]
+"""Independent models per group of rows, as pyspark.ml stages.  [driver]
 
-See :class:`BaggingClassifier` and :class:`BaggingRegressor`.
+See :class:`BaggingClassifier` and :class:`BaggingRegressor` (bagging ensembles) and
+:class:`GroupedTrainer` (one model per key of a column).
 """
 
 from .aggregation import Member
 from .estimator import (BaggingClassificationModel, BaggingClassifier, BaggingRegressionModel,
                         BaggingRegressor)
+from .grouped import GroupedModel, GroupedTrainer
 
 __all__ = ["BaggingClassifier", "BaggingClassificationModel", "BaggingRegressor",
-           "BaggingRegressionModel", "Member"]
+           "BaggingRegressionModel", "Member", "GroupedTrainer", "GroupedModel"]

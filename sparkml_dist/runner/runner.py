@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from .. import collection, launch, parquet_split, partitioning, serialization
+from .. import collection, launch, parquet_split, partitioning, plan, serialization
 from ..errors import (ConfigurationError, InsufficientResourcesError, RunTimeoutError,
                       SparkMLDistError, WorkerError)
 from . import _task, rendezvous
@@ -101,6 +101,9 @@ class BarrierRunner:
             defaults to ``timeout`` or torch's 30 minutes.
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
+        model_bytes: memory one rank's model needs (e.g. ``sparkml_dist.plan.model_bytes(net,
+            backprop=True, batch_size=64)``); a run whose model cannot fit in an executor's
+            Python memory is refused before launching (see :mod:`sparkml_dist.plan`).
         read_files: when ``df`` given to :meth:`run_with_data` is a plain scan of Parquet files
             (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), each
             task reads its rows straight from the files with pyarrow (contiguous, balanced row
@@ -114,7 +117,7 @@ class BarrierRunner:
                  log_ranks: Union[str, int, Sequence[int], None] = "0",
                  start_timeout: Optional[float] = 180.0, timeout: Optional[float] = None,
                  collective_timeout: Optional[float] = None, allow_unencrypted: bool = False,
-                 read_files: bool = True, spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
+                 model_bytes: Optional[int] = None, read_files: bool = True, spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ConfigurationError(f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
                                      f"np < 0: local processes on the driver); got {np!r}")
@@ -139,6 +142,9 @@ class BarrierRunner:
         self.collective_timeout = collective_timeout or timeout or 1800.0
         self.allow_unencrypted = allow_unencrypted
         self.read_files = bool(read_files)
+        if model_bytes is not None and (not isinstance(model_bytes, int) or model_bytes < 0):
+            raise ConfigurationError(f"model_bytes must be a number of bytes >= 0 or None, got {model_bytes!r}")
+        self.model_bytes = model_bytes
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
@@ -188,6 +194,8 @@ class BarrierRunner:
         if warning:
             log.warning("%s", warning)
         master = conf("spark.master", "") or ""
+        if self.model_bytes:
+            plan.plan_concurrency(spark, self.model_bytes)  # raises when one model cannot fit a worker
         live = self._live_slots(spark, master, conf)
         rendezvous.check_slots(self.world_size, master, conf, live)
         if self.use_gpu and not any(conf(k, None) for k in ("spark.executor.resource.gpu.amount",

@@ -1,0 +1,201 @@
+"""How many models fit in memory at once: the seeds' formula and a planner over the Spark conf.
+
+[driver; the formula runs anywhere]
+
+The rule the seed documents give for independent models trained side by side::
+
+    bytes of one model = parameters x bytes per parameter (2 fp16, 4 fp32, 8 fp64)
+                         x 2 when trained by backpropagation (gradients)
+                         x batch size when batched
+                         x steps when it carries recurrent state
+    concurrent models per node = memory of the node / bytes of one model
+
+:func:`model_bytes` is that formula (a parameter count, an ``nn.Module`` or a fitted scikit-learn
+estimator in, bytes out).  :func:`plan_concurrency` applies it to the cluster: it reads executor
+memory and cores from the Spark configuration (:class:`ClusterMemory`) and returns how many models
+fit per executor and how many may run at once, or raises
+:class:`~sparkml_dist.errors.InsufficientResourcesError` naming the estimate and the settings to
+change when not even one fits.
+
+Example::
+
+    from sparkml_dist.plan import model_bytes, plan_concurrency
+
+    need = model_bytes(net, precision="fp32", backprop=True, batch_size=32)
+    p = plan_concurrency(spark, need)
+    print(p.summary())     # "2 executors x min(4 slots, 12 models) = 8 models at once ..."
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .errors import ConfigurationError, InsufficientResourcesError
+
+BYTES_PER_PARAM = {"fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
+                   "fp64": 8, "float64": 8}
+
+
+def parameter_count(model: Any) -> int:
+    """Trainable size of ``model``: an int as is, an ``nn.Module``'s parameters and buffers, or the
+    number of numeric values held by a fitted scikit-learn estimator (its arrays, trees included)."""
+    if isinstance(model, (int, np.integer)) and not isinstance(model, bool):
+        if model < 0:
+            raise ConfigurationError(f"a parameter count must be >= 0, got {model}")
+        return int(model)
+    if hasattr(model, "parameters") and hasattr(model, "buffers") and callable(model.parameters):
+        return int(sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
+    if hasattr(model, "get_params"):
+        return int(_numeric_values(model))
+    raise ConfigurationError(f"cannot count the parameters of a {type(model).__name__}: pass an int, "
+                             "a torch.nn.Module or a fitted scikit-learn estimator")
+
+
+def _numeric_values(obj: Any, seen: Optional[set] = None) -> int:
+    """Numeric values reachable from ``obj`` (arrays, numbers, estimators, tree states)."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return 0
+    seen.add(id(obj))
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.fields:  # a structured array (a tree's nodes): one value per field per row
+            return obj.size * len(obj.dtype.fields)
+        if obj.dtype == object:
+            return sum(_numeric_values(v, seen) for v in obj.ravel())
+        return obj.size
+    if isinstance(obj, (bool, int, float, np.number)):
+        return 1
+    if isinstance(obj, dict):
+        return sum(_numeric_values(v, seen) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_numeric_values(v, seen) for v in obj)
+    if isinstance(obj, (str, bytes, type(None))):
+        return 0
+    state = None
+    if hasattr(obj, "__getstate__"):
+        try:
+            state = obj.__getstate__()
+        except Exception:
+            state = None
+    if state is None and hasattr(obj, "__reduce__"):  # extension types (sklearn's Tree)
+        try:
+            state = obj.__reduce__()
+        except Exception:
+            state = None
+    if state is None:
+        state = getattr(obj, "__dict__", None)
+    return _numeric_values(state, seen) if state is not None else 0
+
+
+def model_bytes(model: Any, *, precision: str = "fp32", backprop: bool = False, batch_size: int = 1,
+                steps: int = 1) -> int:
+    """The seeds' memory formula: parameters x bytes per parameter x (2 if backprop) x batch x steps.
+
+    ``model``: a parameter count, an ``nn.Module`` or a fitted estimator (see :func:`parameter_count`).
+    """
+    if precision not in BYTES_PER_PARAM:
+        raise ConfigurationError(f"precision must be one of {sorted(BYTES_PER_PARAM)}, got {precision!r}")
+    for name, value in (("batch_size", batch_size), ("steps", steps)):
+        if not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
+    return parameter_count(model) * BYTES_PER_PARAM[precision] * (2 if backprop else 1) * batch_size * steps
+
+
+def estimator_bytes(fitted: Any) -> int:
+    """Memory a fitted scikit-learn-API model holds: its pickled size (dominated by its arrays)."""
+    return len(pickle.dumps(fitted, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+# --------------------------------------------------------------------------- the cluster
+@dataclass(frozen=True)
+class ClusterMemory:
+    """What the planner knows of the cluster, read from the Spark configuration."""
+
+    executors: int
+    cores_per_executor: int
+    task_cpus: int
+    python_bytes_per_executor: int   # memory the executor's Python workers may use together
+    source: str                      # the settings it was read from (for error messages)
+
+    @property
+    def slots_per_executor(self) -> int:
+        return max(1, self.cores_per_executor // max(1, self.task_cpus))
+
+    @classmethod
+    def from_spark(cls, spark) -> "ClusterMemory":
+        from .partitioning import parse_bytes
+
+        conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
+        master = conf("spark.master", "local[*]") or "local[*]"
+        task_cpus = int(conf("spark.task.cpus", "1") or 1)
+        py_mem = conf("spark.executor.pyspark.memory", None)
+        if master.startswith("local") and not master.startswith("local-cluster"):
+            inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+            cores = (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
+            phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+            if py_mem:
+                return cls(1, cores, task_cpus, parse_bytes(py_mem), "spark.executor.pyspark.memory")
+            return cls(1, cores, task_cpus, phys // 2,
+                       "local mode: half of this machine's memory (set spark.executor.pyspark.memory)")
+        if master.startswith("local-cluster"):
+            n, c, mem = [x.strip() for x in master[master.find("[") + 1:master.find("]")].split(",")]
+            executors, cores = int(n), int(c)
+            executor_mem = parse_bytes(mem + "m")
+        else:
+            executors = _live_executors(spark) or int(conf("spark.executor.instances", "1") or 1)
+            cores = int(conf("spark.executor.cores", "1") or 1)
+            executor_mem = parse_bytes(conf("spark.executor.memory", "1g") or "1g")
+        if py_mem:
+            return cls(executors, cores, task_cpus, parse_bytes(py_mem), "spark.executor.pyspark.memory")
+        overhead = conf("spark.executor.memoryOverhead", None)
+        py_bytes = parse_bytes(overhead) if overhead else max(384 << 20, executor_mem // 10)
+        return cls(executors, cores, task_cpus, py_bytes,
+                   "spark.executor.memoryOverhead (Python workers live outside the JVM heap; set "
+                   "spark.executor.pyspark.memory to give them their own budget)")
+
+
+def _live_executors(spark) -> int:
+    try:
+        return max(0, len(spark.sparkContext._jsc.sc().getExecutorMemoryStatus()) - 1)
+    except Exception:  # Spark Connect: no JVM access from the client
+        return 0
+
+
+@dataclass(frozen=True)
+class ConcurrencyPlan:
+    bytes_per_model: int
+    models_per_executor: int
+    slots_per_executor: int
+    executors: int
+    concurrency: int
+    cluster: ClusterMemory
+
+    def summary(self) -> str:
+        return (f"{self.executors} executor(s) x min({self.slots_per_executor} slots, "
+                f"{self.models_per_executor} models of {self.bytes_per_model / 2**20:.1f} MiB) = "
+                f"{self.concurrency} models at once")
+
+
+def plan_concurrency(spark, bytes_per_model: int, *, max_concurrent: Optional[int] = None,
+                     cluster: Optional[ClusterMemory] = None) -> ConcurrencyPlan:
+    """How many models of ``bytes_per_model`` run at once; refuses when none fits an executor."""
+    c = cluster or ClusterMemory.from_spark(spark)
+    per_exec = c.python_bytes_per_executor // max(1, int(bytes_per_model))
+    if per_exec < 1:
+        raise InsufficientResourcesError(
+            f"one model needs about {bytes_per_model / 2**20:.1f} MiB but an executor's Python "
+            f"workers have {c.python_bytes_per_executor / 2**20:.1f} MiB ({c.source}). Give them "
+            "more memory (spark.executor.pyspark.memory, spark.executor.memoryOverhead), or "
+            "shrink the model (fewer parameters, lower precision, smaller batches).")
+    concurrency = c.executors * min(c.slots_per_executor, per_exec)
+    if max_concurrent is not None:
+        if not isinstance(max_concurrent, (int, np.integer)) or max_concurrent < 1:
+            raise ConfigurationError(f"max_concurrent must be an integer >= 1 or None, got {max_concurrent!r}")
+        concurrency = min(concurrency, int(max_concurrent))
+    return ConcurrencyPlan(int(bytes_per_model), int(per_exec), c.slots_per_executor, c.executors,
+                           max(1, concurrency), c)

@@ -1,0 +1,331 @@
+"""ParallelSearchCV: scikit-learn's grid / randomized search, every (candidate, fold) fit on Spark.
+
+[driver; :func:`_search_task` runs on executors]
+
+It is scikit-learn's ``BaseSearchCV`` (so ``cv_results_``, ``best_params_``, ``best_score_``,
+``best_estimator_``, ``predict``, ``score``, multi-metric ``scoring`` and ``refit`` behave as in
+``GridSearchCV`` / ``RandomizedSearchCV``) with the fits moved to Spark:
+
+* the driver draws the candidates (``ParameterGrid`` / ``ParameterSampler(random_state)``) and the
+  folds (``check_cv(cv).split``) exactly as scikit-learn does, so the same data, folds and seeds
+  give identical scores;
+* the data, folds, candidates and scorers are pickled once into the job and reach each executor
+  once (Spark ships a stage's task binary per executor); each Python worker unpickles them once
+  and keeps them for all the (candidate, fold) units it runs;
+* every unit is scikit-learn's own ``_fit_and_score``; a candidate that raises is recorded with
+  ``error_score`` and the search goes on (``error_score="raise"`` stops it);
+* results come back through the shared collection layer; the best candidate is refitted on the
+  driver;
+* ``max_concurrent`` caps how many fits run at once; ``None`` asks the memory planner
+  (:mod:`sparkml_dist.plan`), which also refuses a search whose data and model cannot fit in one
+  Python worker.
+
+Example::
+
+    from sparkml_dist.search import ParallelSearchCV
+    from sklearn.ensemble import RandomForestClassifier
+
+    search = ParallelSearchCV(RandomForestClassifier(random_state=0),
+                              {"n_estimators": [50, 100], "max_depth": [4, 8, None]}, cv=3)
+    search.fit(X, y)                                     # numpy / pandas, on the active Spark session
+    search.fit(df, featuresCols=["a", "b"], labelCol="y")  # or a small Spark DataFrame
+    print(search.best_params_, search.best_score_)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import logging
+import threading
+import time
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from . import collection, launch, plan, serialization
+from .errors import ConfigurationError
+
+log = logging.getLogger(__name__)
+
+try:  # scikit-learn's own search machinery: identical results by construction
+    from sklearn.base import clone, is_classifier
+    from sklearn.metrics._scorer import _MultimetricScorer
+    from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
+    from sklearn.model_selection._search import BaseSearchCV
+    from sklearn.model_selection._validation import (_fit_and_score, _insert_error_scores,
+                                                     _warn_or_raise_about_fit_failures)
+    from sklearn.utils import indexable
+    from sklearn.utils.validation import _check_method_params
+except ImportError as exc:  # pragma: no cover - depends on the installed scikit-learn
+    raise ImportError(f"sparkml_dist.search needs scikit-learn >= 1.5 ({exc})") from exc
+
+_FIT_AND_SCORE_ARGS = set(inspect.signature(_fit_and_score).parameters)
+_UNITS_PER_SLOT = 4  # partitions per slot when memory does not cap concurrency: Spark balances them
+
+
+# --------------------------------------------------------------------------- executors
+@dataclass(frozen=True)
+class _SearchSpec:
+    key: str            # SHA-256 of payload: the worker-side cache key
+    payload: bytes      # pickled _Job
+    n_units: int
+    n_parts: int
+
+
+@dataclass
+class _Job:
+    estimator: Any
+    X: Any
+    y: Any
+    candidates: List[dict]
+    splits: List[tuple]
+    kwargs: Dict[str, Any]
+
+
+_JOBS: "OrderedDict[str, _Job]" = OrderedDict()
+_JOBS_LOCK = threading.Lock()
+
+
+def _job(spec: _SearchSpec) -> _Job:
+    """The search's data and settings, unpickled once per Python worker (two searches kept)."""
+    with _JOBS_LOCK:
+        job = _JOBS.get(spec.key)
+        if job is None:
+            job = _JOBS[spec.key] = serialization.loads(spec.payload)
+            while len(_JOBS) > 2:
+                _JOBS.popitem(last=False)
+        else:
+            _JOBS.move_to_end(spec.key)
+        return job
+
+
+def _search_task(batches: Iterable[pa.RecordBatch], spec: _SearchSpec) -> Iterator[pa.RecordBatch]:
+    """Run the units of the partitions in ``batches`` (unit u belongs to partition u mod n_parts)."""
+    parts = [p for b in batches for p in b.column(0).to_pylist()]
+    if not parts:
+        return
+    job = _job(spec)
+    n_splits, n_cand = len(job.splits), len(job.candidates)
+    for part in parts:
+        for unit in range(part, spec.n_units, spec.n_parts):
+            cand, split = divmod(unit, n_splits)
+            train, test = job.splits[split]
+            result = _fit_and_score(clone(job.estimator), job.X, job.y, train=train, test=test,
+                                    parameters=job.candidates[cand], split_progress=(split, n_splits),
+                                    candidate_progress=(cand, n_cand), **job.kwargs)
+            yield collection.encode(unit, 0, result)
+
+
+# --------------------------------------------------------------------------- driver
+def _is_spark_df(obj) -> bool:
+    return hasattr(obj, "sparkSession") and hasattr(obj, "columns") and hasattr(obj, "schema")
+
+
+def _active_session():
+    from pyspark.sql import SparkSession
+
+    try:
+        return SparkSession.active()
+    except Exception:
+        raise ConfigurationError("ParallelSearchCV runs its fits on Spark: create a SparkSession first "
+                                 "(sparkml_dist.session.get_session or SparkSession.builder)") from None
+
+
+class ParallelSearchCV(BaseSearchCV):
+    """Grid or randomized search over ``estimator``'s parameters, each (candidate, fold) on Spark.
+
+    Args:
+        estimator: a scikit-learn-API estimator (cloned for every fit).
+        param_grid: a dict (or list of dicts) of parameter lists: an exhaustive grid, as
+            ``GridSearchCV``. Give this or ``param_distributions``.
+        param_distributions: a dict (or list of dicts) of lists or scipy distributions sampled
+            ``n_iter`` times with ``random_state``, as ``RandomizedSearchCV``.
+        n_iter: candidates drawn from ``param_distributions``.
+        scoring, refit, cv, error_score, return_train_score, verbose: as in ``GridSearchCV``.
+        random_state: seeds ``ParameterSampler`` (the folds' randomness is ``cv``'s own).
+        max_concurrent: at most this many fits at once (Azure ML's ``max_concurrent_runs``);
+            None: as many as the cluster's slots and Python memory allow (:mod:`sparkml_dist.plan`).
+    """
+
+    def __init__(self, estimator, param_grid=None, *, param_distributions=None, n_iter=10,
+                 scoring=None, refit=True, cv=None, random_state=None, max_concurrent=None,
+                 error_score=np.nan, return_train_score=False, verbose=0):
+        super().__init__(estimator=estimator, scoring=scoring, n_jobs=None, refit=refit, cv=cv,
+                         verbose=verbose, error_score=error_score, return_train_score=return_train_score)
+        self.param_grid = param_grid
+        self.param_distributions = param_distributions
+        self.n_iter = n_iter
+        self.random_state = random_state
+        self.max_concurrent = max_concurrent
+
+    # ------------------------------------------------------------------ candidates
+    def _candidates(self) -> List[dict]:
+        if (self.param_grid is None) == (self.param_distributions is None):
+            raise ConfigurationError("give exactly one of param_grid (exhaustive, as GridSearchCV) "
+                                     "or param_distributions (sampled n_iter times, as RandomizedSearchCV)")
+        if self.param_grid is not None:
+            candidates = list(ParameterGrid(self.param_grid))
+        else:
+            candidates = list(ParameterSampler(self.param_distributions, self.n_iter,
+                                               random_state=self.random_state))
+        if not candidates:
+            raise ConfigurationError("the parameter grid is empty: no candidate to evaluate")
+        valid = set(self.estimator.get_params(deep=True))
+        for cand in candidates:
+            unknown = sorted(set(cand) - valid)
+            if unknown:
+                raise ConfigurationError(
+                    f"{type(self.estimator).__name__} has no parameter(s) {unknown}; valid parameters "
+                    f"are {sorted(valid)}. Fix the names in param_grid/param_distributions.")
+        return candidates
+
+    def _run_search(self, evaluate_candidates):  # BaseSearchCV's hook; fit below does the work
+        evaluate_candidates(self._candidates())
+
+    # ------------------------------------------------------------------ data
+    @staticmethod
+    def _from_dataframe(df, featuresCols: Optional[Sequence[str]], labelCol: Optional[str]):
+        if not featuresCols:
+            raise ConfigurationError("fit(df, ...) on a Spark DataFrame needs featuresCols=[...] "
+                                     "(and labelCol= for supervised estimators)")
+        wanted = list(featuresCols) + ([labelCol] if labelCol else [])
+        missing = [c for c in wanted if c not in df.columns]
+        if missing:
+            raise ConfigurationError(f"columns {missing} are not in the DataFrame; it has {df.columns}")
+        from pyspark.sql.types import NumericType, BooleanType
+
+        types = {f.name: f.dataType for f in df.schema.fields}
+        bad = [c for c in featuresCols if not isinstance(types[c], (NumericType, BooleanType))]
+        if bad:
+            raise ConfigurationError(f"feature columns {bad} are not numeric; encode them first "
+                                     "(e.g. pyspark.ml.feature.StringIndexer)")
+        spark = df.sparkSession
+        budget = plan.ClusterMemory.from_spark(spark).python_bytes_per_executor
+        n = df.count()
+        need = n * len(wanted) * 8
+        if need * 4 > budget:
+            raise ConfigurationError(
+                f"the DataFrame ({n} rows x {len(wanted)} columns, ~{need / 2**20:.0f} MiB) is too "
+                f"large to copy into every task (Python budget {budget / 2**20:.0f} MiB per executor). "
+                "Search on a sample (df.sample(...)), or train one model over all rows with "
+                "sparkml_dist.ensemble.BaggingClassifier / BarrierRunner.")
+        pdf = df.select(*wanted).toPandas()
+        X = pdf[list(featuresCols)]
+        y = pdf[labelCol].to_numpy() if labelCol else None
+        return X, y
+
+    # ------------------------------------------------------------------ fit
+    def fit(self, X, y=None, *, groups=None, featuresCols=None, labelCol=None, **params):
+        """Run the search: ``fit(X, y)`` on numpy/pandas, or ``fit(df, featuresCols=..., labelCol=...)``."""
+        if _is_spark_df(X):
+            spark = X.sparkSession
+            X, y = self._from_dataframe(X, featuresCols, labelCol)
+        else:
+            spark = _active_session()
+        candidates = self._candidates()
+        scorers, refit_metric = self._get_scorers()
+        X, y = indexable(X, y)
+        fit_params = _check_method_params(X, params=params)
+        cv = check_cv(self.cv, y, classifier=is_classifier(self.estimator))
+        n_splits = cv.get_n_splits(X, y, groups)
+        splits = list(cv.split(X, y, groups))
+        if len(splits) != n_splits:
+            raise ValueError(f"cv.split and cv.get_n_splits return inconsistent results. Expected "
+                             f"{n_splits} splits, got {len(splits)}")
+        base_estimator = clone(self.estimator)
+        if self.verbose > 0:
+            print(f"Fitting {n_splits} folds for each of {len(candidates)} candidates, totalling "
+                  f"{len(candidates) * n_splits} fits")
+        out = self._evaluate(spark, base_estimator, X, y, candidates, splits, scorers, fit_params)
+        _warn_or_raise_about_fit_failures(out, self.error_score)
+        if callable(self.scoring):
+            _insert_error_scores(out, self.error_score)
+        results = self._format_results(candidates, n_splits, out, defaultdict(list))
+
+        self.multimetric_ = isinstance(out[0]["test_scores"], dict)
+        if callable(self.scoring) and self.multimetric_:
+            self._check_refit_for_multimetric(out[0]["test_scores"])
+            refit_metric = self.refit
+        if self.refit or not self.multimetric_:
+            self.best_index_ = self._select_best_index(self.refit, refit_metric, results)
+            if not callable(self.refit):
+                self.best_score_ = results[f"mean_test_{refit_metric}"][self.best_index_]
+            self.best_params_ = results["params"][self.best_index_]
+        if self.refit:
+            self.best_estimator_ = clone(base_estimator).set_params(**clone(self.best_params_, safe=False))
+            start = time.time()
+            if y is not None:
+                self.best_estimator_.fit(X, y, **fit_params)
+            else:
+                self.best_estimator_.fit(X, **fit_params)
+            self.refit_time_ = time.time() - start
+            if hasattr(self.best_estimator_, "feature_names_in_"):
+                self.feature_names_in_ = self.best_estimator_.feature_names_in_
+        self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
+        self.cv_results_ = results
+        self.n_splits_ = n_splits
+        return self
+
+    def _evaluate(self, spark, base_estimator, X, y, candidates, splits, scorers, fit_params) -> List[dict]:
+        """``_fit_and_score`` of every (candidate, fold) on Spark, in scikit-learn's order."""
+        kwargs = dict(scorer=scorers, verbose=self.verbose, fit_params=fit_params, score_params={},
+                      return_train_score=self.return_train_score, return_n_test_samples=True,
+                      return_times=True, return_parameters=False, error_score=self.error_score)
+        kwargs = {k: v for k, v in kwargs.items() if k in _FIT_AND_SCORE_ARGS}
+        job = _Job(base_estimator, X, y, candidates, [(np.asarray(tr), np.asarray(te)) for tr, te in splits],
+                   kwargs)
+        try:
+            payload = serialization.dumps(job)
+        except Exception as exc:
+            raise ConfigurationError(f"the estimator, data or scoring cannot be sent to the executors "
+                                     f"({type(exc).__name__}: {exc}); define custom classes and "
+                                     "functions in an importable module") from None
+        n_units = len(candidates) * len(splits)
+        concurrency = self._concurrency(spark, base_estimator, X, y, len(payload))
+        n_parts = min(n_units, concurrency.concurrency * (_UNITS_PER_SLOT if concurrency.unbounded else 1))
+        spec = _SearchSpec(hashlib.sha256(payload).hexdigest(), payload, n_units, n_parts)
+        log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, concurrency.plan.summary())
+        df = spark.range(0, n_parts, 1, n_parts)
+        results = launch.run_on_groups(df, _search_task, spec, expected_groups=range(n_units),
+                                       description="sparkml_dist-search", what="fit")
+        return [results[(u, 0)] for u in range(n_units)]
+
+    def _concurrency(self, spark, estimator, X, y, payload_bytes: int) -> "_Concurrency":
+        """Fits at once: slots, capped by Python memory (data + a fold copy + the model) and by the user."""
+        model = _model_estimate(estimator, X, y)
+        need = 2 * payload_bytes + model
+        p = plan.plan_concurrency(spark, need, max_concurrent=self.max_concurrent)
+        unbounded = p.models_per_executor >= p.slots_per_executor and self.max_concurrent is None
+        return _Concurrency(p, unbounded)
+
+
+@dataclass(frozen=True)
+class _Concurrency:
+    plan: plan.ConcurrencyPlan
+    unbounded: bool
+
+    @property
+    def concurrency(self) -> int:
+        return self.plan.concurrency
+
+
+def _model_estimate(estimator, X, y) -> int:
+    """Bytes of one fitted model, measured on the driver by fitting a small sample (capped at 1 s)."""
+    n = min(len(y) if y is not None else X.shape[0], 200)
+    try:
+        from sklearn.utils import _safe_indexing
+
+        idx = np.arange(n)
+        sample = clone(estimator)
+        start = time.monotonic()
+        sample.fit(_safe_indexing(X, idx), None if y is None else _safe_indexing(y, idx))
+        size = plan.estimator_bytes(sample)
+        if time.monotonic() - start > 1.0:
+            log.debug("model size probe took %.1fs", time.monotonic() - start)
+        return size * max(1, (len(y) if y is not None else X.shape[0]) // n)
+    except Exception:  # the sample may be unfit for the estimator (one class...): data size bounds it
+        return int(getattr(X, "nbytes", 0) or 0)

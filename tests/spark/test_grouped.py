@@ -1,0 +1,95 @@
+"""GroupedTrainer: one model per key, trained where the key's rows land."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import LinearRegression
+from sklearn.tree import DecisionTreeClassifier
+
+from sparkml_dist import ConfigurationError, WorkerError
+from sparkml_dist.ensemble import GroupedModel, GroupedTrainer
+
+
+@pytest.fixture(scope="module")
+def sales():
+    rng = np.random.default_rng(0)
+    n = 600
+    pdf = pd.DataFrame({"store": rng.choice(["a", "b", "c", "d"], n), "price": rng.normal(size=n),
+                        "promo": rng.normal(size=n)})
+    slope = pdf.store.map({"a": 1.0, "b": 2.0, "c": -1.0, "d": 0.5})
+    pdf["sales"] = slope * pdf.price + 0.3 * pdf.promo + rng.normal(scale=0.01, size=n)
+    return pdf
+
+
+def trainer(**kw):
+    args = dict(estimator=LinearRegression(), groupCol="store", featuresCols=["price", "promo"],
+                labelCol="sales")
+    args.update(kw)
+    return GroupedTrainer(**args)
+
+
+def test_one_model_per_key_equals_local_fits_and_transform_uses_them(spark, sales):
+    df = spark.createDataFrame(sales).repartition(3)
+    model = trainer().fit(df)
+    assert model.keys == ["a", "b", "c", "d"]
+    assert model.groupSizes == sales.store.value_counts().sort_index().to_dict()
+    for key, fitted in model.models.items():
+        rows = sales[sales.store == key]
+        local = LinearRegression().fit(rows[["price", "promo"]].to_numpy(), rows.sales.to_numpy())
+        np.testing.assert_allclose(fitted.coef_, local.coef_, rtol=1e-9)
+    out = model.transform(df).toPandas()
+    expected = model.predict(out[["price", "promo"]].to_numpy(), out.store.tolist())
+    np.testing.assert_allclose(out.prediction.to_numpy(), expected)
+    assert np.abs(out.prediction - out.sales).max() < 0.1  # each key's own slope
+
+
+def test_unseen_keys_error_or_predict_null(spark, sales):
+    model = trainer().fit(spark.createDataFrame(sales))
+    new = spark.createDataFrame(pd.DataFrame({"store": ["a", "zz"], "price": [1.0, 1.0], "promo": [0.0, 0.0],
+                                              "sales": [0.0, 0.0]}))
+    with pytest.raises(Exception, match=r"keys \['zz'\] were not seen in training"):
+        model.transform(new).collect()
+    out = model.copy({model.unseenKey: "null"}).transform(new).toPandas()
+    assert out.prediction.isna().tolist() == [False, True]
+
+
+def test_small_keys_are_reported_not_dropped(spark, sales):
+    df = spark.createDataFrame(pd.concat([sales, pd.DataFrame(
+        {"store": ["tiny"], "price": [1.0], "promo": [1.0], "sales": [1.0]})]))
+    with pytest.raises(ConfigurationError, match=r"1 key\(s\) of 'store' have fewer than minRows=5 rows \('tiny': 1\)"):
+        trainer(minRows=5).fit(df)
+    model = trainer(minRows=5, onSmallGroups="skip").fit(df)
+    assert model.skippedGroups == {"tiny": 1} and "tiny" not in model.keys
+
+
+def test_bad_input_is_named(spark, sales):
+    df = spark.createDataFrame(sales)
+    with pytest.raises(ConfigurationError, match="groupCol='shop' is not a column"):
+        trainer(groupCol="shop").fit(df)
+    with pytest.raises(ConfigurationError, match="featuresCols: column 'store'"):
+        trainer(featuresCols=["price", "store"]).fit(df)
+    nulls = spark.createDataFrame(sales.assign(store=sales.store.where(sales.index > 2, None)))
+    with pytest.raises(ConfigurationError, match="groupCol='store' is null in 3 rows"):
+        trainer().fit(nulls)
+    with pytest.raises(ConfigurationError, match="onSmallGroups must be one of"):
+        trainer(onSmallGroups="drop").fit(df)
+
+
+def test_a_key_whose_fit_fails_is_named(spark, sales):
+    from tests.helpers import FailOnKeyRegressor
+
+    with pytest.raises(WorkerError, match="the model of key 'c'"):
+        trainer(estimator=FailOnKeyRegressor(bad_slope_sign=-1)).fit(spark.createDataFrame(sales))
+
+
+def test_string_labels_and_save_load(spark, sales, tmp_path):
+    pdf = sales.assign(label=np.where(sales.sales > 0, "up", "down"))
+    df = spark.createDataFrame(pdf)
+    model = GroupedTrainer(estimator=DecisionTreeClassifier(max_depth=3, random_state=0), groupCol="store",
+                           featuresCols=["price", "promo"], labelCol="label").fit(df)
+    before = model.transform(df).select("prediction").toPandas().prediction.tolist()
+    assert set(before) <= {"up", "down"}
+    model.write().overwrite().save(str(tmp_path / "m"))
+    loaded = GroupedModel.load(str(tmp_path / "m"))
+    assert loaded.keys == model.keys and loaded.getGroupCol() == "store"
+    assert loaded.transform(df).select("prediction").toPandas().prediction.tolist() == before
