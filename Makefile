@@ -45,6 +45,7 @@ test-cluster: $(DEV_STAMP)
 bench: $(DEV_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py
 	$(BIN)/python benchmarks/bench_runner.py
+	$(BIN)/python benchmarks/bench_search.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info spark-warehouse metastore_db derby.log

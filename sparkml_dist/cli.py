@@ -3,6 +3,7 @@
     sparkml-dist demo [--master local[*]]                 train and evaluate on a bundled dataset
     sparkml-dist ensemble --conf conf/ensemble_example.yaml [--master ...]
     sparkml-dist run --np 2 train.py -- --epochs 3        a training script on 2 ranks (torchrun for Spark)
+    sparkml-dist search --conf conf/search_example.yaml   a parameter search, every fit on Spark
 
 Under ``spark-submit`` pass this file (its imports are absolute) and omit ``--master``, so the
 session spark-submit configured is used::
@@ -19,6 +20,18 @@ Job file (YAML)::
     # featuresCols defaults to every numeric column but the label and weight columns
     evaluate: {test_fraction: 0.2, seed: 0}            # optional hold-out metrics
     output: {model_path: /tmp/model, overwrite: true}
+
+Search job file (YAML)::
+
+    input: {dataset: digits}       # a bundled scikit-learn dataset, or {path: ..., format: ...}
+    labelCol: label                # featuresCols defaults to every numeric column but the label
+    estimator: {class: sklearn.ensemble.RandomForestClassifier, params: {random_state: 0}}
+    param_grid: {n_estimators: [50, 100], max_depth: [4, 8, null]}
+    # or param_distributions: {...} with n_iter and random_state
+    cv: 3
+    scoring: accuracy
+    max_concurrent: null           # null: as many fits as slots and memory allow
+    output: {results_csv: /tmp/cv_results.csv, best_model: /tmp/best.pkl}
 """
 
 from __future__ import annotations
@@ -92,6 +105,62 @@ def run_ensemble_job(spark, job: dict) -> dict:
     return report
 
 
+_BUNDLED = ("iris", "digits", "wine", "breast_cancer", "diabetes")
+
+
+def _search_input(spark, spec: dict, label: str):
+    """The search's DataFrame: a bundled scikit-learn dataset or a table on disk."""
+    if "dataset" in spec:
+        name = spec["dataset"]
+        if name not in _BUNDLED:
+            raise SystemExit(f"input.dataset must be one of {_BUNDLED}, got {name!r}")
+        from sklearn import datasets
+
+        frame = getattr(datasets, f"load_{name}")(as_frame=True).frame
+        frame = frame.rename(columns=lambda c: str(c).replace(" ", "_").replace("(", "").replace(")", ""))
+        frame = frame.rename(columns={"target": label})
+        return spark.createDataFrame(frame)
+    return _read(spark, spec)
+
+
+def run_search_job(spark, job: dict) -> dict:
+    """Run a ParallelSearchCV described by ``job``; report the best candidate and save results."""
+    from pyspark.sql import types as T
+
+    from sparkml_dist import serialization
+    from sparkml_dist.search import ParallelSearchCV
+
+    label = job.get("labelCol", "label")
+    df = _search_input(spark, job["input"], label)
+    feats = job.get("featuresCols") or [f.name for f in df.schema.fields
+                                        if isinstance(f.dataType, T.NumericType) and f.name != label]
+    if ("param_grid" in job) == ("param_distributions" in job):
+        raise SystemExit("give exactly one of param_grid or param_distributions")
+    dists = job.get("param_distributions")
+    search = ParallelSearchCV(
+        _estimator(job["estimator"]), job.get("param_grid"), param_distributions=dists,
+        n_iter=int(job.get("n_iter", 10)), scoring=job.get("scoring"), cv=job.get("cv"),
+        random_state=job.get("random_state"), max_concurrent=job.get("max_concurrent"),
+        return_train_score=bool(job.get("return_train_score", False)))
+    search.fit(df, featuresCols=feats, labelCol=label)
+    import pandas as pd
+
+    results = pd.DataFrame(search.cv_results_)
+    report = {"candidates": len(results), "fits": len(results) * search.n_splits_,
+              "best_params": search.best_params_, "best_score": float(search.best_score_),
+              "top": results.sort_values("rank_test_score").head(5)[["params", "mean_test_score",
+                                                                      "std_test_score"]].to_dict("records")}
+    out = job.get("output") or {}
+    if out.get("results_csv"):
+        results.to_csv(out["results_csv"], index=False)
+        report["results_csv"] = out["results_csv"]
+    if out.get("best_model"):
+        with open(out["best_model"], "wb") as fh:
+            fh.write(serialization.dumps(search.best_estimator_))
+        report["best_model"] = out["best_model"]
+    return report
+
+
 def _evaluate(scored, task: str, label: str, n_classes: int) -> dict:
     from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
                                        MulticlassClassificationEvaluator, RegressionEvaluator)
@@ -149,13 +218,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (("demo", "train and evaluate a bagged ensemble on a bundled dataset"),
                         ("ensemble", "train a bagged ensemble from a job file"),
+                        ("search", "a parameter search from a job file, every fit on Spark"),
                         ("run", "run a torch.distributed training script on barrier tasks")):
         p = sub.add_parser(name, help=help_)
         p.add_argument("--master", default=None,
                        help="local[*], local-cluster[...], connect:local[2], sc://host:port; omit "
                             "under spark-submit")
         p.add_argument("--spark-conf", default=None, help="YAML file of Spark settings")
-        if name == "ensemble":
+        if name in ("ensemble", "search"):
             p.add_argument("--conf", required=True, help="YAML job file")
         if name == "run":
             p.add_argument("--np", type=int, required=True,
@@ -188,7 +258,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             import yaml
 
             with open(args.conf) as fh:
-                report = run_ensemble_job(spark, yaml.safe_load(fh))
+                job = yaml.safe_load(fh)
+            report = (run_search_job if args.command == "search" else run_ensemble_job)(spark, job)
         print(json.dumps(report, indent=2, default=str))
     finally:
         spark.stop()

@@ -45,3 +45,26 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(tmp_path):
 def test_demo_command():
     report = _run("demo", "--master", "local[2]")
     assert report["members"] == 8 and report["metrics"]["auc"] > 0.95
+
+
+@only_local
+def test_search_job_on_bundled_data_matches_scikit_learn(tmp_path):
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import GridSearchCV
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sparkml_dist import serialization
+
+    job = yaml.safe_load(open(os.path.join(ROOT, "conf", "search_example.yaml")))
+    job["estimator"] = {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"random_state": 0}}
+    job["param_grid"] = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 3]}
+    job["output"] = {"results_csv": str(tmp_path / "results.csv"), "best_model": str(tmp_path / "best.pkl")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    report = _run("search", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
+    X, y = load_digits(return_X_y=True)
+    ref = GridSearchCV(DecisionTreeClassifier(random_state=0), job["param_grid"], cv=3, scoring="accuracy").fit(X, y)
+    assert report["candidates"] == 6 and report["fits"] == 18
+    assert report["best_params"] == ref.best_params_ and report["best_score"] == ref.best_score_
+    assert len(pd.read_csv(tmp_path / "results.csv")) == 6
+    best = serialization.loads((tmp_path / "best.pkl").read_bytes())
+    assert (best.predict(X) == ref.best_estimator_.predict(X)).all()

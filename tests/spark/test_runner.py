@@ -71,3 +71,12 @@ def test_executor_jvm_killed_mid_training_fails_fast(spark):
         BarrierRunner(2, timeout=240).run(h.kill_my_executor, 2)
     assert time.time() - t < 120
     assert_no_rank_left(within=30)
+
+
+def test_a_model_too_big_for_a_worker_is_refused_before_launching(spark):
+    from sparkml_dist.plan import model_bytes
+
+    need = model_bytes(2 * 10**12, precision="fp32", backprop=True)  # 2 T parameters
+    with pytest.raises(InsufficientResourcesError, match=r"one model needs about .* MiB but an executor"):
+        BarrierRunner(2, model_bytes=need).run(h.allreduce_rank_sum)
+    assert_no_rank_left()
