@@ -167,11 +167,15 @@ class ParallelSearchCV(BaseSearchCV):
         if (self.param_grid is None) == (self.param_distributions is None):
             raise ConfigurationError("give exactly one of param_grid (exhaustive, as GridSearchCV) "
                                      "or param_distributions (sampled n_iter times, as RandomizedSearchCV)")
-        if self.param_grid is not None:
-            candidates = list(ParameterGrid(self.param_grid))
-        else:
-            candidates = list(ParameterSampler(self.param_distributions, self.n_iter,
-                                               random_state=self.random_state))
+        try:
+            if self.param_grid is not None:
+                candidates = list(ParameterGrid(self.param_grid))
+            else:
+                candidates = list(ParameterSampler(self.param_distributions, self.n_iter,
+                                                   random_state=self.random_state))
+        except (TypeError, ValueError) as exc:
+            which = "param_grid" if self.param_grid is not None else "param_distributions"
+            raise ConfigurationError(f"{which}: {exc}") from None
         if not candidates:
             raise ConfigurationError("the parameter grid is empty: no candidate to evaluate")
         valid = set(self.estimator.get_params(deep=True))

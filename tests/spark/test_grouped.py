@@ -73,6 +73,10 @@ def test_bad_input_is_named(spark, sales):
         trainer().fit(nulls)
     with pytest.raises(ConfigurationError, match="onSmallGroups must be one of"):
         trainer(onSmallGroups="drop").fit(df)
+    with pytest.raises(ConfigurationError, match="the input DataFrame is empty"):
+        trainer().fit(df.limit(0))
+    with pytest.raises(ConfigurationError, match="no key of 'store' has minRows=100000 rows"):
+        trainer(minRows=100000, onSmallGroups="skip").fit(df)
 
 
 def test_a_key_whose_fit_fails_is_named(spark, sales):

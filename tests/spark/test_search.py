@@ -91,6 +91,8 @@ def test_bad_input_is_named(spark, iris):
     X, y = iris
     with pytest.raises(ConfigurationError, match=r"no parameter\(s\) \['depth'\]"):
         ParallelSearchCV(DecisionTreeClassifier(), {"depth": [1, 2]}).fit(X, y)
+    with pytest.raises(ConfigurationError, match="param_grid: Parameter grid for parameter 'max_depth' need to be a non-empty"):
+        ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": []}).fit(X, y)
     with pytest.raises(ConfigurationError, match="exactly one of param_grid"):
         ParallelSearchCV(DecisionTreeClassifier()).fit(X, y)
     df = spark.createDataFrame(pd.DataFrame({"a": [1.0, 2.0], "s": ["x", "y"], "label": [0, 1]}))
