@@ -111,8 +111,6 @@ def _fit_keys(batches: Iterable[pa.RecordBatch], spec: _FitSpec) -> Iterator[pa.
 @dataclass(frozen=True)
 class _PredictSpec:
     key_col: str
-    features_index: Tuple[str, ...]   # feature column names, in training order
-    features_col: str                 # or one vector/array column when features_index is empty
     prediction_col: str
     prediction_type: str              # "double" or "string"
     models_key: str
@@ -135,46 +133,34 @@ def _models(spec: _PredictSpec):
         return hit
 
 
-def _batch_features(batch: pa.RecordBatch, spec: _PredictSpec) -> np.ndarray:
-    if spec.features_index:
-        cols = [batch.column(c).to_numpy(zero_copy_only=False).astype(np.float64) for c in spec.features_index]
-        return np.column_stack(cols) if cols else np.zeros((batch.num_rows, 0))
-    col = batch.column(spec.features_col)
-    if pa.types.is_struct(col.type):  # an ML vector: (type, size, indices, values); dense expected
-        values = col.field("values")
-        return features_to_numpy(values, what=spec.features_col)
-    return features_to_numpy(col, what=spec.features_col)
-
-
-def predict_batch(batch: pa.RecordBatch, key_array: pa.Array, features: np.ndarray, keys: pa.Array,
-                  models: List[Any], unseen: str, out_type: pa.DataType) -> pa.Array:
-    """Predictions for one batch: each row from its key's model."""
-    idx = pc.index_in(key_array, value_set=keys).to_numpy(zero_copy_only=False)
-    idx = np.where(np.isnan(idx.astype(float)), -1, idx).astype(np.int64) if idx.dtype == object or \
-        np.issubdtype(idx.dtype, np.floating) else idx.astype(np.int64)
-    if unseen == "error" and (idx < 0).any():
-        missing = pc.unique(pc.filter(key_array, pa.array(idx < 0))).to_pylist()
+def predict_batch(key_array: pa.Array, features: np.ndarray, keys: pa.Array, models: List[Any],
+                  unseen: str, out_type: pa.DataType) -> pa.Array:
+    """Predictions for one batch: each row from its key's model (null where the key has none)."""
+    value_set = keys if keys.type == key_array.type else keys.cast(key_array.type)
+    idx = pc.fill_null(pc.index_in(key_array, value_set=value_set), -1).to_numpy(zero_copy_only=False)
+    unknown = idx < 0
+    if unseen == "error" and unknown.any():
+        missing = pc.unique(pc.filter(key_array, pa.array(unknown))).to_pylist()
         raise ValueError(f"keys {missing[:10]} were not seen in training (no model); filter them out, "
                          "or set unseenKey='null' to predict null for them")
-    out: List[Any] = [None] * len(idx)
-    for g in np.unique(idx[idx >= 0]):
+    is_string = pa.types.is_string(out_type)
+    out = np.empty(len(idx), dtype=object) if is_string else np.full(len(idx), np.nan)
+    for g in np.unique(idx[~unknown]):
         rows = np.flatnonzero(idx == g)
         preds = np.asarray(models[g].predict(features[rows]))
-        for r, p in zip(rows, preds.tolist()):
-            out[r] = p
-    if pa.types.is_string(out_type):
-        out = [None if v is None else str(v) for v in out]
-    return pa.array(out, type=out_type)
+        out[rows] = preds.astype(str) if is_string else preds
+    return pa.array(out, type=out_type, mask=unknown)
 
 
 def _predict_keys(batches: Iterable[pa.RecordBatch], spec: _PredictSpec) -> Iterator[pa.RecordBatch]:
     keys, models = _models(spec)
     out_type = pa.string() if spec.prediction_type == "string" else pa.float64()
     for batch in batches:
-        preds = predict_batch(batch, batch.column(spec.key_col), _batch_features(batch, spec), keys,
-                              models, spec.unseen, out_type)
-        yield pa.RecordBatch.from_arrays(list(batch.columns) + [preds],
-                                         names=list(batch.schema.names) + [spec.prediction_col])
+        features = features_to_numpy(batch.column(FEATURES), what="features")
+        preds = predict_batch(batch.column(spec.key_col), features, keys, models, spec.unseen, out_type)
+        kept = [i for i, name in enumerate(batch.schema.names) if name != FEATURES]
+        yield pa.RecordBatch.from_arrays([batch.column(i) for i in kept] + [preds],
+                                         names=[batch.schema.names[i] for i in kept] + [spec.prediction_col])
 
 
 # --------------------------------------------------------------------------- driver
@@ -364,7 +350,7 @@ class GroupedModel(Model, _GroupedParams, BaggingReadWrite):
         """Local predictions: row i from the model of ``keys[i]`` (``unseenKey`` applies)."""
         X = np.asarray(X, dtype=np.float64)
         out_type = pa.string() if self._label_is_string else pa.float64()
-        preds = predict_batch(None, pa.array(list(keys)), X, pa.array(self.keys),
+        preds = predict_batch(pa.array(list(keys)), X, pa.array(self.keys),
                               [m.model for m in self._members], self.getUnseenKey(), out_type)
         return np.asarray(preds.to_pylist(), dtype=object if self._label_is_string else np.float64)
 
@@ -372,20 +358,20 @@ class GroupedModel(Model, _GroupedParams, BaggingReadWrite):
         from pyspark.sql import types as T
 
         self._check_params(dataset)
-        feats_cols = tuple(self.getFeaturesCols())
-        validation.features_column(dataset, self.getFeaturesCol(), list(feats_cols))  # checks the columns
+        feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
         if self.getPredictionCol() in dataset.columns:
             raise ConfigurationError(f"predictionCol={self.getPredictionCol()!r} is already a column; "
                                      "set another predictionCol")
         blob = serialization.dumps((self.keys, [m.model for m in self._members]))
-        spec = _PredictSpec(self.getGroupCol(), feats_cols, self.getFeaturesCol(), self.getPredictionCol(),
+        spec = _PredictSpec(self.getGroupCol(), self.getPredictionCol(),
                             "string" if self._label_is_string else "double",
                             hashlib.sha256(blob).hexdigest(), blob, self.getUnseenKey())
         out_type = T.StringType() if self._label_is_string else T.DoubleType()
         schema = T.StructType(dataset.schema.fields + [T.StructField(self.getPredictionCol(), out_type, True)])
         from functools import partial
 
-        return dataset.mapInArrow(partial(_predict_keys, spec=spec), schema)
+        # the features as fit saw them (vector_to_array for vectors, sparse ones included)
+        return dataset.withColumn(FEATURES, feats).mapInArrow(partial(_predict_keys, spec=spec), schema)
 
     # persistence (BaggingReadWrite stores _members in the model store, this state in metadata)
     def _persisted_state(self) -> dict:

@@ -97,3 +97,15 @@ def test_string_labels_and_save_load(spark, sales, tmp_path):
     loaded = GroupedModel.load(str(tmp_path / "m"))
     assert loaded.keys == model.keys and loaded.getGroupCol() == "store"
     assert loaded.transform(df).select("prediction").toPandas().prediction.tolist() == before
+
+
+def test_vector_features_sparse_or_dense_predict_as_fitted(spark, sales):
+    from pyspark.ml.linalg import Vectors
+
+    rows = [(r.store, Vectors.sparse(2, [0], [r.price]) if i % 2 else Vectors.dense([r.price, r.promo]),
+             float(r.sales)) for i, r in enumerate(sales.itertuples())]
+    df = spark.createDataFrame(rows, ["store", "features", "sales"])
+    model = GroupedTrainer(estimator=LinearRegression(), groupCol="store", labelCol="sales").fit(df)
+    out = model.transform(df).toPandas()
+    dense = np.array([v.toArray() for v in out.features])
+    np.testing.assert_allclose(out.prediction.to_numpy(), model.predict(dense, out.store.tolist()))
