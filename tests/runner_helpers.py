@@ -92,3 +92,40 @@ def shard_in_order(column="x"):
     from sparkml_dist.runner import context, shard
 
     return {"rank": context().rank, "values": shard().table.column(column).to_pylist()}
+
+
+def train_with_checkpoints(steps=12, every=3, crash_at=None):
+    """A deterministic DDP regression: data of step s is drawn from seed (s, rank), so a run resumed
+    from a checkpoint ends with exactly the weights of an uninterrupted run."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import checkpoint, context, init_process_group
+
+    init_process_group()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = checkpoint.load()
+    start = 0
+    if state is not None:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+    for step in range(start, steps):
+        g = torch.Generator().manual_seed(step * 100 + context().rank)
+        X = torch.randn(32, 4, generator=g)
+        y = X @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+        loss = torch.nn.functional.mse_loss(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % every == every - 1:
+            checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
+            dist.barrier()  # the checkpoint is on disk before anyone goes on
+        if crash_at is not None and step == crash_at and context().rank == 1:
+            os._exit(3)
+    return {"weight": net.weight.detach().clone(), "bias": net.bias.detach().clone(), "resumed_from": start}

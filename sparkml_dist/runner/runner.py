@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import threading
 import time
@@ -101,6 +102,8 @@ class BarrierRunner:
             defaults to ``timeout`` or torch's 30 minutes.
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
+        checkpoint_dir: where :mod:`sparkml_dist.runner.checkpoint` saves and loads (a local path or
+            an s3://, gs://, hdfs:// URI reachable from every executor).
         model_bytes: memory one rank's model needs (e.g. ``sparkml_dist.plan.model_bytes(net,
             backprop=True, batch_size=64)``); a run whose model cannot fit in an executor's
             Python memory is refused before launching (see :mod:`sparkml_dist.plan`).
@@ -117,7 +120,7 @@ class BarrierRunner:
                  log_ranks: Union[str, int, Sequence[int], None] = "0",
                  start_timeout: Optional[float] = 180.0, timeout: Optional[float] = None,
                  collective_timeout: Optional[float] = None, allow_unencrypted: bool = False,
-                 model_bytes: Optional[int] = None, read_files: bool = True, spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
+                 checkpoint_dir: Optional[str] = None, model_bytes: Optional[int] = None, read_files: bool = True, spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ConfigurationError(f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
                                      f"np < 0: local processes on the driver); got {np!r}")
@@ -145,6 +148,7 @@ class BarrierRunner:
         if model_bytes is not None and (not isinstance(model_bytes, int) or model_bytes < 0):
             raise ConfigurationError(f"model_bytes must be a number of bytes >= 0 or None, got {model_bytes!r}")
         self.model_bytes = model_bytes
+        self.checkpoint_dir = checkpoint_dir
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
@@ -225,6 +229,14 @@ class BarrierRunner:
                 return slots
             time.sleep(0.5)
 
+    def _rank_env(self) -> tuple:
+        from .checkpoint import DIR_ENV
+
+        if not self.checkpoint_dir:
+            return ()
+        d = self.checkpoint_dir
+        return ((DIR_ENV, d if "://" in d else os.path.abspath(d)),)
+
     def _file_split(self, df) -> Optional[parquet_split.ParquetSplit]:
         """Each rank's row ranges of ``df``'s Parquet files, or None to move the rows through Spark."""
         if not self.read_files:
@@ -285,7 +297,7 @@ class BarrierRunner:
                 use_gpu=self.use_gpu, log_ranks=self.log_ranks, channel=(host, server.port),
                 secret=secret, start_timeout=self.start_timeout,
                 collective_timeout=float(self.collective_timeout), has_data=df is not None,
-                file_split=split, return_all=return_all,
+                file_split=split, return_all=return_all, env=self._rank_env(),
                 max_result_bytes=self._max_result_bytes(spark))
             expected = range(self.world_size) if return_all else [0]
             if self.np > 0:

@@ -1,0 +1,131 @@
+"""Checkpoints inside a training function: rank 0 saves, every rank loads.  [executor: rank process]
+
+Give the runner a directory (``BarrierRunner(..., checkpoint_dir="/dbfs/ckpt/run1")``: a local
+path or a URI pyarrow opens: ``s3://``, ``gs://``, ``hdfs://``), then inside the function::
+
+    from sparkml_dist.runner import checkpoint
+
+    state = checkpoint.load()                    # the latest state, or None on a fresh start
+    start = state["step"] + 1 if state else 0
+    if state:
+        model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
+    for step in range(start, steps):
+        ...
+        if step % 100 == 0:
+            checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, step)
+
+Layout of the directory::
+
+    step-000000000100.pt   torch.save of the state (tensors, dicts, lists, numbers, strings)
+    LATEST                 JSON {"step", "file", "bytes", "sha256"}, replaced last
+
+:func:`save` writes the state under a temporary name, moves it into place, then replaces
+``LATEST`` the same way, so a crash at any point leaves ``LATEST`` naming a complete file.
+:func:`load` checks the size and SHA-256 and reads with ``torch.load(weights_only=True)``: no code
+in the file runs, whoever wrote it.  Only rank 0 writes; ``keep`` older files are kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import posixpath
+import uuid
+from typing import Any, Optional
+
+from ..errors import CollectionError, ConfigurationError
+
+DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
+LATEST = "LATEST"
+
+
+def _location(directory: Optional[str] = None):
+    """(pyarrow filesystem, root path) of the checkpoint directory."""
+    from .. import collection
+
+    where = directory or os.environ.get(DIR_ENV)
+    if not where:
+        raise ConfigurationError("no checkpoint directory: pass checkpoint_dir=... to BarrierRunner "
+                                 "(a local path, or an s3://, gs://, hdfs:// URI)")
+    fs, root = collection._filesystem(where)
+    return fs, root
+
+
+def _rank() -> int:
+    return int(os.environ.get("RANK", "0"))
+
+
+def _put(fs, path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` whole: a temporary name, then a move over the target."""
+    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+    with fs.open_output_stream(tmp) as fh:
+        fh.write(data)
+    fs.move(tmp, path)
+
+
+def save(state: Any, step: int, *, keep: int = 2, directory: Optional[str] = None) -> Optional[str]:
+    """Rank 0 writes ``state`` as the checkpoint of ``step``; other ranks return None at once.
+
+    Returns the file written.  ``keep`` older checkpoints stay (0: only the latest).
+    """
+    import torch
+
+    if not isinstance(step, int) or step < 0:
+        raise ConfigurationError(f"step must be an integer >= 0, got {step!r}")
+    if _rank() != 0:
+        return None
+    fs, root = _location(directory)
+    fs.create_dir(root, recursive=True)
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    blob = buf.getvalue()
+    name = f"step-{step:012d}.pt"
+    _put(fs, posixpath.join(root, name), blob)
+    meta = {"step": step, "file": name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
+    _put(fs, posixpath.join(root, LATEST), json.dumps(meta).encode())
+    _prune(fs, root, name, keep)
+    return posixpath.join(root, name)
+
+
+def _prune(fs, root: str, current: str, keep: int) -> None:
+    from pyarrow import fs as pafs
+
+    files = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(root))
+                   if i.base_name.startswith("step-") and i.base_name.endswith(".pt") and i.base_name != current)
+    for old in files[:max(0, len(files) - keep)]:
+        fs.delete_file(posixpath.join(root, old))
+
+
+def latest_step(directory: Optional[str] = None) -> Optional[int]:
+    """The step of the latest complete checkpoint, or None."""
+    meta = _latest(*_location(directory))
+    return None if meta is None else int(meta["step"])
+
+
+def _latest(fs, root: str) -> Optional[dict]:
+    from pyarrow import fs as pafs
+
+    path = posixpath.join(root, LATEST)
+    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return None
+    with fs.open_input_stream(path) as fh:
+        return json.loads(fh.read().decode())
+
+
+def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional[Any]:
+    """The latest checkpoint's state on every rank, or None when there is none yet."""
+    import torch
+
+    fs, root = _location(directory)
+    meta = _latest(fs, root)
+    if meta is None:
+        return None
+    path = posixpath.join(root, meta["file"])
+    with fs.open_input_stream(path) as fh:
+        blob = fh.read()
+    if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+        raise CollectionError(f"checkpoint {path} does not match its LATEST record (size or SHA-256): "
+                              "it was changed after it was written")
+    return torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)

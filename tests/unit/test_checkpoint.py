@@ -1,0 +1,72 @@
+"""sparkml_dist.runner.checkpoint: atomic saves by rank 0, verified weights-only loads, exact resume."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from sparkml_dist import CollectionError, ConfigurationError, WorkerError
+from sparkml_dist.runner import BarrierRunner, checkpoint
+from tests import runner_helpers as h
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(h.train_with_checkpoints)
+    assert clean["resumed_from"] == 0
+    resumable = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "crash"))
+    with pytest.raises(WorkerError) as err:
+        resumable.run(h.train_with_checkpoints, crash_at=7)  # rank 1 dies after the step-5 checkpoint
+    assert err.value.rank == 1 and err.value.exit_code == 3
+    assert checkpoint.latest_step(str(tmp_path / "crash")) == 5
+    resumed = resumable.run(h.train_with_checkpoints)
+    assert resumed["resumed_from"] == 6
+    assert torch.equal(resumed["weight"], clean["weight"]) and torch.equal(resumed["bias"], clean["bias"])
+    kept = sorted(os.listdir(tmp_path / "crash"))
+    assert kept == ["LATEST", "step-000000000005.pt", "step-000000000008.pt", "step-000000000011.pt"]
+
+
+def test_a_half_written_checkpoint_never_becomes_the_latest(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    d = str(tmp_path)
+    checkpoint.save({"w": torch.ones(3), "step": 1}, 1, directory=d)
+    # what a crash mid-save leaves behind: a temporary file and a truncated checkpoint, LATEST untouched
+    (tmp_path / "step-000000000002.pt.tmp-dead").write_bytes(b"\x80\x02partial")
+    (tmp_path / "step-000000000002.pt").write_bytes(b"\x80\x02trunc")
+    state = checkpoint.load(d)
+    assert state["step"] == 1 and torch.equal(state["w"], torch.ones(3))
+
+
+def test_tampered_or_code_carrying_files_are_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    d = str(tmp_path)
+    checkpoint.save({"w": torch.zeros(2)}, 3, directory=d)
+    path = tmp_path / "step-000000000003.pt"
+    blob = bytearray(path.read_bytes())
+    blob[len(blob) // 2] ^= 0xFF  # one flipped byte
+    path.write_bytes(bytes(blob))
+    with pytest.raises(CollectionError, match="does not match its LATEST record"):
+        checkpoint.load(d)
+
+    marker = tmp_path / "pwned"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    checkpoint.save({"payload": Evil()}, 4, directory=d)  # a valid LATEST record for a hostile file
+    with pytest.raises(Exception, match="(?i)weights.only|unsupported|global"):
+        checkpoint.load(d)
+    assert not marker.exists()
+
+
+def test_only_rank_0_writes_and_a_directory_is_required(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    assert checkpoint.save({"w": torch.ones(1)}, 0, directory=str(tmp_path)) is None
+    assert os.listdir(tmp_path) == []
+    monkeypatch.delenv(checkpoint.DIR_ENV, raising=False)
+    with pytest.raises(ConfigurationError, match="pass checkpoint_dir"):
+        checkpoint.load()
+    with pytest.raises(ConfigurationError, match="step must be an integer"):
+        checkpoint.save({}, -1, directory=str(tmp_path))
+    assert checkpoint.load(str(tmp_path / "none")) is None
