@@ -8,7 +8,7 @@ PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
 DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
 
-.PHONY: demo test test-unit test-local test-connect test-cluster bench clean
+.PHONY: demo test test-unit test-local test-connect test-cluster test-standalone bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,7 @@ demo: $(BASE_STAMP)
 
 # Every pass must run tests: pytest's exit code 5 (nothing collected) fails the build too.
 test: $(DEV_STAMP)
-	$(MAKE) test-local test-connect test-cluster
+	$(MAKE) test-local test-connect test-cluster test-standalone
 
 test-unit: $(DEV_STAMP)
 	$(PYTEST) tests/unit
@@ -41,6 +41,10 @@ test-connect: $(DEV_STAMP)
 
 test-cluster: $(DEV_STAMP)
 	SPARKML_DIST_TEST_MASTER="local-cluster[2,1,1024]" $(PYTEST) tests/spark
+
+# a standalone master + two worker JVMs on loopback: the fault tests that need real workers
+test-standalone: $(DEV_STAMP)
+	SPARKML_DIST_TEST_MASTER="standalone" $(PYTEST) tests/spark/test_restarts.py
 
 bench: $(DEV_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py

@@ -1,7 +1,8 @@
 """Shared fixtures.  One SparkSession per pytest run; its master comes from SPARKML_DIST_TEST_MASTER:
 
 * ``local[2]`` (default), ``local-cluster[2,1,1024]`` (separate executor JVMs),
-* ``connect:local[2]`` (a local Spark Connect server).
+* ``connect:local[2]`` (a local Spark Connect server),
+* ``standalone`` (a Spark standalone master and two 1-core workers on loopback, started here).
 
 ``.ci/run`` runs tests/spark once per mode; tests/unit need no Spark at all.
 """
@@ -15,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MASTER = os.environ.get("SPARKML_DIST_TEST_MASTER", "local[2]")
 IS_CONNECT = MASTER.startswith("connect:")
 IS_CLUSTER = MASTER.startswith("local-cluster")
+IS_STANDALONE = MASTER == "standalone"
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # executors of local-cluster import tests' helper modules (estimators defined in tests)
@@ -25,13 +27,22 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 def spark():
     from sparkml_dist.session import get_session
 
+    import contextlib
+
     conf = {}
-    if IS_CLUSTER:
+    if IS_CLUSTER or IS_STANDALONE:
         conf["spark.executorEnv.PYTHONPATH"] = os.environ["PYTHONPATH"]
-    session = get_session(MASTER, conf=conf, conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"),
-                          app_name="sparkml_dist-tests")
-    yield session
-    session.stop()
+    with contextlib.ExitStack() as stack:
+        master = MASTER
+        if IS_STANDALONE:
+            from tests.standalone import StandaloneCluster
+
+            master = stack.enter_context(StandaloneCluster(workers=2, cores=1, memory="1g"))
+            conf.update({"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "768m"})
+        session = get_session(master, conf=conf, conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"),
+                              app_name="sparkml_dist-tests")
+        yield session
+        session.stop()
 
 
 @pytest.fixture(scope="session")

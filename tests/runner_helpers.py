@@ -94,9 +94,11 @@ def shard_in_order(column="x"):
     return {"rank": context().rank, "values": shard().table.column(column).to_pylist()}
 
 
-def train_with_checkpoints(steps=12, every=3, crash_at=None):
+def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=None, crash_how="exit"):
     """A deterministic DDP regression: data of step s is drawn from seed (s, rank), so a run resumed
-    from a checkpoint ends with exactly the weights of an uninterrupted run."""
+    from a checkpoint ends with exactly the weights of an uninterrupted run. Rank 1 exits with code
+    3 at ``crash_at`` (only the first time, when ``crash_once_marker`` names a file to create), or
+    with ``crash_how="kill_executor"`` SIGKILLs the executor JVM running its task."""
     import os
 
     import torch
@@ -127,5 +129,27 @@ def train_with_checkpoints(steps=12, every=3, crash_at=None):
             checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
             dist.barrier()  # the checkpoint is on disk before anyone goes on
         if crash_at is not None and step == crash_at and context().rank == 1:
-            os._exit(3)
+            if crash_once_marker is None or not os.path.exists(crash_once_marker):
+                if crash_once_marker is not None:
+                    open(crash_once_marker, "w").close()
+                if crash_how == "kill_executor":  # FAULTS #6: the executor JVM under this rank dies
+                    import psutil
+
+                    for parent in psutil.Process().parents():
+                        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                            os.kill(parent.pid, signal.SIGKILL)
+                    time.sleep(600)
+                os._exit(3)
     return {"weight": net.weight.detach().clone(), "bias": net.bias.detach().clone(), "resumed_from": start}
+
+
+def fail_differently(counter_file):
+    """Rank 0 raises a different error on every attempt (the attempt number is kept in a file)."""
+    from sparkml_dist.runner import context
+
+    n = int(open(counter_file).read()) + 1 if os.path.exists(counter_file) else 1
+    if context().rank == 0:
+        with open(counter_file, "w") as fh:
+            fh.write(str(n))
+        raise RuntimeError(f"lost a disk on attempt {n}")
+    return n

@@ -49,6 +49,19 @@ _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken p
 _SLOT_ERROR = "requires more slots than the total number of slots"
 
 
+def _cause(exc: WorkerError) -> str:
+    """One line for an attempt: what happened, and the last line the rank printed."""
+    first = str(exc).splitlines()[0]
+    last = _signature(exc)[2]
+    return first if last in first else f"{first} [{last}]"
+
+
+def _signature(exc: WorkerError) -> tuple:
+    """What makes two failures 'the same': rank, exit code and the last line the rank printed."""
+    lines = [ln.strip() for ln in (exc.worker_traceback or "").splitlines() if ln.strip()]
+    return exc.rank, exc.exit_code, lines[-1] if lines else str(exc).splitlines()[0]
+
+
 def _parse_log_ranks(value, world: int) -> tuple:
     if value is None or value == "none":
         return ()
@@ -102,6 +115,10 @@ class BarrierRunner:
             defaults to ``timeout`` or torch's 30 minutes.
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
+        max_restarts: after a rank, task or executor fails, start the run again (a new barrier job
+            and rendezvous) up to this many times; the function resumes from the latest checkpoint
+            if it loads one. A failure that repeats identically (same rank, exit code and last
+            line) stops early; the final error lists every attempt's cause.
         checkpoint_dir: where :mod:`sparkml_dist.runner.checkpoint` saves and loads (a local path or
             an s3://, gs://, hdfs:// URI reachable from every executor).
         model_bytes: memory one rank's model needs (e.g. ``sparkml_dist.plan.model_bytes(net,
@@ -120,7 +137,9 @@ class BarrierRunner:
                  log_ranks: Union[str, int, Sequence[int], None] = "0",
                  start_timeout: Optional[float] = 180.0, timeout: Optional[float] = None,
                  collective_timeout: Optional[float] = None, allow_unencrypted: bool = False,
-                 checkpoint_dir: Optional[str] = None, model_bytes: Optional[int] = None, read_files: bool = True, spark=None, log_sink: Optional[Callable[[str], Any]] = None) -> None:
+                 max_restarts: int = 0, checkpoint_dir: Optional[str] = None,
+                 model_bytes: Optional[int] = None, read_files: bool = True, spark=None,
+                 log_sink: Optional[Callable[[str], Any]] = None) -> None:
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ConfigurationError(f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
                                      f"np < 0: local processes on the driver); got {np!r}")
@@ -149,6 +168,9 @@ class BarrierRunner:
             raise ConfigurationError(f"model_bytes must be a number of bytes >= 0 or None, got {model_bytes!r}")
         self.model_bytes = model_bytes
         self.checkpoint_dir = checkpoint_dir
+        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+            raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+        self.max_restarts = max_restarts
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
@@ -284,19 +306,54 @@ class BarrierRunner:
         payload = self._payload(main, args, kwargs, True)
         if self.np > 0:
             self._check_cluster(spark)
+        split = self._file_split(df) if df is not None else None
+        data_df = self._shards(df) if df is not None and split is None else None
+        failures: List[WorkerError] = []
+        while True:
+            try:
+                if failures and self.np > 0:  # a lost executor's replacement may still be starting
+                    self._check_cluster(spark)
+                return self._attempt(spark, df is not None, split, data_df, payload, return_all)
+            except WorkerError as exc:
+                failures.append(exc)
+                stop = self._restart_verdict(failures)
+                if stop and len(failures) == 1:
+                    raise
+                if stop:
+                    raise self._final_error(failures, stop) from exc
+                cause = _cause(exc)
+                log.warning("run attempt %d failed (%s); restart %d of %d", len(failures), cause,
+                            len(failures), self.max_restarts)
+                self._sink(f"[sparkml_dist] attempt {len(failures)} failed: {cause}; restarting "
+                           f"({len(failures)} of {self.max_restarts}) with a fresh rendezvous\n")
+
+    def _restart_verdict(self, failures: List[WorkerError]) -> str:
+        """Why to stop restarting now ('' to go on)."""
+        if len(failures) > self.max_restarts:
+            return f"max_restarts={self.max_restarts} used up"
+        if len(failures) >= 2 and _signature(failures[-1]) == _signature(failures[-2]):
+            return "the same failure repeated identically (a bug in the function, not a lost machine)"
+        return ""
+
+    def _final_error(self, failures: List[WorkerError], why: str) -> WorkerError:
+        last = failures[-1]
+        lines = "; ".join(f"attempt {i + 1}: {_cause(f)}" for i, f in enumerate(failures))
+        return WorkerError(f"the run failed {len(failures)} times, restarts stopped ({why}): {lines}",
+                           rank=last.rank, exit_code=last.exit_code, worker_traceback=last.worker_traceback)
+
+    def _attempt(self, spark, has_data: bool, split, data_df, payload: bytes, return_all: bool):
+        """One launch: a fresh run id, log channel and rendezvous."""
         run_id = uuid.uuid4().hex[:12]
         monitor = _Monitor(self.world_size, self._sink)
         secret = new_secret()
         server = LogServer(secret, monitor.on_message)
         try:
             host = self._driver_host(spark)
-            split = self._file_split(df) if df is not None else None
-            data_df = self._shards(df) if df is not None and split is None else None
             spec = _task.TaskSpec(
                 run_id=run_id, world_size=self.world_size, payload=payload, backend=self.backend,
                 use_gpu=self.use_gpu, log_ranks=self.log_ranks, channel=(host, server.port),
                 secret=secret, start_timeout=self.start_timeout,
-                collective_timeout=float(self.collective_timeout), has_data=df is not None,
+                collective_timeout=float(self.collective_timeout), has_data=has_data,
                 file_split=split, return_all=return_all, env=self._rank_env(),
                 max_result_bytes=self._max_result_bytes(spark))
             expected = range(self.world_size) if return_all else [0]

@@ -70,3 +70,29 @@ def test_only_rank_0_writes_and_a_directory_is_required(tmp_path, monkeypatch):
     with pytest.raises(ConfigurationError, match="step must be an integer"):
         checkpoint.save({}, -1, directory=str(tmp_path))
     assert checkpoint.load(str(tmp_path / "none")) is None
+
+
+def test_max_restarts_resumes_from_the_checkpoint_with_the_exact_result(tmp_path):
+    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(h.train_with_checkpoints)
+    lines = []
+    out = BarrierRunner(-2, timeout=120, max_restarts=2, checkpoint_dir=str(tmp_path / "r"),
+                        log_sink=lines.append).run(h.train_with_checkpoints, crash_at=7,
+                                                   crash_once_marker=str(tmp_path / "crashed"))
+    assert out["resumed_from"] == 6
+    assert torch.equal(out["weight"], clean["weight"]) and torch.equal(out["bias"], clean["bias"])
+    assert any("attempt 1 failed: rank 1 exited with code 3" in ln for ln in lines)
+
+
+def test_an_identical_failure_stops_restarts_early_and_every_cause_is_listed(tmp_path):
+    with pytest.raises(WorkerError) as err:
+        BarrierRunner(-2, timeout=120, max_restarts=5).run(h.fail_on, 0, "raise")
+    text = str(err.value)
+    assert "failed 2 times, restarts stopped (the same failure repeated identically" in text
+    assert text.count("injected failure at step 2") >= 2 and err.value.rank == 0
+    with pytest.raises(WorkerError) as err:
+        BarrierRunner(-2, timeout=120, max_restarts=2).run(h.fail_differently, str(tmp_path / "n"))
+    text = str(err.value)
+    assert "failed 3 times, restarts stopped (max_restarts=2 used up)" in text
+    assert all(f"lost a disk on attempt {i}" in text for i in (1, 2, 3))
+    with pytest.raises(ConfigurationError, match="max_restarts must be an integer >= 0"):
+        BarrierRunner(-2, max_restarts=-1)
