@@ -58,3 +58,26 @@ class FailOnKeyRegressor(RegressorMixin, BaseEstimator):
 
     def predict(self, X):
         return self.model_.predict(X)
+
+
+class KillExecutorOnceClassifier(DecisionTreeClassifier):
+    """SIGKILLs the executor JVM running it the first time any member is fitted (FAULTS #6)."""
+
+    def __init__(self, marker=None, max_depth=None, random_state=None):
+        super().__init__(max_depth=max_depth, random_state=random_state)
+        self.marker = marker
+
+    def fit(self, X, y, sample_weight=None):
+        if self.marker and not os.path.exists(self.marker):
+            import signal
+
+            import psutil
+
+            open(self.marker, "w").close()
+            for parent in psutil.Process().parents():
+                if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+                    os.kill(parent.pid, signal.SIGKILL)
+            import time
+
+            time.sleep(600)
+        return super().fit(X, y, sample_weight=sample_weight)
