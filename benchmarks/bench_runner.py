@@ -6,10 +6,11 @@
     shard().to_torch() vs TorchDistributor's DataFrame loader; with the rank's peak memory growth.
     Ours twice: reading the Parquet files directly (the default for a plain scan) and with
     read_files=False (rows converted and shuffled by Spark, as for any other DataFrame).
+(d) the cost of checkpointing the MLP every 100 (the default) and every 10 steps.
 
 Contenders are interleaved (the order rotates every round); the load average is recorded.
 
-    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500] [--sections noop,mlp,data]
+    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500] [--sections noop,mlp,data,ckpt]
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ def noop():
     return t.item()
 
 
-def mlp_throughput(steps=300, batch=256, warmup=20):
+def mlp_throughput(steps=300, batch=256, warmup=20, ckpt_every=0):
+    """Samples/s of rank 0's DDP loop; with ``ckpt_every`` rank 0 also saves a checkpoint (model and
+    optimizer state) every that many steps through sparkml_dist.runner.checkpoint."""
     import time as _t
 
     import torch
@@ -65,6 +68,11 @@ def mlp_throughput(steps=300, batch=256, warmup=20):
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if ckpt_every and i >= warmup:
+            from sparkml_dist.runner import checkpoint
+
+            if checkpoint.due(i - warmup, ckpt_every):
+                checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": i}, i)
     dist.barrier()
     return steps * batch * dist.get_world_size() / (_t.perf_counter() - t0)
 
@@ -150,7 +158,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--sections", default="noop,mlp,data")
+    ap.add_argument("--sections", default="noop,mlp,data,ckpt")
     args = ap.parse_args()
 
     from pyspark.ml.torch.distributor import TorchDistributor
@@ -182,6 +190,14 @@ def main() -> None:
         "torch_distributor": lambda: timed(lambda: td().run(mlp_throughput, args.steps)),
         "torchrun": lambda: torchrun("mlp", args.steps),
     }
+    ckpt_dir = tempfile.mkdtemp(prefix="bench_ckpt_")
+    ckpt_contenders = {
+        "no_checkpoint": lambda: timed(lambda: BarrierRunner(2, **quiet).run(mlp_throughput, args.steps)),
+        "every_100_steps": lambda: timed(lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
+            mlp_throughput, args.steps, ckpt_every=100)),
+        "every_10_steps": lambda: timed(lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
+            mlp_throughput, args.steps, ckpt_every=10)),
+    }
     cols = [f"c{i}" for i in range(50)]
     data_path = os.path.join(HERE, "data", f"floats_{args.rows}x50.parquet")
     if not os.path.exists(data_path):
@@ -207,7 +223,8 @@ def main() -> None:
     results = {s: {} for s in sections}
     for name, fn in noop_contenders.items():  # untimed warm-up: Python workers, page cache
         fn()
-    all_contenders = {"noop": noop_contenders, "mlp": mlp_contenders, "data": data_contenders}
+    all_contenders = {"noop": noop_contenders, "mlp": mlp_contenders, "data": data_contenders,
+                      "ckpt": ckpt_contenders}
     for r in range(args.repeats):
         for section in sections:
             contenders = all_contenders[section]
@@ -234,6 +251,11 @@ def main() -> None:
             print(f"  {k:18s} {v:12,.0f}")
         print(f"  ours/torchrun {sps['sparkml_dist'] / sps['torchrun']:.3f}x, "
               f"ours/torch_distributor {sps['sparkml_dist'] / sps['torch_distributor']:.3f}x")
+    if "ckpt" in results:
+        print("(d) checkpoint overhead on the DDP MLP (ours), samples/s")
+        sps = {k: med([v for _, v in vals]) for k, vals in results["ckpt"].items()}
+        for k, v in sps.items():
+            print(f"  {k:18s} {v:12,.0f}  overhead {1 - v / sps['no_checkpoint']:+.1%}")
     if "data" in results:
         print(f"(c) {args.rows:,} x 50 DataFrame into per-rank tensors, median wall seconds")
         data_w = {k: med([w for w, _ in v]) for k, v in results["data"].items()}

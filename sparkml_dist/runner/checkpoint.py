@@ -11,7 +11,7 @@ path or a URI pyarrow opens: ``s3://``, ``gs://``, ``hdfs://``), then inside the
         model.load_state_dict(state["model"]); opt.load_state_dict(state["opt"])
     for step in range(start, steps):
         ...
-        if step % 100 == 0:
+        if checkpoint.due(step):           # every 100 steps by default
             checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, step)
 
 Layout of the directory::
@@ -39,6 +39,12 @@ from ..errors import CollectionError, ConfigurationError
 
 DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
 LATEST = "LATEST"
+DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benchmarks/bench_runner.py)
+
+
+def due(step: int, every: int = DEFAULT_EVERY) -> bool:
+    """True on every ``every``-th step (0-based steps 99, 199, ... by default): when to save."""
+    return every > 0 and (step + 1) % every == 0
 
 
 def _location(directory: Optional[str] = None):
