@@ -110,7 +110,7 @@ class BarrierRunner:
             a rank or a list of ranks. Lines are prefixed with ``[rank r]``.
         start_timeout: seconds for every rank to reach the rendezvous (its call of
             ``init_process_group``, or the end of the function); None waits forever.
-        timeout: wall-clock seconds for the whole run; None waits forever.
+        timeout: wall-clock seconds for the whole run (restarts included); None waits forever.
         collective_timeout: seconds a collective may block (``init_process_group`` default);
             defaults to ``timeout`` or torch's 30 minutes.
         allow_unencrypted: run on a cluster configured for encryption even though collective
@@ -171,6 +171,7 @@ class BarrierRunner:
         if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
             raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
         self.max_restarts = max_restarts
+        self._local = threading.local()  # per-run state of runs started from several threads
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
@@ -306,6 +307,7 @@ class BarrierRunner:
         payload = self._payload(main, args, kwargs, True)
         if self.np > 0:
             self._check_cluster(spark)
+        self._local.deadline = time.monotonic() + self.timeout if self.timeout else None
         split = self._file_split(df) if df is not None else None
         data_df = self._shards(df) if df is not None and split is None else None
         failures: List[WorkerError] = []
@@ -379,7 +381,7 @@ class BarrierRunner:
     def _wait(self, done: threading.Event, monitor: "_Monitor", cancel: Callable[[], None],
               errors: List[BaseException]) -> None:
         """Wait for the job, a reported failure, the timeout or Ctrl-C; cancel on anything but success."""
-        deadline = time.monotonic() + self.timeout if self.timeout else None
+        deadline = getattr(self._local, "deadline", None)  # the whole run's, restarts included
         try:
             while not done.wait(0.1):
                 if monitor.failure is not None:
