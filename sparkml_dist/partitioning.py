@@ -236,6 +236,12 @@ def parse_bytes(text: str) -> int:
     return int(float(t)) * (1 << 20)  # Spark reads a bare number of memory as MiB
 
 
+def local_cores(master: str) -> int:
+    """Cores of a ``local``/``local[N]``/``local[*]`` master (this machine's for ``*``)."""
+    inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
+    return (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
+
+
 def task_memory_budget(spark) -> int:
     """Bytes a single task's Python worker may use, from the Spark configuration.
 
@@ -248,8 +254,7 @@ def task_memory_budget(spark) -> int:
     local = master.startswith("local") and not master.startswith("local-cluster")
     cores = int(conf.get("spark.executor.cores", "1") or 1)
     if local:
-        inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
-        cores = (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
+        cores = local_cores(master)
     py_mem = conf.get("spark.executor.pyspark.memory", None)
     if py_mem:
         return parse_bytes(py_mem) // max(1, cores)

@@ -128,15 +128,14 @@ class ClusterMemory:
 
     @classmethod
     def from_spark(cls, spark) -> "ClusterMemory":
-        from .partitioning import parse_bytes
+        from .partitioning import local_cores, parse_bytes
 
         conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
         master = conf("spark.master", "local[*]") or "local[*]"
         task_cpus = int(conf("spark.task.cpus", "1") or 1)
         py_mem = conf("spark.executor.pyspark.memory", None)
         if master.startswith("local") and not master.startswith("local-cluster"):
-            inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
-            cores = (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
+            cores = local_cores(master)
             phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
             if py_mem:
                 return cls(1, cores, task_cpus, parse_bytes(py_mem), "spark.executor.pyspark.memory")

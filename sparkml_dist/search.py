@@ -289,47 +289,32 @@ class ParallelSearchCV(BaseSearchCV):
                                      f"({type(exc).__name__}: {exc}); define custom classes and "
                                      "functions in an importable module") from None
         n_units = len(candidates) * len(splits)
-        concurrency = self._concurrency(spark, base_estimator, X, y, len(payload))
-        n_parts = min(n_units, concurrency.concurrency * (_UNITS_PER_SLOT if concurrency.unbounded else 1))
+        p, n_parts = self._tasks(spark, base_estimator, X, y, len(payload), n_units)
         spec = _SearchSpec(hashlib.sha256(payload).hexdigest(), payload, n_units, n_parts)
-        log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, concurrency.plan.summary())
+        log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, p.summary())
         df = spark.range(0, n_parts, 1, n_parts)
         results = launch.run_on_groups(df, _search_task, spec, expected_groups=range(n_units),
                                        description="sparkml_dist-search", what="fit")
         return [results[(u, 0)] for u in range(n_units)]
 
-    def _concurrency(self, spark, estimator, X, y, payload_bytes: int) -> "_Concurrency":
-        """Fits at once: slots, capped by Python memory (data + a fold copy + the model) and by the user."""
-        model = _model_estimate(estimator, X, y)
-        need = 2 * payload_bytes + model
-        p = plan.plan_concurrency(spark, need, max_concurrent=self.max_concurrent)
-        unbounded = p.models_per_executor >= p.slots_per_executor and self.max_concurrent is None
-        return _Concurrency(p, unbounded)
-
-
-@dataclass(frozen=True)
-class _Concurrency:
-    plan: plan.ConcurrencyPlan
-    unbounded: bool
-
-    @property
-    def concurrency(self) -> int:
-        return self.plan.concurrency
+    def _tasks(self, spark, estimator, X, y, payload_bytes: int, n_units: int):
+        """(plan, tasks): fits at once are capped by slots, Python memory (data + a fold copy + the
+        model) and max_concurrent; when only slots cap them, 4 tasks per slot let Spark balance."""
+        p = plan.plan_concurrency(spark, 2 * payload_bytes + _model_estimate(estimator, X, y),
+                                  max_concurrent=self.max_concurrent)
+        capped = self.max_concurrent is not None or p.models_per_executor < p.slots_per_executor
+        return p, min(n_units, p.concurrency * (1 if capped else _UNITS_PER_SLOT))
 
 
 def _model_estimate(estimator, X, y) -> int:
-    """Bytes of one fitted model, measured on the driver by fitting a small sample (capped at 1 s)."""
+    """Bytes of one fitted model: a fit on 200 rows measured on the driver, scaled to all rows."""
     n = min(len(y) if y is not None else X.shape[0], 200)
     try:
         from sklearn.utils import _safe_indexing
 
         idx = np.arange(n)
         sample = clone(estimator)
-        start = time.monotonic()
         sample.fit(_safe_indexing(X, idx), None if y is None else _safe_indexing(y, idx))
-        size = plan.estimator_bytes(sample)
-        if time.monotonic() - start > 1.0:
-            log.debug("model size probe took %.1fs", time.monotonic() - start)
-        return size * max(1, (len(y) if y is not None else X.shape[0]) // n)
+        return plan.estimator_bytes(sample) * max(1, (len(y) if y is not None else X.shape[0]) // n)
     except Exception:  # the sample may be unfit for the estimator (one class...): data size bounds it
         return int(getattr(X, "nbytes", 0) or 0)

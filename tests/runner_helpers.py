@@ -75,15 +75,14 @@ def shard_summary(batch_size=32, column="x"):
 
 def kill_my_executor(seconds_before):
     """Rank 1 SIGKILLs the executor JVM running its task (FAULTS #6), then everyone waits."""
-    import psutil
     import torch.distributed as dist
+
+    from tests.helpers import kill_my_executor_jvm
 
     dist.init_process_group("gloo")
     if dist.get_rank() == 1:
         time.sleep(seconds_before)
-        for parent in psutil.Process().parents():
-            if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
-                os.kill(parent.pid, signal.SIGKILL)
+        kill_my_executor_jvm()
     time.sleep(600)
 
 
@@ -133,11 +132,9 @@ def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=N
                 if crash_once_marker is not None:
                     open(crash_once_marker, "w").close()
                 if crash_how == "kill_executor":  # FAULTS #6: the executor JVM under this rank dies
-                    import psutil
+                    from tests.helpers import kill_my_executor_jvm
 
-                    for parent in psutil.Process().parents():
-                        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
-                            os.kill(parent.pid, signal.SIGKILL)
+                    kill_my_executor_jvm()
                     time.sleep(600)
                 os._exit(3)
     return {"weight": net.weight.detach().clone(), "bias": net.bias.detach().clone(), "resumed_from": start}

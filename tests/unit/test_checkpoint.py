@@ -1,6 +1,5 @@
 """sparkml_dist.runner.checkpoint: atomic saves by rank 0, verified weights-only loads, exact resume."""
 
-import json
 import os
 
 import pytest
@@ -96,3 +95,21 @@ def test_an_identical_failure_stops_restarts_early_and_every_cause_is_listed(tmp
     assert all(f"lost a disk on attempt {i}" in text for i in (1, 2, 3))
     with pytest.raises(ConfigurationError, match="max_restarts must be an integer >= 0"):
         BarrierRunner(-2, max_restarts=-1)
+
+
+def test_due_marks_every_nth_step():
+    assert [s for s in range(250) if checkpoint.due(s)] == [99, 199]
+    assert [s for s in range(7) if checkpoint.due(s, every=3)] == [2, 5]
+    assert not any(checkpoint.due(s, every=0) for s in range(10))
+
+
+def test_timeout_bounds_the_whole_run_restarts_included(tmp_path):
+    import time
+
+    from sparkml_dist import RunTimeoutError
+
+    t = time.time()
+    with pytest.raises(RunTimeoutError):
+        BarrierRunner(-2, timeout=8, max_restarts=100).run(h.fail_differently, str(tmp_path / "n"))
+    assert time.time() - t < 20
+    assert int((tmp_path / "n").read_text()) < 100  # it stopped on the clock, not on the count
