@@ -1,15 +1,15 @@
 """Barrier-mode data-parallel training on Spark (a HorovodRunner / TorchDistributor equivalent).
 
 Driver side: :class:`BarrierRunner`.  Inside the training function (a rank process):
-:func:`context`, :func:`init_process_group`, :func:`shard` and :mod:`checkpoint` (save/load).  Importing this package imports
+:func:`context`, :func:`init_process_group`, :func:`log_to_driver`, :func:`shard` and :mod:`checkpoint` (save/load).  Importing this package imports
 neither torch nor pyspark; rank processes import only what they use.
 """
 
 from . import checkpoint
-from .context import RankContext, context, init_process_group
+from .context import RankContext, context, init_process_group, log_to_driver
 from .data import Shard, shard
 
-__all__ = ["BarrierRunner", "checkpoint", "context", "init_process_group", "shard", "RankContext", "Shard"]
+__all__ = ["BarrierRunner", "checkpoint", "context", "init_process_group", "log_to_driver", "shard", "RankContext", "Shard"]
 
 
 def __getattr__(name):  # BarrierRunner is driver-side: loaded on first use, not in rank processes

@@ -3,9 +3,10 @@
 Started by the barrier task (:mod:`sparkml_dist.runner._task`) with RANK/WORLD_SIZE set.  Steps:
 
 1. die with the task (``PR_SET_PDEATHSIG``), so a killed task never leaves a rank behind;
-2. rank 0 (torch backend): host the TCPStore on the listening socket its task passed down;
-3. read the rendezvous environment (MASTER_ADDR/PORT, LOCAL_RANK, ...) from stdin;
-4. report reaching the rendezvous when ``init_process_group`` is called;
+2. rank 0: host the rendezvous on the listening socket its task passed down (torch: a TCPStore,
+   started at once; horovod: Horovod's HTTP store, once the ranks' placements are known);
+3. read the rendezvous environment (MASTER_ADDR/PORT or HOROVOD_*, LOCAL_RANK, ...) from stdin;
+4. report reaching the rendezvous when ``init_process_group`` (or ``hvd.init``) is called;
 5. map the shard, load ``(main, args, kwargs)``, call it, write the result for the task;
 6. run the ``atexit`` handlers and leave with ``os._exit`` (as ``multiprocessing`` children do):
    tearing down an interpreter that holds torch and a process group costs ~0.7 s otherwise.
@@ -20,6 +21,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from datetime import timedelta
 
 WORKDIR_ENV = "SPARKML_DIST_WORKDIR"
@@ -30,6 +32,7 @@ BACKEND_ENV = "SPARKML_DIST_BACKEND"
 RUN_ENV = "SPARKML_DIST_RUN_ID"
 USE_GPU_ENV = "SPARKML_DIST_USE_GPU"
 STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
+DEVICE_ENV = "SPARKML_DIST_CUDA_DEVICE"  # this rank's index in CUDA_VISIBLE_DEVICES (horovod)
 FN_FILE = "fn.pkl"
 RESULT_FILE = "result.pkl"
 
@@ -46,10 +49,23 @@ def _die_with_parent() -> None:
 class _Ctrl:
     def __init__(self, fd: int) -> None:
         self._fh = os.fdopen(fd, "w", buffering=1)
+        self._lock = threading.Lock()
 
     def send(self, **message) -> None:
-        self._fh.write(json.dumps(message) + "\n")
-        self._fh.flush()
+        with self._lock:  # log_to_driver may be called from the function's threads
+            self._fh.write(json.dumps(message) + "\n")
+            self._fh.flush()
+
+
+CTRL: "_Ctrl | None" = None  # this process's channel to its task, once main() runs
+
+
+def send_log(text: str) -> bool:
+    """Send one log line to the driver through the task (False outside a rank process)."""
+    if CTRL is None:
+        return False
+    CTRL.send(event="log", text=text)
+    return True
 
 
 def collective_timeout() -> timedelta:
@@ -87,24 +103,34 @@ def _hook_rendezvous(ctrl: _Ctrl) -> None:
 
 
 def main() -> int:
+    global CTRL
     _die_with_parent()
     workdir = os.environ[WORKDIR_ENV]
-    ctrl = _Ctrl(int(os.environ[CTRL_ENV]))
+    ctrl = CTRL = _Ctrl(int(os.environ[CTRL_ENV]))
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    torch_backend = os.environ.get(BACKEND_ENV, "torch") == "torch"
+    backend = os.environ.get(BACKEND_ENV, "torch")
 
     store = None
-    if torch_backend:
+    if backend == "torch":
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
-    if torch_backend and rank == 0:
-        store = _host_store(world, int(os.environ[STORE_FD_ENV]))  # held for the life of this process
+        if rank == 0:
+            store = _host_store(world, int(os.environ[STORE_FD_ENV]))  # held for the life of this process
+    elif backend == "horovod":
+        from . import _horovod
+
+        _horovod.import_horovod_torch()  # imported while the task writes the shard and gathers peers
     line = sys.stdin.readline()
     if not line:
         return 1  # the task went away before the rendezvous
-    os.environ.update(json.loads(line)["env"])
-    if torch_backend:
+    message = json.loads(line)
+    os.environ.update(message["env"])
+    if backend == "torch":
         _hook_rendezvous(ctrl)
+    elif backend == "horovod":
+        if rank == 0:  # served before any rank can call hvd.init(): peers wait in the backlog
+            store = _horovod.serve_rendezvous(int(os.environ[STORE_FD_ENV]), message["slots"])
+        _horovod.hook_init(lambda: ctrl.send(event="rendezvous"))
     else:
         ctrl.send(event="rendezvous")
 

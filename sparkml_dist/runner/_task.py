@@ -134,6 +134,18 @@ def _host_address() -> str:
         return "127.0.0.1"
 
 
+def _interface_of(address: str) -> Optional[str]:
+    """The network interface holding ``address`` (Horovod's Gloo device binds it), if known."""
+    try:
+        import psutil  # a dependency of Horovod, so present wherever backend="horovod" runs
+    except ImportError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None
+
+
 def _write_shard(batches: Iterable[pa.RecordBatch], path: str) -> int:
     """Stream the task's batches into an Arrow IPC file; returns the row count."""
     rows, writer = 0, None
@@ -177,9 +189,16 @@ class _Watcher:
         with os.fdopen(fd, "r") as fh:
             for line in fh:
                 try:
-                    self.events.put(json.loads(line))
+                    event = json.loads(line)
                 except ValueError:
                     continue
+                if event.get("event") == "log":  # log_to_driver: streamed whatever log_ranks says
+                    text = str(event.get("text", ""))
+                    self.tail.append(text)
+                    if self._client is not None:
+                        self._client.send({"type": "line", "rank": self._rank, "stream": "log", "text": text})
+                    continue
+                self.events.put(event)
 
     def join(self, timeout: float = 2.0) -> None:
         for t in self._threads:
@@ -234,9 +253,10 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
         gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, rank)
         ctrl_r, ctrl_w = os.pipe()
         fds = [ctrl_w]
-        if spec.backend == "torch" and rank == 0:
-            # rank 0's process hosts the TCPStore on this socket, bound and listening now: its port
-            # is known before torch is imported, and peers that connect early wait in the backlog.
+        if rank == 0:
+            # rank 0's process hosts the rendezvous (torch's TCPStore, or Horovod's HTTP store) on
+            # this socket, bound and listening now: its port is known before torch is imported, and
+            # peers that connect early wait in the backlog.
             listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             listener.bind(("0.0.0.0", 0))
             listener.listen(1024)
@@ -299,20 +319,34 @@ def supervise(gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec,
                 if ev.get("event") == name:
                     return ev
 
-        me = json.dumps({"host": _host_address(), "port": store_port, "rows": rows})
+        address = _host_address()
+        me = json.dumps({"host": address, "port": store_port, "rows": rows, "gpus": gpus})
         peers = [json.loads(m) for m in gang.allgather(me)]
         hosts = [p["host"] for p in peers]
-        renv = rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus)
+        message: Dict[str, object] = {}
+        if spec.backend == "horovod":
+            renv = rendezvous.horovod_env(rank, hosts, peers[0]["host"], peers[0]["port"],
+                                          _interface_of(address), spec.collective_timeout)
+            visible = rendezvous.host_gpus(rank, hosts, [p["gpus"] for p in peers])
+            if visible is not None:
+                renv["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+                renv[_rank.DEVICE_ENV] = str(visible.index(gpus[0]))
+            if rank == 0:
+                message["slots"] = rendezvous.horovod_slots(hosts)
+        else:
+            renv = rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus)
         renv.update(go_env)
         renv[data.SHARD_SIZES_ENV] = json.dumps([p["rows"] for p in peers])
-        proc.stdin.write((json.dumps({"env": renv}) + "\n").encode())
+        message["env"] = renv
+        proc.stdin.write((json.dumps(message) + "\n").encode())
         proc.stdin.flush()
 
         ev = wait_event("rendezvous", deadline)
         if ev is None and proc.poll() is None and not (cancel is not None and cancel.is_set()):
             _kill_group(proc)
             watcher.join()
-            raise fail(f"rank {rank} did not reach the rendezvous (init_process_group) within "
+            entry = "hvd.init()" if spec.backend == "horovod" else "init_process_group"
+            raise fail(f"rank {rank} did not reach the rendezvous ({entry}) within "
                        f"start_timeout={spec.start_timeout}s", None, "rendezvous")
         if client is not None and ev is not None:
             client.send({"type": "rendezvous", "rank": rank})

@@ -3,6 +3,7 @@
     from sparkml_dist.runner import context, init_process_group
     init_process_group()            # gloo on CPU, NCCL with use_gpu=True; the runner's timeout
     ctx = context()                 # rank, world_size, local_rank, local_world_size, device
+    log_to_driver("epoch 3: loss 0.12")   # shown on the driver whatever log_ranks is
 
 An unchanged script that calls ``torch.distributed.init_process_group()`` itself works too: the
 runner sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.
@@ -23,7 +24,7 @@ class RankContext:
     world_size: int
     local_rank: int
     local_world_size: int
-    device: str          # "cpu", or "cuda:0" (the task's GPU; CUDA_VISIBLE_DEVICES is pinned)
+    device: str          # "cpu", or the task's GPU ("cuda:0"; horovod: "cuda:<local index>")
     use_gpu: bool
 
 
@@ -37,7 +38,17 @@ def context() -> RankContext:
         rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        device="cuda:0" if use_gpu else "cpu", use_gpu=use_gpu)
+        device=f"cuda:{os.environ.get(_rank.DEVICE_ENV, '0')}" if use_gpu else "cpu", use_gpu=use_gpu)
+
+
+def log_to_driver(message: str) -> None:
+    """Show ``message`` in the driver's output (the notebook cell), whatever ``log_ranks`` is.
+
+    Prefixed with ``[rank r]`` like streamed lines. Outside a function run by the runner, prints it.
+    """
+    for line in str(message).splitlines() or [""]:
+        if not _rank.send_log(line):
+            print(line, flush=True)
 
 
 def init_process_group(backend: str = None, **kwargs) -> None:

@@ -46,6 +46,65 @@ def rank_env(rank: int, hosts: Sequence[str], master_addr: str, master_port: int
     return env
 
 
+def horovod_slots(hosts: Sequence[str]) -> List[Dict[str, object]]:
+    """Each rank's Horovod placement (the fields of ``horovod.runner.common.util.hosts.SlotInfo``).
+
+    local rank: order among the ranks on its host; cross rank: order of its host among the hosts
+    that have a rank of that local rank (hosts in order of their first rank), as ``horovodrun``
+    assigns them.
+    """
+    locals_ = local_ranks(hosts)
+    first_seen = list(dict.fromkeys(hosts))
+    slots = []
+    for rank, (host, (local_rank, local_size)) in enumerate(zip(hosts, locals_)):
+        peers = [h for h in first_seen if sum(1 for x in hosts if x == h) > local_rank]
+        slots.append({"hostname": host, "rank": rank, "local_rank": local_rank,
+                      "cross_rank": peers.index(host), "size": len(hosts), "local_size": local_size,
+                      "cross_size": len(peers)})
+    return slots
+
+
+def horovod_env(rank: int, hosts: Sequence[str], server_addr: str, server_port: int,
+                iface: Optional[str], timeout_s: float) -> Dict[str, str]:
+    """The environment ``hvd.init()`` reads to join a Gloo job whose rendezvous server is given.
+
+    ``iface``: the network interface this rank's Gloo device binds (the one holding the address
+    it advertised); None leaves Gloo to resolve the host name. RANK/WORLD_SIZE/LOCAL_RANK are set
+    too, for :func:`sparkml_dist.runner.shard` and code that reads them.
+    """
+    slot = horovod_slots(hosts)[rank]
+    env = {
+        "HOROVOD_HOSTNAME": str(slot["hostname"]),
+        "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(slot["size"]),
+        "HOROVOD_LOCAL_RANK": str(slot["local_rank"]), "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
+        "HOROVOD_CROSS_RANK": str(slot["cross_rank"]), "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": server_addr, "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server_port),
+        "HOROVOD_CONTROLLER": "gloo", "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, int(round(timeout_s)))),
+        "RANK": str(rank), "WORLD_SIZE": str(slot["size"]),
+        "LOCAL_RANK": str(slot["local_rank"]), "LOCAL_WORLD_SIZE": str(slot["local_size"]),
+    }
+    if iface:
+        env["HOROVOD_GLOO_IFACE"] = iface
+    return env
+
+
+def host_gpus(rank: int, hosts: Sequence[str], gpus: Sequence[Optional[Sequence[str]]]) -> Optional[List[str]]:
+    """CUDA_VISIBLE_DEVICES for a Horovod rank: its host's task GPUs in local-rank order.
+
+    Horovod code pins a GPU with ``torch.cuda.set_device(hvd.local_rank())``: device index
+    ``local_rank`` is then the GPU Spark assigned to this rank's task, and NCCL sees its peers.
+    When a task holds other than one GPU, the rank sees only its own (index 0).
+    """
+    mine = gpus[rank]
+    if mine is None:
+        return None
+    same_host = [gpus[r] for r, h in enumerate(hosts) if h == hosts[rank]]
+    if all(g is not None and len(g) == 1 for g in same_host):
+        return [g[0] for g in same_host]  # type: ignore[index]
+    return list(mine)
+
+
 def task_gpus(resources: Dict[str, object], use_gpu: bool, rank: int) -> Optional[List[str]]:
     """GPU addresses Spark assigned to this task (``BarrierTaskContext.resources()``)."""
     if not use_gpu:
@@ -60,7 +119,8 @@ def task_gpus(resources: Dict[str, object], use_gpu: bool, rank: int) -> Optiona
     return addresses
 
 
-def _master_slots(master: str, conf: Callable[[str, Optional[str]], Optional[str]]) -> Optional[int]:
+def master_slots(master: str, conf: Callable[[str, Optional[str]], Optional[str]]) -> Optional[int]:
+    """Task slots a local or local-cluster master has by construction (None for other masters)."""
     task_cpus = int(conf("spark.task.cpus", "1") or 1)
     m = re.fullmatch(r"local\[(\d+|\*)(?:,\d+)?\]", master)
     if m:
@@ -80,7 +140,7 @@ def _master_slots(master: str, conf: Callable[[str, Optional[str]], Optional[str
 def check_slots(np_: int, master: str, conf: Callable[[str, Optional[str]], Optional[str]],
                 live_slots: Optional[int] = None) -> None:
     """Refuse to launch ``np_`` barrier tasks on a cluster that cannot run them all at once."""
-    configured = _master_slots(master, conf)
+    configured = master_slots(master, conf)
     slots = live_slots if live_slots is not None else configured
     if configured is not None and live_slots is not None and live_slots < np_ <= configured:
         raise InsufficientResourcesError(

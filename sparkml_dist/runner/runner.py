@@ -25,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import sys
@@ -45,7 +46,8 @@ BACKENDS = ("torch", "horovod")
 FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the others
 # a rank failing with one of these only noticed that another rank went away: a symptom
 _PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
-              "NCCL communicator was aborted", "ProcessGroupNCCL is aborted")
+              "NCCL communicator was aborted", "ProcessGroupNCCL is aborted",
+              "Horovod has been shut down")  # Horovod's words for a peer that failed or left
 _SLOT_ERROR = "requires more slots than the total number of slots"
 
 
@@ -103,13 +105,16 @@ class BarrierRunner:
     Args:
         np: ranks. ``np > 0``: that many Spark barrier tasks. ``np < 0``: ``-np`` local processes
             on the driver, no Spark tasks (for debugging; same function, same result).
-        backend: "torch" (torch.distributed: gloo on CPU, NCCL on GPU). "horovod" is recognised
-            but not supported yet and is refused with an explanation.
-        use_gpu: pin each rank to the GPU(s) Spark assigned to its task and use NCCL.
+        backend: "torch" (torch.distributed: gloo on CPU, NCCL on GPU) or "horovod" (the
+            function calls ``hvd.init()``; Horovod's Gloo rendezvous is served by rank 0's
+            process, no mpirun or ssh; needs Horovod, see ``make horovod``).
+        use_gpu: pin each rank to the GPU(s) Spark assigned to its task and use NCCL. With
+            "horovod", a rank sees its host's task GPUs in local-rank order, so the usual
+            ``torch.cuda.set_device(hvd.local_rank())`` selects the GPU Spark assigned it.
         log_ranks: whose stdout/stderr stream to the driver: "0" (default), "all", "none",
             a rank or a list of ranks. Lines are prefixed with ``[rank r]``.
         start_timeout: seconds for every rank to reach the rendezvous (its call of
-            ``init_process_group``, or the end of the function); None waits forever.
+            ``init_process_group`` or ``hvd.init()``, or the end of the function); None waits forever.
         timeout: wall-clock seconds for the whole run (restarts included); None waits forever.
         collective_timeout: seconds a collective may block (``init_process_group`` default);
             defaults to ``timeout`` or torch's 30 minutes.
@@ -145,11 +150,11 @@ class BarrierRunner:
                                      f"np < 0: local processes on the driver); got {np!r}")
         if backend not in BACKENDS:
             raise ConfigurationError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if backend == "horovod":
-            raise ConfigurationError(
-                "backend='horovod' is not supported yet: Horovod 0.28.1 must be built from source "
-                "against torch 2.13 and its gloo rendezvous is not wired into this runner. Use "
-                "backend='torch' (torch.distributed DDP), which needs no extra install.")
+        if backend == "horovod" and importlib.util.find_spec("horovod") is None:
+            from ._horovod import INSTALL_HINT
+
+            raise ConfigurationError(f"backend='horovod' needs Horovod, which is not installed in this "
+                                     f"Python ({sys.executable}). {INSTALL_HINT}")
         for name, value in (("start_timeout", start_timeout), ("timeout", timeout),
                             ("collective_timeout", collective_timeout)):
             if value is not None and not value > 0:
@@ -346,7 +351,7 @@ class BarrierRunner:
     def _attempt(self, spark, has_data: bool, split, data_df, payload: bytes, return_all: bool):
         """One launch: a fresh run id, log channel and rendezvous."""
         run_id = uuid.uuid4().hex[:12]
-        monitor = _Monitor(self.world_size, self._sink)
+        monitor = _Monitor(self.world_size, self._sink, self.backend)
         secret = new_secret()
         server = LogServer(secret, monitor.on_message)
         try:
@@ -505,8 +510,9 @@ class BarrierRunner:
 class _Monitor:
     """Driver-side view of the run, fed by the log channel."""
 
-    def __init__(self, world_size: int, sink: Callable[[str], Any]) -> None:
+    def __init__(self, world_size: int, sink: Callable[[str], Any], backend: str = "torch") -> None:
         self.world_size = world_size
+        self.backend = backend
         self._sink = sink
         self._lock = threading.Lock()
         self.reached: set = set()
@@ -560,7 +566,8 @@ class _Monitor:
             time.sleep(0.5)  # let the other ranks' start-timeout reports arrive
             missing = sorted(set(range(self.world_size)) - self.reached)
             if missing:
-                message = (f"ranks {missing} did not reach the rendezvous (init_process_group) within "
+                entry = "hvd.init()" if self.backend == "horovod" else "init_process_group"
+                message = (f"ranks {missing} did not reach the rendezvous ({entry}) within "
                            f"start_timeout; {message}")
         others = [f for f in self.failures if f is not d]
         if others:

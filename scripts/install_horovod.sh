@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Installs Horovod 0.28.1 with PyTorch + Gloo (no MPI, TensorFlow or MXNet) into one Python environment.
+#
+#   scripts/install_horovod.sh [PYTHON]        (make horovod runs it with the project's .venv)
+#
+# Horovod ships 0.28.1 as a source distribution only, and as published it does not compile against
+# current PyTorch: CMakeLists.txt and horovod/torch/CMakeLists.txt set CMAKE_CXX_STANDARD 14, while
+# torch's headers use C++17. This script builds it with both set to 17, checks the build, and keeps the
+# wheel in a cache keyed by Python, torch and platform, so a second install on one machine takes seconds.
+# The build takes ~15 minutes on 2 cores. Horovod is installed without its declared extras: its [spark]
+# extra pins pyarrow<11, which would downgrade what pyspark and this package need; the runtime modules
+# horovod.torch and horovod.spark.run need only the small dependencies installed below.
+set -euo pipefail
+
+PY="${1:-python3}"
+# the build runs in another directory: resolve a relative interpreter path (.venv/bin/python) first
+if [[ "$PY" == */* ]]; then PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"; fi
+VERSION=0.28.1
+CACHE_ROOT="${SPARKML_DIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sparkml_dist}"
+
+torch_version="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" || {
+    echo "install_horovod: torch is not installed in $PY; install torch==2.13.0 first" >&2
+    exit 1
+}
+tag="$("$PY" -c 'import sys, platform; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")')"
+cache="$CACHE_ROOT/horovod-$VERSION/$tag-torch-$torch_version"
+mkdir -p "$cache"
+
+wheel="$(ls "$cache"/horovod-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)"
+if [[ -z "$wheel" ]]; then
+    work="$(mktemp -d)"
+    trap 'rm -rf "$work"' EXIT
+    echo "install_horovod: building Horovod $VERSION against torch $torch_version (~15 min on 2 cores)"
+    "$PY" -m pip install -q "setuptools" "wheel"
+    command -v cmake >/dev/null || "$PY" -m pip install -q "cmake>=3.13"
+    "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation "horovod==$VERSION" -d "$work"
+    tar -xzf "$work"/horovod-"$VERSION".tar.gz -C "$work"
+    src="$work/horovod-$VERSION"
+    # The C++17 fix: torch >= 2.1 headers need C++17; Horovod 0.28.1 asks CMake for C++14.
+    for f in "$src/CMakeLists.txt" "$src/horovod/torch/CMakeLists.txt"; do
+        sed -i 's/set(CMAKE_CXX_STANDARD 14)/set(CMAKE_CXX_STANDARD 17)/' "$f"
+        grep -q 'set(CMAKE_CXX_STANDARD 17)' "$f" || {
+            echo "install_horovod: $f has no CMAKE_CXX_STANDARD line to raise to 17; the sdist changed" >&2
+            exit 1
+        }
+    done
+    (
+        cd "$src"
+        HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_GLOO=1 \
+        HOROVOD_WITHOUT_TENSORFLOW=1 HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_MPI=1 \
+        MAKEFLAGS="-j$(nproc)" \
+            "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" .
+    )
+    built="$(ls "$work"/dist/horovod-"$VERSION"-*.whl)"
+    # publish atomically: a concurrent or interrupted build never leaves half a wheel in the cache
+    cp "$built" "$cache/.partial.whl"
+    mv "$cache/.partial.whl" "$cache/$(basename "$built")"
+    wheel="$cache/$(basename "$built")"
+else
+    echo "install_horovod: using cached $wheel"
+fi
+
+# --no-deps: the wheel's [spark] extra would pin pyarrow<11. Then horovod's own runtime requirements,
+# none of which touches pyarrow, pandas or torch.
+"$PY" -m pip install -q --no-deps --force-reinstall "$wheel"
+"$PY" -m pip install -q "cloudpickle" "psutil" "pyyaml" "packaging" "cffi>=1.4.0"
+
+# The build must have PyTorch and Gloo, or the runner's horovod backend cannot work.
+check="$("$PY" -m horovod.runner.launch --check-build 2>&1)"
+echo "$check"
+for want in "\[X\] PyTorch" "\[X\] Gloo"; do
+    grep -q "$want" <<<"$check" || {
+        echo "install_horovod: the installed Horovod lacks ${want//\\/}" >&2
+        exit 1
+    }
+done
+"$PY" -c 'import horovod.torch as hvd, pyarrow, pandas; print("horovod", hvd.__version__ if hasattr(hvd, "__version__") else "ok", "pyarrow", pyarrow.__version__, "pandas", pandas.__version__)'

@@ -1,0 +1,142 @@
+"""A drop-in ``HorovodRunner``: Databricks' ``sparkdl.HorovodRunner`` API on any Spark.
+[driver; ``log_to_driver`` runs inside the ranks]
+
+Code written for Databricks runs after changing only the import::
+
+    # from sparkdl import HorovodRunner
+    from sparkml_dist.horovod import HorovodRunner
+
+    def train(learning_rate):
+        import torch
+        import horovod.torch as hvd
+        hvd.init()
+        model = torch.nn.Linear(64, 10)
+        opt = torch.optim.SGD(model.parameters(), lr=learning_rate * hvd.size())
+        opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters())
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        ...
+        return model.state_dict()          # rank 0's value comes back
+
+    state = HorovodRunner(np=2).run(train, learning_rate=0.01)
+
+Each rank is a process of a Spark barrier task, launched by
+:class:`sparkml_dist.runner.BarrierRunner` with ``backend="horovod"``: Horovod's Gloo rendezvous is
+served by rank 0's process, so there is no mpirun, no ssh and no second cluster manager. Horovod
+itself must be installed on the driver and executors (``make horovod``: Horovod 0.28.1 built with
+PyTorch and Gloo). Beyond sparkdl's API: :meth:`HorovodRunner.run_with_data` gives each rank its
+shard of a DataFrame, and keyword options pass to BarrierRunner (``timeout``, ``use_gpu``, ...).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+from .errors import ConfigurationError
+from .runner.context import log_to_driver
+
+__all__ = ["HorovodRunner", "log_to_driver"]
+
+VERBOSITIES = ("log_callback_only", "all")
+
+
+class HorovodRunner:
+    """Runs a Horovod training function on ``np`` ranks, as Databricks' ``sparkdl.HorovodRunner``.
+
+    Args:
+        np: number of ranks. ``np > 0``: a Spark barrier job of ``np`` tasks, one per task slot
+            (it fails at once with a clear error when the cluster has fewer slots). ``np < 0``:
+            ``-np`` processes on the driver, no Spark job: for debugging; their output always goes
+            to the cell. ``np = 0`` (deprecated by Databricks too): every task slot of the cluster.
+        driver_log_verbosity: ``"log_callback_only"`` (default): the driver shows only what the
+            ranks send with :func:`log_to_driver` (and the traceback of a failure);
+            ``"all"``: every rank's stdout and stderr, prefixed with ``[rank r]``.
+        **options: passed to :class:`sparkml_dist.runner.BarrierRunner` (``use_gpu``,
+            ``timeout``, ``start_timeout``, ``max_restarts``, ``checkpoint_dir``, ``spark``,
+            ``log_sink``, ...). ``use_gpu`` defaults to whether the cluster schedules GPUs.
+
+    Example::
+
+        hr = HorovodRunner(np=2, driver_log_verbosity="all")
+        weights = hr.run(train, learning_rate=0.01)
+    """
+
+    def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only", **options: Any) -> None:
+        if not isinstance(np, int) or isinstance(np, bool):
+            raise ConfigurationError(f"np must be an integer (np > 0: Spark tasks, np < 0: processes on "
+                                     f"the driver); got {np!r}")
+        if driver_log_verbosity not in VERBOSITIES:
+            raise ConfigurationError(f"driver_log_verbosity must be one of {VERBOSITIES}, got "
+                                     f"{driver_log_verbosity!r}")
+        for reserved in ("backend", "log_ranks", "np"):
+            if reserved in options:
+                raise ConfigurationError(f"HorovodRunner sets {reserved!r} itself; use "
+                                         "sparkml_dist.runner.BarrierRunner to choose it")
+        if np == 0:
+            warnings.warn("HorovodRunner(np=0) (every task slot of the cluster) is deprecated, as on "
+                          "Databricks; pass the number of ranks explicitly.", FutureWarning, stacklevel=2)
+        self.num_processor = np
+        self.driver_log_verbosity = driver_log_verbosity
+        self._options = options
+
+    def _runner(self, spark=None):
+        from .runner.runner import BarrierRunner
+
+        np_ = self.num_processor
+        options = dict(self._options)
+        if np_ == 0:
+            np_ = self._all_slots(spark or options.get("spark"))
+        if "use_gpu" not in options:
+            options["use_gpu"] = np_ > 0 and self._cluster_has_gpus(spark or options.get("spark"))
+        everything = self.driver_log_verbosity == "all" or np_ < 0
+        return BarrierRunner(np_, backend="horovod", log_ranks="all" if everything else "none", **options)
+
+    @staticmethod
+    def _active(spark):
+        if spark is not None:
+            return spark
+        from pyspark.sql import SparkSession
+
+        active = SparkSession.getActiveSession()
+        if active is None:
+            raise ConfigurationError("HorovodRunner(np > 0) needs a SparkSession: create one first, pass "
+                                     "spark=..., or use np < 0 to run processes on the driver")
+        return active
+
+    def _all_slots(self, spark) -> int:
+        from .runner import rendezvous
+
+        spark = self._active(spark)
+        conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
+        slots = rendezvous.master_slots(conf("spark.master", "") or "", conf)
+        if slots is None:  # a cluster manager: the slots of the executors registered now
+            try:
+                sc = spark.sparkContext._jsc.sc()
+                slots = int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+            except Exception:  # Spark Connect to a cluster: no JVM to ask
+                raise ConfigurationError("np=0 (every task slot) cannot count this cluster's task slots "
+                                         "from here; pass np explicitly") from None
+        return slots
+
+    def _cluster_has_gpus(self, spark) -> bool:
+        spark = self._active(spark)
+        return any(spark.conf.get(k, None) for k in ("spark.task.resource.gpu.amount",
+                                                     "spark.executor.resource.gpu.amount"))
+
+    def run(self, main: Callable, **kwargs) -> Any:
+        """Run ``main(**kwargs)`` on every rank; returns rank 0's return value.
+
+        ``main`` and ``kwargs`` are pickled with cloudpickle: import modules inside ``main``. A
+        rank that fails raises :class:`sparkml_dist.errors.WorkerError` with its traceback, after
+        every other rank was stopped.
+        """
+        spark = None if self.num_processor < 0 else self._active(self._options.get("spark"))
+        return self._runner(spark).run(main, **kwargs)
+
+    def run_with_data(self, df, main: Callable, **kwargs) -> Any:
+        """As :meth:`run`, each rank reading its shard of ``df`` with ``sparkml_dist.runner.shard()``."""
+        return self._runner(df.sparkSession).run_with_data(df, main, **kwargs)
+
+    def __repr__(self) -> str:
+        return (f"HorovodRunner(np={self.num_processor}, "
+                f"driver_log_verbosity={self.driver_log_verbosity!r})")
