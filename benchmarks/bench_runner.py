@@ -7,10 +7,13 @@
     Ours twice: reading the Parquet files directly (the default for a plain scan) and with
     read_files=False (rows converted and shuffled by Spark, as for any other DataFrame).
 (d) the cost of checkpointing the MLP every 100 (the default) and every 10 steps.
+(e) Horovod: HorovodRunner (this runner, backend="horovod") vs horovod.spark.run (gloo), same
+    functions: the wall time of a no-op job (hvd.init + one allreduce), and samples/s of the MLP
+    trained with hvd.DistributedOptimizer (measured inside rank 0, after warm-up).
 
 Contenders are interleaved (the order rotates every round); the load average is recorded.
 
-    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500] [--sections noop,mlp,data,ckpt]
+    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500] [--sections noop,mlp,data,ckpt,hvd_noop,hvd_mlp]
 """
 
 from __future__ import annotations
@@ -75,6 +78,45 @@ def mlp_throughput(steps=300, batch=256, warmup=20, ckpt_every=0):
                 checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": i}, i)
     dist.barrier()
     return steps * batch * dist.get_world_size() / (_t.perf_counter() - t0)
+
+
+def hvd_noop():
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    return hvd.allreduce(torch.ones(1), op=hvd.Sum, name="noop").item()
+
+
+def hvd_mlp_throughput(steps=300, batch=256, warmup=20):
+    """Samples/s of rank 0's loop: the MLP of (b) with hvd.DistributedOptimizer instead of DDP."""
+    import time as _t
+
+    import torch
+    import horovod.torch as hvd
+
+    hvd.init()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    net = torch.nn.Sequential(torch.nn.Linear(50, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
+                              torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
+                                   named_parameters=net.named_parameters())
+    hvd.broadcast_parameters(net.state_dict(), root_rank=0)
+    g = torch.Generator().manual_seed(hvd.rank())
+    X = torch.randn(4096, 50, generator=g)
+    y = (X[:, 0] > 0).long()
+    for i in range(warmup + steps):
+        if i == warmup:
+            hvd.barrier()
+            t0 = _t.perf_counter()
+        idx = torch.randint(0, 4096, (batch,), generator=g)
+        loss = torch.nn.functional.cross_entropy(net(X[idx]), y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    hvd.barrier()
+    return steps * batch * hvd.size() / (_t.perf_counter() - t0)
 
 
 def _status_mb(key: str) -> float:
@@ -158,8 +200,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=1500)
-    ap.add_argument("--sections", default="noop,mlp,data,ckpt")
+    ap.add_argument("--sections", default="noop,mlp,data,ckpt,hvd_noop,hvd_mlp")
     args = ap.parse_args()
+    sections = [s for s in args.sections.split(",") if s]
 
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -198,15 +241,30 @@ def main() -> None:
         "every_10_steps": lambda: timed(lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
             mlp_throughput, args.steps, ckpt_every=10)),
     }
+    from sparkml_dist.horovod import HorovodRunner
+
+    def horovod_spark_run(fn, *a):  # horovod's own launcher on the same session; rank 0's value
+        import horovod.spark
+
+        return horovod.spark.run(fn, args=a, num_proc=2, use_gloo=True, verbose=0)[0]
+
+    hvd_noop_contenders = {
+        "sparkml_dist": lambda: timed(lambda: HorovodRunner(np=2).run(hvd_noop)),
+        "horovod_spark": lambda: timed(lambda: horovod_spark_run(hvd_noop)),
+    }
+    hvd_mlp_contenders = {
+        "sparkml_dist": lambda: timed(lambda: HorovodRunner(np=2).run(hvd_mlp_throughput, steps=args.steps)),
+        "horovod_spark": lambda: timed(lambda: horovod_spark_run(hvd_mlp_throughput, args.steps)),
+    }
     cols = [f"c{i}" for i in range(50)]
     data_path = os.path.join(HERE, "data", f"floats_{args.rows}x50.parquet")
-    if not os.path.exists(data_path):
+    if "data" in sections and not os.path.exists(data_path):
         os.makedirs(os.path.dirname(data_path), exist_ok=True)
         from pyspark.sql import functions as F
 
         spark.range(args.rows, numPartitions=8).select(
             *[(F.rand(i) * 2 - 1).alias(c) for i, c in enumerate(cols)]).write.parquet(data_path)
-    df = spark.read.parquet(data_path)
+    df = spark.read.parquet(data_path) if "data" in sections else None
     rows_per_rank = args.rows // 2
     data_contenders = {
         "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run_with_data(df, ours_load, cols,
@@ -219,12 +277,13 @@ def main() -> None:
         "sparkml_dist_launch": lambda: timed(lambda: BarrierRunner(2, **quiet).run(import_torch)),
         "torch_distributor_launch": lambda: timed(lambda: td().run(import_torch)),
     }
-    sections = [s for s in args.sections.split(",") if s]
     results = {s: {} for s in sections}
-    for name, fn in noop_contenders.items():  # untimed warm-up: Python workers, page cache
-        fn()
     all_contenders = {"noop": noop_contenders, "mlp": mlp_contenders, "data": data_contenders,
-                      "ckpt": ckpt_contenders}
+                      "ckpt": ckpt_contenders, "hvd_noop": hvd_noop_contenders, "hvd_mlp": hvd_mlp_contenders}
+    for section in ("noop", "hvd_noop"):  # untimed warm-up: Python workers, page cache
+        if section in sections:
+            for fn in all_contenders[section].values():
+                fn()
     for r in range(args.repeats):
         for section in sections:
             contenders = all_contenders[section]
@@ -256,6 +315,18 @@ def main() -> None:
         sps = {k: med([v for _, v in vals]) for k, vals in results["ckpt"].items()}
         for k, v in sps.items():
             print(f"  {k:18s} {v:12,.0f}  overhead {1 - v / sps['no_checkpoint']:+.1%}")
+    if "hvd_noop" in results:
+        print(f"(e) Horovod no-op job (hvd.init + one allreduce), median wall seconds over {args.repeats} rounds")
+        w = {k: med([x for x, _ in v]) for k, v in results["hvd_noop"].items()}
+        for k, x in w.items():
+            print(f"  {k:18s} {x:7.2f}s")
+        print(f"  ours/horovod.spark.run {w['sparkml_dist'] / w['horovod_spark']:.3f}x (target <= 0.5)")
+    if "hvd_mlp" in results:
+        print("(e) Horovod DistributedOptimizer MLP samples/s (rank 0's training loop)")
+        sps = {k: med([v for _, v in vals]) for k, vals in results["hvd_mlp"].items()}
+        for k, v in sps.items():
+            print(f"  {k:18s} {v:12,.0f}")
+        print(f"  ours/horovod.spark.run {sps['sparkml_dist'] / sps['horovod_spark']:.3f}x (target >= 0.95)")
     if "data" in results:
         print(f"(c) {args.rows:,} x 50 DataFrame into per-rank tensors, median wall seconds")
         data_w = {k: med([w for w, _ in v]) for k, v in results["data"].items()}

@@ -1,4 +1,4 @@
-"""Horovod inside a rank process: its Gloo rendezvous server and the ``hvd.init`` hook.
+"""Horovod inside a rank process: its import, and its Gloo rendezvous server.
 [executor: inside a rank process]
 
 With ``backend="horovod"`` there is no ``horovodrun``, mpirun or ssh: the ranks are the runner's own
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import socket
 import threading
-from typing import Callable, Sequence
+from typing import Sequence
 
 from ..errors import ConfigurationError
 
@@ -57,23 +57,3 @@ def serve_rendezvous(listen_fd: int, slots: Sequence[dict]):
     threading.Thread(target=server.serve_forever, name="sparkml_dist-horovod-rendezvous",
                      daemon=True).start()
     return server
-
-
-def hook_init(on_init: Callable[[], None]) -> None:
-    """Call ``on_init`` when the function first calls ``hvd.init()`` (however it imported it)."""
-    hvd = import_horovod_torch()
-    from horovod.torch import mpi_ops
-
-    original = mpi_ops.init
-    if getattr(original, "_sparkml_dist_hook", False):
-        return
-
-    def init(*args, **kwargs):
-        on_init()
-        return original(*args, **kwargs)
-
-    init._sparkml_dist_hook = True  # type: ignore[attr-defined]
-    init.__wrapped__ = original  # type: ignore[attr-defined]
-    init.__doc__ = original.__doc__
-    mpi_ops.init = init
-    hvd.init = init

@@ -84,22 +84,26 @@ def _host_store(world_size: int, fd: int):
                          timeout=collective_timeout(), master_listen_fd=fd)
 
 
-def _hook_rendezvous(ctrl: _Ctrl) -> None:
-    """Report the first call of torch.distributed.init_process_group to the task."""
-    import torch.distributed as dist
+def report_first_call(owners, name: str, on_call) -> None:
+    """Replace function ``name`` on each of ``owners`` (modules) by one that calls ``on_call()`` first.
 
-    original = dist.init_process_group
+    How a rank reports reaching the rendezvous: ``torch.distributed.init_process_group`` or
+    ``hvd.init``, however the function imported it (module attribute looked up at call time).
+    """
+    import functools
+
+    original = getattr(owners[0], name)
     if getattr(original, "_sparkml_dist_hook", False):
         return
 
-    def init_process_group(*args, **kwargs):
-        ctrl.send(event="rendezvous")
+    @functools.wraps(original)
+    def hooked(*args, **kwargs):
+        on_call()
         return original(*args, **kwargs)
 
-    init_process_group._sparkml_dist_hook = True  # type: ignore[attr-defined]
-    init_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-    init_process_group.__doc__ = original.__doc__
-    dist.init_process_group = init_process_group
+    hooked._sparkml_dist_hook = True  # type: ignore[attr-defined]
+    for owner in owners:
+        setattr(owner, name, hooked)
 
 
 def main() -> int:
@@ -125,12 +129,18 @@ def main() -> int:
         return 1  # the task went away before the rendezvous
     message = json.loads(line)
     os.environ.update(message["env"])
+    reached = lambda: ctrl.send(event="rendezvous")  # noqa: E731
     if backend == "torch":
-        _hook_rendezvous(ctrl)
+        import torch.distributed as dist
+
+        report_first_call([dist], "init_process_group", reached)
     elif backend == "horovod":
         if rank == 0:  # served before any rank can call hvd.init(): peers wait in the backlog
             store = _horovod.serve_rendezvous(int(os.environ[STORE_FD_ENV]), message["slots"])
-        _horovod.hook_init(lambda: ctrl.send(event="rendezvous"))
+        import horovod.torch as hvd
+        from horovod.torch import mpi_ops
+
+        report_first_call([mpi_ops, hvd], "init", reached)
     else:
         ctrl.send(event="rendezvous")
 

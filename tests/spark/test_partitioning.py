@@ -1,6 +1,5 @@
 """The shared split on a real SparkSession: determinism, modes, checks."""
 
-import numpy as np
 import pytest
 from pyspark.sql import functions as F
 

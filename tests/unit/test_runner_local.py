@@ -16,10 +16,18 @@ class TestLocalRunner(RunnerChecks):
     np_sign = -1
 
 
+def test_horovod_backend_without_horovod_says_how_to_install_it(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "horovod" else real(name, *a))
+    with pytest.raises(ConfigurationError, match=r"needs Horovod, which is not installed.*make horovod"):
+        BarrierRunner(2, backend="horovod")
+
+
 def test_bad_constructor_arguments():
     for kwargs, match in ((dict(np=0), "np must be a non-zero integer"),
                           (dict(np=2, backend="mpi"), "backend must be one of"),
-                          (dict(np=2, backend="horovod"), "not supported yet"),
                           (dict(np=2, timeout=0), "timeout must be a positive"),
                           (dict(np=2, log_ranks="some"), "log_ranks must be")):
         with pytest.raises(ConfigurationError, match=match):

@@ -1,7 +1,6 @@
 """Runner pieces without Spark: rendezvous maths, the log channel, shards, the task supervisor."""
 
 import hmac
-import json
 import pickle
 import socket
 import struct
