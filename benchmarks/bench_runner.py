@@ -43,41 +43,60 @@ def noop():
     return t.item()
 
 
-def mlp_throughput(steps=300, batch=256, warmup=20, ckpt_every=0):
-    """Samples/s of rank 0's DDP loop; with ``ckpt_every`` rank 0 also saves a checkpoint (model and
-    optimizer state) every that many steps through sparkml_dist.runner.checkpoint."""
-    import time as _t
-
+def _mlp_problem(rank):
+    """The benchmark MLP (seeded alike on every rank) and this rank's synthetic data."""
     import torch
-    import torch.distributed as dist
 
-    if not dist.is_initialized():
-        dist.init_process_group("gloo")
     torch.manual_seed(0)
     torch.set_num_threads(1)
     net = torch.nn.Sequential(torch.nn.Linear(50, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
                               torch.nn.ReLU(), torch.nn.Linear(256, 2))
-    model = torch.nn.parallel.DistributedDataParallel(net)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    g = torch.Generator().manual_seed(dist.get_rank())
+    g = torch.Generator().manual_seed(rank)
     X = torch.randn(4096, 50, generator=g)
-    y = (X[:, 0] > 0).long()
+    return net, X, (X[:, 0] > 0).long(), g
+
+
+def _timed_loop(model, opt, X, y, g, steps, batch, warmup, barrier, after_step=None):
+    """Seconds for ``steps`` SGD steps after ``warmup`` untimed ones, between two barriers."""
+    import time as _t
+
+    import torch
+
     for i in range(warmup + steps):
         if i == warmup:
-            dist.barrier()
+            barrier()
             t0 = _t.perf_counter()
         idx = torch.randint(0, 4096, (batch,), generator=g)
         loss = torch.nn.functional.cross_entropy(model(X[idx]), y[idx])
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if ckpt_every and i >= warmup:
-            from sparkml_dist.runner import checkpoint
+        if after_step is not None and i >= warmup:
+            after_step(i - warmup)
+    barrier()
+    return _t.perf_counter() - t0
 
-            if checkpoint.due(i - warmup, ckpt_every):
-                checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": i}, i)
-    dist.barrier()
-    return steps * batch * dist.get_world_size() / (_t.perf_counter() - t0)
+
+def mlp_throughput(steps=300, batch=256, warmup=20, ckpt_every=0):
+    """Samples/s of rank 0's DDP loop; with ``ckpt_every`` rank 0 also saves a checkpoint (model and
+    optimizer state) every that many steps through sparkml_dist.runner.checkpoint."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import checkpoint
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    net, X, y, g = _mlp_problem(dist.get_rank())
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def save(step):
+        if ckpt_every and checkpoint.due(step, ckpt_every):
+            checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
+
+    seconds = _timed_loop(model, opt, X, y, g, steps, batch, warmup, dist.barrier, save)
+    return steps * batch * dist.get_world_size() / seconds
 
 
 def hvd_noop():
@@ -90,33 +109,16 @@ def hvd_noop():
 
 def hvd_mlp_throughput(steps=300, batch=256, warmup=20):
     """Samples/s of rank 0's loop: the MLP of (b) with hvd.DistributedOptimizer instead of DDP."""
-    import time as _t
-
     import torch
     import horovod.torch as hvd
 
     hvd.init()
-    torch.manual_seed(0)
-    torch.set_num_threads(1)
-    net = torch.nn.Sequential(torch.nn.Linear(50, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                              torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    net, X, y, g = _mlp_problem(hvd.rank())
     opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
                                    named_parameters=net.named_parameters())
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
-    g = torch.Generator().manual_seed(hvd.rank())
-    X = torch.randn(4096, 50, generator=g)
-    y = (X[:, 0] > 0).long()
-    for i in range(warmup + steps):
-        if i == warmup:
-            hvd.barrier()
-            t0 = _t.perf_counter()
-        idx = torch.randint(0, 4096, (batch,), generator=g)
-        loss = torch.nn.functional.cross_entropy(net(X[idx]), y[idx])
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    hvd.barrier()
-    return steps * batch * hvd.size() / (_t.perf_counter() - t0)
+    seconds = _timed_loop(net, opt, X, y, g, steps, batch, warmup, hvd.barrier)
+    return steps * batch * hvd.size() / seconds
 
 
 def _status_mb(key: str) -> float:

@@ -68,7 +68,7 @@ class HorovodRunner:
         if driver_log_verbosity not in VERBOSITIES:
             raise ConfigurationError(f"driver_log_verbosity must be one of {VERBOSITIES}, got "
                                      f"{driver_log_verbosity!r}")
-        for reserved in ("backend", "log_ranks", "np"):
+        for reserved in ("backend", "log_ranks"):
             if reserved in options:
                 raise ConfigurationError(f"HorovodRunner sets {reserved!r} itself; use "
                                          "sparkml_dist.runner.BarrierRunner to choose it")
