@@ -206,8 +206,9 @@ def _run_script(spark, args) -> int:
     with open(args.script) as fh:
         source = fh.read()
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    runner = BarrierRunner(args.np, log_ranks=args.log_ranks, start_timeout=args.start_timeout,
-                           timeout=args.timeout, use_gpu=args.use_gpu, spark=spark)
+    runner = BarrierRunner(args.np, backend=args.backend, log_ranks=args.log_ranks,
+                           start_timeout=args.start_timeout, timeout=args.timeout, use_gpu=args.use_gpu,
+                           spark=spark)
     runner.run(run_script, source, os.path.abspath(args.script), script_args)
     return 0
 
@@ -230,6 +231,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if name == "run":
             p.add_argument("--np", type=int, required=True,
                            help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark)")
+            p.add_argument("--backend", choices=("torch", "horovod"), default="torch",
+                           help="torch: a torchrun-style script; horovod: a horovodrun-style script")
             p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
             p.add_argument("--start-timeout", type=float, default=180.0)
             p.add_argument("--timeout", type=float, default=None)

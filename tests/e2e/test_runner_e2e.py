@@ -25,6 +25,14 @@ def test_cli_runs_an_unchanged_ddp_script_on_barrier_tasks():
 
 
 @only_local
+def test_cli_runs_an_unchanged_horovodrun_script():
+    proc = _py("-m", "sparkml_dist", "run", "--backend", "horovod", "--np", "2", "--master", "local[2]",
+               "examples/hvd_train.py", "--", "--steps", "15")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[rank 0] final loss" in proc.stdout and "after 15 steps on 2 ranks" in proc.stdout
+
+
+@only_local
 def test_cli_run_failure_exits_non_zero(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
