@@ -42,13 +42,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol
+from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol
 from pyspark import keyword_only
 
 from .. import collection, launch, partitioning, plan, serialization
 from ..errors import ConfigurationError
 from . import validation
 from ._worker import features_to_numpy
+from .params import HasEstimatorAndFeatures
 from .persistence import BaggingReadWrite
 
 log = logging.getLogger(__name__)
@@ -164,14 +165,9 @@ def _predict_keys(batches: Iterable[pa.RecordBatch], spec: _PredictSpec) -> Iter
 
 
 # --------------------------------------------------------------------------- driver
-class _GroupedParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
-    estimator = Param(Params._dummy(), "estimator", "scikit-learn-API estimator cloned for each key",
-                      typeConverter=None)
+class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
     groupCol = Param(Params._dummy(), "groupCol", "column whose distinct values get one model each",
                      typeConverter=TypeConverters.toString)
-    featuresCols = Param(Params._dummy(), "featuresCols",
-                         "numeric feature columns, used instead of featuresCol when set",
-                         typeConverter=TypeConverters.toListString)
     minRows = Param(Params._dummy(), "minRows", "fewest rows a key needs to get a model (>= 1)",
                     typeConverter=TypeConverters.toInt)
     onSmallGroups = Param(Params._dummy(), "onSmallGroups",
@@ -186,14 +182,8 @@ class _GroupedParams(HasFeaturesCol, HasLabelCol, HasPredictionCol):
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          featuresCols=[], minRows=1, onSmallGroups="error", unseenKey="error")
 
-    def getEstimator(self):
-        return self.getOrDefault(self.estimator) if self.isDefined(self.estimator) else None
-
     def getGroupCol(self) -> str:
         return self.getOrDefault(self.groupCol)
-
-    def getFeaturesCols(self) -> List[str]:
-        return self.getOrDefault(self.featuresCols)
 
     def getMinRows(self) -> int:
         return self.getOrDefault(self.minRows)

@@ -7,10 +7,12 @@ from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionC
                                      HasProbabilityCol, HasRawPredictionCol, HasSeed, HasWeightCol)
 
 
-class _BaggingParams(HasFeaturesCol, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed):
+class HasEstimatorAndFeatures(HasFeaturesCol):
+    """What every per-group trainer takes: the estimator to clone and the feature columns."""
+
     estimator = Param(
         Params._dummy(), "estimator",
-        "scikit-learn-API estimator cloned for each group (default: a decision tree)",
+        "scikit-learn-API estimator cloned for each model (bagging default: a decision tree)",
         typeConverter=None,
     )
     featuresCols = Param(
@@ -18,6 +20,15 @@ class _BaggingParams(HasFeaturesCol, HasLabelCol, HasWeightCol, HasPredictionCol
         "numeric feature columns, used instead of featuresCol when set",
         typeConverter=TypeConverters.toListString,
     )
+
+    def getEstimator(self):
+        return self.getOrDefault(self.estimator) if self.isDefined(self.estimator) else None
+
+    def getFeaturesCols(self):
+        return self.getOrDefault(self.featuresCols)
+
+
+class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed):
     numModels = Param(Params._dummy(), "numModels", "number of members (groups), >= 1",
                       typeConverter=TypeConverters.toInt)
     sampling = Param(Params._dummy(), "sampling",
@@ -35,12 +46,6 @@ class _BaggingParams(HasFeaturesCol, HasLabelCol, HasWeightCol, HasPredictionCol
         self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
                          featuresCols=[], numModels=10, sampling="disjoint", sampleRatio=1.0,
                          featureRatio=1.0, seed=42)
-
-    def getEstimator(self):
-        return self.getOrDefault(self.estimator) if self.isDefined(self.estimator) else None
-
-    def getFeaturesCols(self):
-        return self.getOrDefault(self.featuresCols)
 
     def getNumModels(self) -> int:
         return self.getOrDefault(self.numModels)
