@@ -3,7 +3,7 @@ np < 0 (ranks as processes on the driver) and log_to_driver. Needs Horovod (`mak
 
 import pytest
 
-from sparkml_dist import ConfigurationError, WorkerError
+from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.horovod import HorovodRunner, log_to_driver
 from sparkml_dist.runner import BarrierRunner, rendezvous
 from tests import horovod_helpers as hh
@@ -69,4 +69,10 @@ def test_np_negative_runs_processes_on_the_driver_and_streams_their_output():
     out = HorovodRunner(np=-2, log_sink=lines.append).run(hh.collectives)
     assert out["rank"] == 0 and out["sum"] == 3.0
     assert "[rank 1] rank 1 of 2 ready\n" in lines  # np < 0: every rank's output, as on Databricks
+    assert_no_rank_left()
+
+
+def test_a_rank_hanging_in_a_collective_is_stopped_by_timeout():
+    with pytest.raises(RunTimeoutError, match=r"timeout=12s.*reached the rendezvous: \[0, 1\]"):
+        HorovodRunner(np=-2, timeout=12).run(hh.fail_on, rank_to_fail=1, how="hang")
     assert_no_rank_left()
