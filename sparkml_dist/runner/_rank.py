@@ -141,8 +141,6 @@ def main() -> int:
         from horovod.torch import mpi_ops
 
         report_first_call([mpi_ops, hvd], "init", reached)
-    else:
-        ctrl.send(event="rendezvous")
 
     from . import data
     from .. import serialization
