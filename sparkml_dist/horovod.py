@@ -79,15 +79,15 @@ class HorovodRunner:
         self.driver_log_verbosity = driver_log_verbosity
         self._options = options
 
-    def _runner(self, spark=None):
+    def _runner(self, spark):
+        """The BarrierRunner of one run; ``spark`` is the session (None only for np < 0)."""
+        from .runner import rendezvous
         from .runner.runner import BarrierRunner
 
-        np_ = self.num_processor
+        np_ = self.num_processor or self._all_slots(spark)
         options = dict(self._options)
-        if np_ == 0:
-            np_ = self._all_slots(spark or options.get("spark"))
         if "use_gpu" not in options:
-            options["use_gpu"] = np_ > 0 and self._cluster_has_gpus(spark or options.get("spark"))
+            options["use_gpu"] = np_ > 0 and rendezvous.schedules_gpus(lambda k, d=None: spark.conf.get(k, d))
         everything = self.driver_log_verbosity == "all" or np_ < 0
         return BarrierRunner(np_, backend="horovod", log_ranks="all" if everything else "none", **options)
 
@@ -103,25 +103,20 @@ class HorovodRunner:
                                      "spark=..., or use np < 0 to run processes on the driver")
         return active
 
-    def _all_slots(self, spark) -> int:
+    @staticmethod
+    def _all_slots(spark) -> int:
+        """np=0: the slots a local master has, else those of the executors registered now."""
         from .runner import rendezvous
+        from .runner.runner import registered_slots
 
-        spark = self._active(spark)
         conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
         slots = rendezvous.master_slots(conf("spark.master", "") or "", conf)
-        if slots is None:  # a cluster manager: the slots of the executors registered now
-            try:
-                sc = spark.sparkContext._jsc.sc()
-                slots = int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
-            except Exception:  # Spark Connect to a cluster: no JVM to ask
-                raise ConfigurationError("np=0 (every task slot) cannot count this cluster's task slots "
-                                         "from here; pass np explicitly") from None
+        if slots is None:
+            slots = registered_slots(spark)
+        if slots is None:  # Spark Connect to a cluster
+            raise ConfigurationError("np=0 (every task slot) cannot count this cluster's task slots "
+                                     "from here; pass np explicitly")
         return slots
-
-    def _cluster_has_gpus(self, spark) -> bool:
-        spark = self._active(spark)
-        return any(spark.conf.get(k, None) for k in ("spark.task.resource.gpu.amount",
-                                                     "spark.executor.resource.gpu.amount"))
 
     def run(self, main: Callable, **kwargs) -> Any:
         """Run ``main(**kwargs)`` on every rank; returns rank 0's return value.

@@ -48,8 +48,11 @@ class CrashOnceClassifier(DecisionTreeClassifier):
     def fit(self, X, y, sample_weight=None):
         if self.marker and not os.path.exists(self.marker):
             open(self.marker, "w").close()
-            os._exit(3)
+            self._fault()
         return super().fit(X, y, sample_weight=sample_weight)
+
+    def _fault(self):
+        os._exit(3)
 
 
 class FailOnKeyRegressor(RegressorMixin, BaseEstimator):
@@ -71,18 +74,11 @@ class FailOnKeyRegressor(RegressorMixin, BaseEstimator):
         return self.model_.predict(X)
 
 
-class KillExecutorOnceClassifier(DecisionTreeClassifier):
+class KillExecutorOnceClassifier(CrashOnceClassifier):
     """SIGKILLs the executor JVM running it the first time any member is fitted (FAULTS #6)."""
 
-    def __init__(self, marker=None, max_depth=None, random_state=None):
-        super().__init__(max_depth=max_depth, random_state=random_state)
-        self.marker = marker
+    def _fault(self):
+        import time
 
-    def fit(self, X, y, sample_weight=None):
-        if self.marker and not os.path.exists(self.marker):
-            import time
-
-            open(self.marker, "w").close()
-            kill_my_executor_jvm()
-            time.sleep(600)
-        return super().fit(X, y, sample_weight=sample_weight)
+        kill_my_executor_jvm()
+        time.sleep(600)

@@ -123,7 +123,7 @@ def main() -> int:
     elif backend == "horovod":
         from . import _horovod
 
-        _horovod.import_horovod_torch()  # imported while the task writes the shard and gathers peers
+        hvd = _horovod.import_horovod_torch()  # imported while the task writes the shard and gathers peers
     line = sys.stdin.readline()
     if not line:
         return 1  # the task went away before the rendezvous
@@ -137,10 +137,7 @@ def main() -> int:
     elif backend == "horovod":
         if rank == 0:  # served before any rank can call hvd.init(): peers wait in the backlog
             store = _horovod.serve_rendezvous(int(os.environ[STORE_FD_ENV]), message["slots"])
-        import horovod.torch as hvd
-        from horovod.torch import mpi_ops
-
-        report_first_call([mpi_ops, hvd], "init", reached)
+        report_first_call([hvd.mpi_ops, hvd], "init", reached)
 
     from . import data
     from .. import serialization

@@ -105,6 +105,11 @@ def host_gpus(rank: int, hosts: Sequence[str], gpus: Sequence[Optional[Sequence[
     return list(mine)
 
 
+def schedules_gpus(conf: Callable[[str, Optional[str]], Optional[str]]) -> bool:
+    """Whether the cluster gives GPUs to executors (or, in local mode, to the driver)."""
+    return any(conf(k, None) for k in ("spark.executor.resource.gpu.amount", "spark.driver.resource.gpu.amount"))
+
+
 def task_gpus(resources: Dict[str, object], use_gpu: bool, rank: int) -> Optional[List[str]]:
     """GPU addresses Spark assigned to this task (``BarrierTaskContext.resources()``)."""
     if not use_gpu:

@@ -64,6 +64,15 @@ def _signature(exc: WorkerError) -> tuple:
     return exc.rank, exc.exit_code, lines[-1] if lines else str(exc).splitlines()[0]
 
 
+def registered_slots(spark) -> Optional[int]:
+    """Task slots of the executors registered now (classic Spark; None without JVM access)."""
+    try:
+        sc = spark.sparkContext._jsc.sc()
+        return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:  # Spark Connect: no JVM to ask
+        return None
+
+
 def _parse_log_ranks(value, world: int) -> tuple:
     if value is None or value == "none":
         return ()
@@ -230,8 +239,7 @@ class BarrierRunner:
             plan.plan_concurrency(spark, self.model_bytes)  # raises when one model cannot fit a worker
         live = self._live_slots(spark, master, conf)
         rendezvous.check_slots(self.world_size, master, conf, live)
-        if self.use_gpu and not any(conf(k, None) for k in ("spark.executor.resource.gpu.amount",
-                                                            "spark.driver.resource.gpu.amount")):
+        if self.use_gpu and not rendezvous.schedules_gpus(conf):
             raise InsufficientResourcesError(
                 "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
                 "spark.task.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript "
@@ -245,16 +253,11 @@ class BarrierRunner:
         """
         if launch.is_connect(spark) or (master.startswith("local") and not master.startswith("local-cluster")):
             return None
-        try:
-            sc = spark.sparkContext._jsc.sc()
-            profile = sc.resourceProfileManager().defaultResourceProfile()
-        except Exception:  # no JVM access: Spark's own barrier check decides
-            return None
         deadline = time.monotonic() + (self.start_timeout or 60.0)
         while True:
-            slots = int(sc.maxNumConcurrentTasks(profile))
-            if slots >= self.world_size or time.monotonic() > deadline:
-                return slots
+            slots = registered_slots(spark)
+            if slots is None or slots >= self.world_size or time.monotonic() > deadline:
+                return slots  # None: no JVM access, Spark's own barrier check decides
             time.sleep(0.5)
 
     def _rank_env(self) -> tuple:
