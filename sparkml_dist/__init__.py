@@ -9,10 +9,23 @@
 Importing this package needs neither torch nor horovod.
 """
 
-from .errors import (CollectionError, ConfigurationError, InsufficientResourcesError,
-                     RunTimeoutError, SparkMLDistError, WorkerError)
+from .errors import (
+    CollectionError,
+    ConfigurationError,
+    InsufficientResourcesError,
+    RunTimeoutError,
+    SparkMLDistError,
+    WorkerError,
+)
 
 __version__ = "0.1.0"
 
-__all__ = ["SparkMLDistError", "ConfigurationError", "InsufficientResourcesError", "WorkerError",
-           "CollectionError", "RunTimeoutError", "__version__"]
+__all__ = [
+    "SparkMLDistError",
+    "ConfigurationError",
+    "InsufficientResourcesError",
+    "WorkerError",
+    "CollectionError",
+    "RunTimeoutError",
+    "__version__",
+]

@@ -47,8 +47,9 @@ from typing import Optional, Sequence
 
 log = logging.getLogger("sparkml_dist.cli")
 
-_DEFAULT_CONF = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf",
-                             "spark-local.yaml")
+_DEFAULT_CONF = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "spark-local.yaml"
+)
 
 
 def _estimator(spec: Optional[dict]):
@@ -56,8 +57,10 @@ def _estimator(spec: Optional[dict]):
         return None
     module, _, name = spec["class"].rpartition(".")
     if not module:
-        raise SystemExit(f"estimator.class must be a dotted path such as "
-                         f"sklearn.tree.DecisionTreeClassifier, got {spec['class']!r}")
+        raise SystemExit(
+            f"estimator.class must be a dotted path such as "
+            f"sklearn.tree.DecisionTreeClassifier, got {spec['class']!r}"
+        )
     return getattr(importlib.import_module(module), name)(**(spec.get("params") or {}))
 
 
@@ -83,18 +86,20 @@ def run_ensemble_job(spark, job: dict) -> dict:
     label = params.setdefault("labelCol", "label")
     if not params.get("featuresCols") and "featuresCol" not in params:
         skip = {label, params.get("weightCol")}
-        params["featuresCols"] = [f.name for f in df.schema.fields
-                                  if isinstance(f.dataType, T.NumericType) and f.name not in skip]
+        params["featuresCols"] = [
+            f.name for f in df.schema.fields if isinstance(f.dataType, T.NumericType) and f.name not in skip
+        ]
     cls = BaggingClassifier if task == "classification" else BaggingRegressor
     est = cls(estimator=_estimator(job.get("estimator")), **params)
     ev = job.get("evaluate") or {}
     frac = float(ev.get("test_fraction", 0) or 0)
-    train, test = (df.randomSplit([1 - frac, frac], seed=int(ev.get("seed", 0))) if frac else (df, None))
+    train, test = df.randomSplit([1 - frac, frac], seed=int(ev.get("seed", 0))) if frac else (df, None)
     model = est.fit(train)
     report = {"task": task, "members": len(model.models), "group_rows": model.groupSizes}
     if test is not None:
-        report["metrics"] = _evaluate(model.transform(test), task, label,
-                                      len(getattr(model, "classes", ()) or ()))
+        report["metrics"] = _evaluate(
+            model.transform(test), task, label, len(getattr(model, "classes", ()) or ())
+        )
     out = job.get("output") or {}
     if out.get("model_path"):
         writer = model.write()
@@ -132,24 +137,36 @@ def run_search_job(spark, job: dict) -> dict:
 
     label = job.get("labelCol", "label")
     df = _search_input(spark, job["input"], label)
-    feats = job.get("featuresCols") or [f.name for f in df.schema.fields
-                                        if isinstance(f.dataType, T.NumericType) and f.name != label]
+    feats = job.get("featuresCols") or [
+        f.name for f in df.schema.fields if isinstance(f.dataType, T.NumericType) and f.name != label
+    ]
     if ("param_grid" in job) == ("param_distributions" in job):
         raise SystemExit("give exactly one of param_grid or param_distributions")
     dists = job.get("param_distributions")
     search = ParallelSearchCV(
-        _estimator(job["estimator"]), job.get("param_grid"), param_distributions=dists,
-        n_iter=int(job.get("n_iter", 10)), scoring=job.get("scoring"), cv=job.get("cv"),
-        random_state=job.get("random_state"), max_concurrent=job.get("max_concurrent"),
-        return_train_score=bool(job.get("return_train_score", False)))
+        _estimator(job["estimator"]),
+        job.get("param_grid"),
+        param_distributions=dists,
+        n_iter=int(job.get("n_iter", 10)),
+        scoring=job.get("scoring"),
+        cv=job.get("cv"),
+        random_state=job.get("random_state"),
+        max_concurrent=job.get("max_concurrent"),
+        return_train_score=bool(job.get("return_train_score", False)),
+    )
     search.fit(df, featuresCols=feats, labelCol=label)
     import pandas as pd
 
     results = pd.DataFrame(search.cv_results_)
-    report = {"candidates": len(results), "fits": len(results) * search.n_splits_,
-              "best_params": search.best_params_, "best_score": float(search.best_score_),
-              "top": results.sort_values("rank_test_score").head(5)[["params", "mean_test_score",
-                                                                      "std_test_score"]].to_dict("records")}
+    report = {
+        "candidates": len(results),
+        "fits": len(results) * search.n_splits_,
+        "best_params": search.best_params_,
+        "best_score": float(search.best_score_),
+        "top": results.sort_values("rank_test_score")
+        .head(5)[["params", "mean_test_score", "std_test_score"]]
+        .to_dict("records"),
+    }
     out = job.get("output") or {}
     if out.get("results_csv"):
         results.to_csv(out["results_csv"], index=False)
@@ -162,15 +179,18 @@ def run_search_job(spark, job: dict) -> dict:
 
 
 def _evaluate(scored, task: str, label: str, n_classes: int) -> dict:
-    from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
-                                       MulticlassClassificationEvaluator, RegressionEvaluator)
+    from pyspark.ml.evaluation import (
+        BinaryClassificationEvaluator,
+        MulticlassClassificationEvaluator,
+        RegressionEvaluator,
+    )
 
     if task == "regression":
-        return {m: RegressionEvaluator(labelCol=label, metricName=m).evaluate(scored)
-                for m in ("rmse", "r2")}
+        return {m: RegressionEvaluator(labelCol=label, metricName=m).evaluate(scored) for m in ("rmse", "r2")}
     scored = scored.cache()
-    metrics = {"accuracy": MulticlassClassificationEvaluator(labelCol=label, metricName="accuracy")
-               .evaluate(scored)}
+    metrics = {
+        "accuracy": MulticlassClassificationEvaluator(labelCol=label, metricName="accuracy").evaluate(scored)
+    }
     if n_classes == 2:
         metrics["auc"] = BinaryClassificationEvaluator(labelCol=label).evaluate(scored)
     return metrics
@@ -191,8 +211,14 @@ def demo(spark) -> dict:
         "input": {"path": path},
         "task": "classification",
         "estimator": {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"max_depth": 6}},
-        "params": {"numModels": 8, "sampling": "bootstrap", "sampleRatio": 0.6,
-                   "featureRatio": 0.7, "labelCol": "target", "seed": 7},
+        "params": {
+            "numModels": 8,
+            "sampling": "bootstrap",
+            "sampleRatio": 0.6,
+            "featureRatio": 0.7,
+            "labelCol": "target",
+            "seed": 7,
+        },
         "evaluate": {"test_fraction": 0.25, "seed": 1},
         "output": {"model_path": os.path.join(work, "model")},
     }
@@ -206,9 +232,15 @@ def _run_script(spark, args) -> int:
     with open(args.script) as fh:
         source = fh.read()
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    runner = BarrierRunner(args.np, backend=args.backend, log_ranks=args.log_ranks,
-                           start_timeout=args.start_timeout, timeout=args.timeout, use_gpu=args.use_gpu,
-                           spark=spark)
+    runner = BarrierRunner(
+        args.np,
+        backend=args.backend,
+        log_ranks=args.log_ranks,
+        start_timeout=args.start_timeout,
+        timeout=args.timeout,
+        use_gpu=args.use_gpu,
+        spark=spark,
+    )
     runner.run(run_script, source, os.path.abspath(args.script), script_args)
     return 0
 
@@ -217,29 +249,40 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="sparkml-dist", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, help_ in (("demo", "train and evaluate a bagged ensemble on a bundled dataset"),
-                        ("ensemble", "train a bagged ensemble from a job file"),
-                        ("search", "a parameter search from a job file, every fit on Spark"),
-                        ("run", "run a torch.distributed training script on barrier tasks")):
+    for name, help_ in (
+        ("demo", "train and evaluate a bagged ensemble on a bundled dataset"),
+        ("ensemble", "train a bagged ensemble from a job file"),
+        ("search", "a parameter search from a job file, every fit on Spark"),
+        ("run", "run a torch.distributed training script on barrier tasks"),
+    ):
         p = sub.add_parser(name, help=help_)
-        p.add_argument("--master", default=None,
-                       help="local[*], local-cluster[...], connect:local[2], sc://host:port; omit "
-                            "under spark-submit")
+        p.add_argument(
+            "--master",
+            default=None,
+            help="local[*], local-cluster[...], connect:local[2], sc://host:port; omit under spark-submit",
+        )
         p.add_argument("--spark-conf", default=None, help="YAML file of Spark settings")
         if name in ("ensemble", "search"):
             p.add_argument("--conf", required=True, help="YAML job file")
         if name == "run":
-            p.add_argument("--np", type=int, required=True,
-                           help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark)")
-            p.add_argument("--backend", choices=("torch", "horovod"), default="torch",
-                           help="torch: a torchrun-style script; horovod: a horovodrun-style script")
+            p.add_argument(
+                "--np",
+                type=int,
+                required=True,
+                help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark)",
+            )
+            p.add_argument(
+                "--backend",
+                choices=("torch", "horovod"),
+                default="torch",
+                help="torch: a torchrun-style script; horovod: a horovodrun-style script",
+            )
             p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
             p.add_argument("--start-timeout", type=float, default=180.0)
             p.add_argument("--timeout", type=float, default=None)
             p.add_argument("--use-gpu", action="store_true")
             p.add_argument("script", help="the training script (read here, shipped to the ranks)")
-            p.add_argument("script_args", nargs=argparse.REMAINDER,
-                           help="arguments for the script, after --")
+            p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
@@ -248,8 +291,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.command == "run" and args.np < 0:  # local processes: no Spark session at all
         return _run_script(None, args)
     conf_file = args.spark_conf
-    if conf_file is None and args.master and args.master.startswith(("local", "connect:local")) \
-            and os.path.exists(_DEFAULT_CONF):
+    if (
+        conf_file is None
+        and args.master
+        and args.master.startswith(("local", "connect:local"))
+        and os.path.exists(_DEFAULT_CONF)
+    ):
         conf_file = _DEFAULT_CONF
     spark = get_session(args.master, conf_file=conf_file)
     try:

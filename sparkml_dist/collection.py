@@ -39,17 +39,18 @@ from .errors import CollectionError, WorkerError
 
 DEFAULT_CHUNK_BYTES = 4 << 20  # 4 MiB: well under Arrow's and Spark's per-value limits
 
-CHUNK_SCHEMA = pa.schema([
-    ("group", pa.int32()),
-    ("item", pa.int32()),
-    ("attempt", pa.string()),
-    ("chunk", pa.int32()),
-    ("n_chunks", pa.int32()),
-    ("kind", pa.string()),        # "object" | "error"
-    ("payload", pa.binary()),
-])
-CHUNK_DDL = ("`group` int, item int, attempt string, chunk int, n_chunks int, kind string, "
-             "payload binary")
+CHUNK_SCHEMA = pa.schema(
+    [
+        ("group", pa.int32()),
+        ("item", pa.int32()),
+        ("attempt", pa.string()),
+        ("chunk", pa.int32()),
+        ("n_chunks", pa.int32()),
+        ("kind", pa.string()),  # "object" | "error"
+        ("payload", pa.binary()),
+    ]
+)
+CHUNK_DDL = "`group` int, item int, attempt string, chunk int, n_chunks int, kind string, payload binary"
 
 KIND_OBJECT = "object"
 KIND_ERROR = "error"
@@ -61,12 +62,13 @@ def encode(group: int, item: int, obj: Any, *, chunk_bytes: int = DEFAULT_CHUNK_
     return encode_bytes(group, item, serialization.dumps(obj), chunk_bytes=chunk_bytes)
 
 
-def encode_bytes(group: int, item: int, data: bytes, *, kind: str = KIND_OBJECT,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> pa.RecordBatch:
+def encode_bytes(
+    group: int, item: int, data: bytes, *, kind: str = KIND_OBJECT, chunk_bytes: int = DEFAULT_CHUNK_BYTES
+) -> pa.RecordBatch:
     if chunk_bytes <= 0:
         raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     view = memoryview(data)
-    pieces = [view[i:i + chunk_bytes] for i in range(0, len(data), chunk_bytes)] or [view[:0]]
+    pieces = [view[i : i + chunk_bytes] for i in range(0, len(data), chunk_bytes)] or [view[:0]]
     n = len(pieces)
     attempt = uuid.uuid4().hex
     return pa.RecordBatch.from_arrays(
@@ -101,8 +103,10 @@ def _assemble(table: pa.Table) -> Tuple[Dict[Tuple[int, int], bytes], List[Tuple
     """Group chunk rows by (group, item, attempt); keep one complete attempt per (group, item)."""
     if table.num_rows == 0:
         return {}, []
-    cols = {name: table.column(name).to_pylist() for name in ("group", "item", "attempt", "chunk",
-                                                             "n_chunks", "kind")}
+    cols = {
+        name: table.column(name).to_pylist()
+        for name in ("group", "item", "attempt", "chunk", "n_chunks", "kind")
+    }
     payload = table.column("payload")
     attempts: Dict[Tuple[int, int, str], Dict[int, _Piece]] = {}
     kinds: Dict[Tuple[int, int, str], str] = {}
@@ -110,7 +114,8 @@ def _assemble(table: pa.Table) -> Tuple[Dict[Tuple[int, int], bytes], List[Tuple
         key = (cols["group"][i], cols["item"][i], cols["attempt"][i])
         kinds[key] = cols["kind"][i]
         attempts.setdefault(key, {})[cols["chunk"][i]] = _Piece(
-            cols["chunk"][i], cols["n_chunks"][i], payload[i].as_py())
+            cols["chunk"][i], cols["n_chunks"][i], payload[i].as_py()
+        )
     objects: Dict[Tuple[int, int], bytes] = {}
     errors: List[Tuple[int, dict]] = []
     for key in sorted(attempts):
@@ -127,8 +132,9 @@ def _assemble(table: pa.Table) -> Tuple[Dict[Tuple[int, int], bytes], List[Tuple
     return objects, errors
 
 
-def decode(table: pa.Table, expected_groups: Optional[Iterable[int]] = None, *,
-           what: str = "group") -> Dict[Tuple[int, int], Any]:
+def decode(
+    table: pa.Table, expected_groups: Optional[Iterable[int]] = None, *, what: str = "group"
+) -> Dict[Tuple[int, int], Any]:
     """Reassemble chunk rows into ``{(group, item): object}``.
 
     Raises :class:`WorkerError` for the first group that reported an error (in group order) and
@@ -219,8 +225,13 @@ class ModelStore:
         with self._fs.open_output_stream(tmp) as out:
             out.write(data)
         self._fs.move(tmp, final)
-        return {"group": group, "item": item, "file": f"objects/{name}", "size": len(data),
-                "sha256": hashlib.sha256(data).hexdigest()}
+        return {
+            "group": group,
+            "item": item,
+            "file": f"objects/{name}",
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
 
     # driver side
     def commit(self, metas: Iterable[dict], extra: Optional[dict] = None) -> dict:
@@ -228,8 +239,11 @@ class ModelStore:
         chosen: Dict[Tuple[int, int], dict] = {}
         for meta in sorted(metas, key=lambda m: (m["group"], m["item"], m["file"])):
             chosen.setdefault((meta["group"], meta["item"]), meta)
-        manifest = {"format": "sparkml_dist.model_store/1",
-                    "objects": [chosen[k] for k in sorted(chosen)], **(extra or {})}
+        manifest = {
+            "format": "sparkml_dist.model_store/1",
+            "objects": [chosen[k] for k in sorted(chosen)],
+            **(extra or {}),
+        }
         self._fs.create_dir(self._root, recursive=True)
         tmp = self._path("_tmp", f"manifest-{uuid.uuid4().hex}.json")
         self._fs.create_dir(self._path("_tmp"), recursive=True)
@@ -257,7 +271,8 @@ class ModelStore:
         except FileNotFoundError as exc:
             raise CollectionError(
                 f"no {self.MANIFEST} in model store {self.uri!r}: the write was never committed "
-                "(or this is not a model store)") from exc
+                "(or this is not a model store)"
+            ) from exc
 
     def read_bytes(self, meta: dict) -> bytes:
         with self._fs.open_input_stream(self._path(meta["file"])) as src:
@@ -265,7 +280,8 @@ class ModelStore:
         if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
             raise CollectionError(
                 f"model file {meta['file']!r} in {self.uri!r} does not match its checksum in the "
-                "manifest: it is corrupt or was modified after it was written")
+                "manifest: it is corrupt or was modified after it was written"
+            )
         return data
 
     def load(self, group: int, item: int = 0, *, trusted_modules: Iterable[str] = ()) -> Any:
@@ -275,6 +291,7 @@ class ModelStore:
         raise CollectionError(f"model store {self.uri!r} has no object for group {group}, item {item}")
 
     def load_all(self, *, trusted_modules: Iterable[str] = ()) -> Dict[Tuple[int, int], Any]:
-        return {(m["group"], m["item"]): serialization.safe_loads(self.read_bytes(m), trusted_modules)
-                for m in self.manifest()["objects"]}
-
+        return {
+            (m["group"], m["item"]): serialization.safe_loads(self.read_bytes(m), trusted_modules)
+            for m in self.manifest()["objects"]
+        }

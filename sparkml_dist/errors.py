@@ -62,14 +62,20 @@ class WorkerError(SparkMLDistError, RuntimeError):
     def __reduce__(self):  # keep the keyword attributes through pickling
         return (
             _rebuild_worker_error,
-            (self.args[0].split("\n--- executor traceback ---\n")[0], self.group, self.rank,
-             self.exit_code, self.worker_traceback),
+            (
+                self.args[0].split("\n--- executor traceback ---\n")[0],
+                self.group,
+                self.rank,
+                self.exit_code,
+                self.worker_traceback,
+            ),
         )
 
 
 def _rebuild_worker_error(message, group, rank, exit_code, worker_traceback):
-    return WorkerError(message, group=group, rank=rank, exit_code=exit_code,
-                       worker_traceback=worker_traceback)
+    return WorkerError(
+        message, group=group, rank=rank, exit_code=exit_code, worker_traceback=worker_traceback
+    )
 
 
 class RunTimeoutError(SparkMLDistError, TimeoutError):

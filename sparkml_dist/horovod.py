@@ -32,6 +32,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
+from . import _spark_env
 from .errors import ConfigurationError
 from .runner.context import log_to_driver
 
@@ -63,59 +64,61 @@ class HorovodRunner:
 
     def __init__(self, *, np: int, driver_log_verbosity: str = "log_callback_only", **options: Any) -> None:
         if not isinstance(np, int) or isinstance(np, bool):
-            raise ConfigurationError(f"np must be an integer (np > 0: Spark tasks, np < 0: processes on "
-                                     f"the driver); got {np!r}")
+            raise ConfigurationError(
+                f"np must be an integer (np > 0: Spark tasks, np < 0: processes on the driver); got {np!r}"
+            )
         if driver_log_verbosity not in VERBOSITIES:
-            raise ConfigurationError(f"driver_log_verbosity must be one of {VERBOSITIES}, got "
-                                     f"{driver_log_verbosity!r}")
+            raise ConfigurationError(
+                f"driver_log_verbosity must be one of {VERBOSITIES}, got {driver_log_verbosity!r}"
+            )
         for reserved in ("backend", "log_ranks"):
             if reserved in options:
-                raise ConfigurationError(f"HorovodRunner sets {reserved!r} itself; use "
-                                         "sparkml_dist.runner.BarrierRunner to choose it")
+                raise ConfigurationError(
+                    f"HorovodRunner sets {reserved!r} itself; use "
+                    "sparkml_dist.runner.BarrierRunner to choose it"
+                )
         if np == 0:
-            warnings.warn("HorovodRunner(np=0) (every task slot of the cluster) is deprecated, as on "
-                          "Databricks; pass the number of ranks explicitly.", FutureWarning, stacklevel=2)
+            warnings.warn(
+                "HorovodRunner(np=0) (every task slot of the cluster) is deprecated, as on "
+                "Databricks; pass the number of ranks explicitly.",
+                FutureWarning,
+                stacklevel=2,
+            )
         self.num_processor = np
         self.driver_log_verbosity = driver_log_verbosity
         self._options = options
 
     def _runner(self, spark):
         """The BarrierRunner of one run; ``spark`` is the session (None only for np < 0)."""
-        from .runner import rendezvous
-        from .runner.runner import BarrierRunner
+        from .runner import BarrierRunner
 
         np_ = self.num_processor or self._all_slots(spark)
         options = dict(self._options)
         if "use_gpu" not in options:
-            options["use_gpu"] = np_ > 0 and rendezvous.schedules_gpus(lambda k, d=None: spark.conf.get(k, d))
+            options["use_gpu"] = np_ > 0 and _spark_env.schedules_gpus(_spark_env.conf_of(spark))
         everything = self.driver_log_verbosity == "all" or np_ < 0
         return BarrierRunner(np_, backend="horovod", log_ranks="all" if everything else "none", **options)
 
     @staticmethod
     def _active(spark):
-        if spark is not None:
-            return spark
-        from pyspark.sql import SparkSession
-
-        active = SparkSession.getActiveSession()
-        if active is None:
-            raise ConfigurationError("HorovodRunner(np > 0) needs a SparkSession: create one first, pass "
-                                     "spark=..., or use np < 0 to run processes on the driver")
-        return active
+        return (
+            spark
+            if spark is not None
+            else _spark_env.active_session(
+                "HorovodRunner(np > 0)", "pass spark=..., or use np < 0 to run processes on the driver"
+            )
+        )
 
     @staticmethod
     def _all_slots(spark) -> int:
         """np=0: the slots a local master has, else those of the executors registered now."""
-        from .runner import rendezvous
-        from .runner.runner import registered_slots
-
-        conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
-        slots = rendezvous.master_slots(conf("spark.master", "") or "", conf)
+        slots = _spark_env.master_slots(_spark_env.master_of(spark), _spark_env.conf_of(spark))
         if slots is None:
-            slots = registered_slots(spark)
+            slots = _spark_env.registered_slots(spark)
         if slots is None:  # Spark Connect to a cluster
-            raise ConfigurationError("np=0 (every task slot) cannot count this cluster's task slots "
-                                     "from here; pass np explicitly")
+            raise ConfigurationError(
+                "np=0 (every task slot) cannot count this cluster's task slots from here; pass np explicitly"
+            )
         return slots
 
     def run(self, main: Callable, **kwargs) -> Any:
@@ -133,5 +136,4 @@ class HorovodRunner:
         return self._runner(df.sparkSession).run_with_data(df, main, **kwargs)
 
     def __repr__(self) -> str:
-        return (f"HorovodRunner(np={self.num_processor}, "
-                f"driver_log_verbosity={self.driver_log_verbosity!r})")
+        return f"HorovodRunner(np={self.num_processor}, driver_log_verbosity={self.driver_log_verbosity!r})"

@@ -33,25 +33,38 @@ def session_of(df):
     return df.sparkSession
 
 
-def is_connect(spark) -> bool:
-    """True for a Spark Connect session."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
+class JobTag:
+    """A unique tag for the Spark jobs of one run, and the way to cancel exactly those jobs.
+
+    Jobs started inside :meth:`scope` (in the thread that entered it) carry the tag; :meth:`cancel`
+    interrupts them from any thread.  Leaving the scope with an exception (Ctrl-C included)
+    cancels them too.
+    """
+
+    def __init__(self, spark, name: str = "") -> None:
+        self.spark = spark
+        self.tag = f"sparkml_dist-{name or uuid.uuid4().hex[:12]}"
+
+    @contextlib.contextmanager
+    def scope(self):
+        self.spark.addTag(self.tag)
+        try:
+            yield self.tag
+        except BaseException:
+            self.cancel()
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                self.spark.removeTag(self.tag)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(Exception):
+            self.spark.interruptTag(self.tag)
 
 
-@contextlib.contextmanager
 def job_scope(spark, description: str):
     """Tag the Spark jobs started inside; interrupt them on KeyboardInterrupt or error exit."""
-    tag = f"sparkml_dist-{uuid.uuid4().hex[:12]}"
-    spark.addTag(tag)
-    try:
-        yield tag
-    except BaseException:
-        with contextlib.suppress(Exception):
-            spark.interruptTag(tag)
-        raise
-    finally:
-        with contextlib.suppress(Exception):
-            spark.removeTag(tag)
+    return JobTag(spark).scope()
 
 
 def _task_entry(task_fn: Callable, spec: Any, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -62,23 +75,35 @@ def _task_entry(task_fn: Callable, spec: Any, batches: Iterable[pa.RecordBatch])
         yield collection.encode_error(-1, f"{type(exc).__name__}: {exc}")
 
 
-def map_groups(df, task_fn: Callable, spec: Any, *, barrier: bool = False, catch_errors: bool = True,
-               profile: Any = None):
+def map_groups(
+    df, task_fn: Callable, spec: Any, *, barrier: bool = False, catch_errors: bool = True, profile: Any = None
+):
     """The lazy DataFrame of chunk rows produced by ``task_fn`` on every partition of ``df``.
 
     With ``catch_errors`` an exception escaping ``task_fn`` becomes an error row (the task succeeds
     and the driver raises WorkerError); without it the task fails, which a barrier stage needs so
     that Spark stops the other tasks.
     """
-    fn = functools.partial(_task_entry, task_fn, spec) if catch_errors else functools.partial(task_fn, spec=spec)
+    fn = (
+        functools.partial(_task_entry, task_fn, spec)
+        if catch_errors
+        else functools.partial(task_fn, spec=spec)
+    )
     if profile is not None:  # stage-level scheduling (e.g. one GPU per task)
         return df.mapInArrow(fn, collection.CHUNK_DDL, barrier=barrier, profile=profile)
     return df.mapInArrow(fn, collection.CHUNK_DDL, barrier=barrier)
 
 
-def run_on_groups(df, task_fn: Callable, spec: Any, *, expected_groups: Optional[Iterable[int]] = None,
-                  barrier: bool = False, description: str = "sparkml_dist",
-                  what: str = "group") -> Dict[Tuple[int, int], Any]:
+def run_on_groups(
+    df,
+    task_fn: Callable,
+    spec: Any,
+    *,
+    expected_groups: Optional[Iterable[int]] = None,
+    barrier: bool = False,
+    description: str = "sparkml_dist",
+    what: str = "group",
+) -> Dict[Tuple[int, int], Any]:
     """Run ``task_fn`` over ``df``'s partitions and return ``{(group, item): object}``."""
     out = map_groups(df, task_fn, spec, barrier=barrier)
     spark = session_of(df)

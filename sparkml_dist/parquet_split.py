@@ -1,6 +1,6 @@
 """Split a DataFrame that is a plain Parquet scan into balanced row ranges read from its files.
 
-[driver: :func:`plan`; executors: :func:`read`]
+[driver: :func:`split_files`; executors: :func:`read`]
 
 Moving a DataFrame through Spark to Python costs a row-to-Arrow conversion in the JVM (about 4 s
 for 1,000,000 x 50 doubles on two cores) and, to split it, a shuffle.  When the DataFrame *is* a
@@ -9,7 +9,7 @@ with a ``select`` of plain columns -- each task can instead read its part of the
 which decodes the same data in a fraction of that time (the approach of Petastorm and
 ``horovod.spark``, without their intermediate copy).
 
-:func:`plan` decides on the driver, from the optimized logical plan and the files' footers, and
+:func:`split_files` decides on the driver, from the optimized logical plan and the files' footers, and
 returns ``None`` with the reason when the fast path does not apply, so callers fall back to Spark:
 
 * the plan is ``Relation [...] parquet`` or ``Project [plain columns]`` over it: no filter, limit,
@@ -26,7 +26,7 @@ group.  The split depends only on the files, so it is the same on every run.
 
 Example::
 
-    split, why = plan(df, 4)
+    split, why = split_files(df, 4)
     if split is not None:
         batches = read(split, part=2)       # on an executor: an iterator of pyarrow RecordBatches
 """
@@ -40,6 +40,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
+
+from . import _spark_env
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +80,7 @@ def _optimized_plan(df) -> str:
     before = spark.conf.get(key, None)
     spark.conf.set(key, str(1 << 30))
     try:
-        jdf = getattr(df, "_jdf", None)
-        if jdf is not None:  # classic
-            text = str(spark._jvm.PythonSQLUtils.explainString(jdf.queryExecution(), "extended"))
-        else:  # Spark Connect
-            text = df._explain_string(mode="extended")
+        text = _spark_env.explain_extended(df)
     finally:
         if before is None:
             spark.conf.unset(key)
@@ -100,9 +98,13 @@ def _check_shape(plan_text: str, columns: Sequence[str]) -> Optional[str]:
     relation = re.compile(r"^(\+- )?Relation (\S+ )?\[.*\] parquet$")
     if len(lines) == 1 and relation.match(lines[0]):
         return None
-    if len(lines) == 2 and lines[0].startswith("Project [") and lines[0].endswith("]") \
-            and relation.match(lines[1]):
-        items = [it.strip() for it in lines[0][len("Project ["):-1].split(", ")]
+    if (
+        len(lines) == 2
+        and lines[0].startswith("Project [")
+        and lines[0].endswith("]")
+        and relation.match(lines[1])
+    ):
+        items = [it.strip() for it in lines[0][len("Project [") : -1].split(", ")]
         names = [it.rsplit("#", 1)[0] for it in items]
         if all(_ATTR.match(it) for it in items) and names == list(columns):
             return None
@@ -130,7 +132,6 @@ def _norm(t: pa.DataType):
 
 def _footer(uri: str):
     import pyarrow.parquet as pq
-
     from pyarrow import fs as pafs
 
     filesystem, path = pafs.FileSystem.from_uri(uri)
@@ -139,7 +140,7 @@ def _footer(uri: str):
     return meta
 
 
-def plan(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
+def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
     """``(split, "")`` when ``df`` can be read from its Parquet files, else ``(None, why not)``."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -171,13 +172,22 @@ def plan(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
         for field in expected:
             idx = schema.get_field_index(field.name)
             if idx < 0:
-                return None, f"column {field.name!r} is not stored in {uri} (a partition column, or " \
-                             "a column some files lack)"
+                return (
+                    None,
+                    f"column {field.name!r} is not stored in {uri} (a partition column, or "
+                    "a column some files lack)",
+                )
             if _norm(schema.field(idx).type) != _norm(field.type):
-                return None, f"column {field.name!r} is stored as {schema.field(idx).type} in {uri}, " \
-                             f"not as {field.type}"
-        units += [(uri, g, meta.row_group(g).num_rows) for g in range(meta.num_row_groups)
-                  if meta.row_group(g).num_rows > 0]
+                return (
+                    None,
+                    f"column {field.name!r} is stored as {schema.field(idx).type} in {uri}, "
+                    f"not as {field.type}",
+                )
+        units += [
+            (uri, g, meta.row_group(g).num_rows)
+            for g in range(meta.num_row_groups)
+            if meta.row_group(g).num_rows > 0
+        ]
     total = sum(n for _, _, n in units)
     bounds = [r * total // num_parts for r in range(num_parts + 1)]
     parts: List[List[Slice]] = [[] for _ in range(num_parts)]
@@ -188,8 +198,12 @@ def plan(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
             if lo < hi:
                 parts[r].append(Slice(uri, g, lo - offset, hi - offset))
         offset += n
-    split = ParquetSplit(tuple(columns), expected, tuple(tuple(p) for p in parts),
-                         tuple(bounds[r + 1] - bounds[r] for r in range(num_parts)))
+    split = ParquetSplit(
+        tuple(columns),
+        expected,
+        tuple(tuple(p) for p in parts),
+        tuple(bounds[r + 1] - bounds[r] for r in range(num_parts)),
+    )
     return split, ""
 
 
@@ -197,7 +211,6 @@ def plan(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
 def read(split: ParquetSplit, part: int, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The record batches of part ``part``, with the columns and types Spark would deliver."""
     import pyarrow.parquet as pq
-
     from pyarrow import fs as pafs
 
     handles: Dict[str, pa.NativeFile] = {}
@@ -211,8 +224,9 @@ def read(split: ParquetSplit, part: int, batch_rows: int = BATCH_ROWS) -> Iterat
                 handles[sl.uri] = filesystem.open_input_file(path)
                 pf = readers[sl.uri] = pq.ParquetFile(handles[sl.uri])
             at = 0
-            for batch in pf.iter_batches(batch_size=batch_rows, row_groups=[sl.row_group],
-                                         columns=columns, use_threads=False):
+            for batch in pf.iter_batches(
+                batch_size=batch_rows, row_groups=[sl.row_group], columns=columns, use_threads=False
+            ):
                 lo, hi = max(sl.start - at, 0), min(sl.stop - at, batch.num_rows)
                 at += batch.num_rows
                 if lo < hi:

@@ -23,7 +23,7 @@ Example::
     spec = SplitSpec(num_groups=8, sampling="bootstrap", sample_ratio=0.5, seed=42)
     grouped = assign_groups(df, spec, key_cols=["features", "label"])
     stats = group_stats(grouped, spec.num_groups)      # one Spark job
-    check_groups(stats, spec, bytes_per_row=8 * 12, budget_bytes=task_memory_budget(spark))
+    check_groups(stats, spec, bytes_per_row=8 * 12, budget_bytes=_spark_env.task_memory_budget(spark))
     print(stats.summary())                             # "8 groups, rows min/median/max = ..."
 """
 
@@ -31,19 +31,17 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
 from .errors import ConfigurationError
+from .group_rows import GROUP_COL, KEY_COL, order_rows  # noqa: F401 - the split's columns
 
 log = logging.getLogger(__name__)
 
 SAMPLING_MODES = ("disjoint", "bootstrap", "subsample")
-GROUP_COL = "__sd_group"
-KEY_COL = "__sd_key"
 _U53 = 9007199254740992.0  # 2**53: uniform doubles from the top 53 bits of a 64-bit hash
 
 
@@ -71,14 +69,19 @@ class SplitSpec:
 
     def __post_init__(self) -> None:
         n = self.names.get
-        if not isinstance(self.num_groups, (int, np.integer)) or isinstance(self.num_groups, bool) \
-                or self.num_groups < 1:
+        if (
+            not isinstance(self.num_groups, (int, np.integer))
+            or isinstance(self.num_groups, bool)
+            or self.num_groups < 1
+        ):
             raise ConfigurationError(
-                f"{n('num_groups', 'num_groups')} must be an integer >= 1, got {self.num_groups!r}")
+                f"{n('num_groups', 'num_groups')} must be an integer >= 1, got {self.num_groups!r}"
+            )
         if self.sampling not in SAMPLING_MODES:
             raise ConfigurationError(
                 f"{n('sampling', 'sampling')} must be one of {', '.join(SAMPLING_MODES)}; "
-                f"got {self.sampling!r}")
+                f"got {self.sampling!r}"
+            )
         check_ratio(n("sample_ratio", "sample_ratio"), self.sample_ratio)
         check_ratio(n("feature_ratio", "feature_ratio"), self.feature_ratio)
 
@@ -109,8 +112,10 @@ def membership_sql(spec: SplitSpec, key: str = KEY_COL) -> str:
         return one if r >= 1.0 else f"CASE WHEN {_uniform(key, '-1')} < {r!r} THEN {one} ELSE array() END"
     if spec.sampling == "subsample":
         return f"filter(sequence(0, {k - 1}), g -> {_uniform(key, 'g')} < {r!r})"
-    return (f"flatten(transform(sequence(0, {k - 1}), "
-            f"g -> array_repeat(g, {_poisson_count(_uniform(key, 'g'), r)})))")
+    return (
+        f"flatten(transform(sequence(0, {k - 1}), "
+        f"g -> array_repeat(g, {_poisson_count(_uniform(key, 'g'), r)})))"
+    )
 
 
 def assign_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
@@ -141,19 +146,6 @@ def group_seeds(spec: SplitSpec) -> List[int]:
     return [int(s) for s in rng.integers(0, 2**31 - 1, size=spec.num_groups)]
 
 
-def order_rows(keys: np.ndarray, *tiebreak: np.ndarray) -> np.ndarray:
-    """Deterministic order of a group's rows: by key, ties (bootstrap copies, collisions) by content."""
-    order = np.argsort(keys, kind="stable")
-    sorted_keys = keys[order]
-    if sorted_keys.size < 2 or not np.any(sorted_keys[1:] == sorted_keys[:-1]) or not tiebreak:
-        return order
-    columns = []
-    for arr in tiebreak[::-1]:
-        arr = np.asarray(arr)
-        columns.extend(arr.T[::-1] if arr.ndim == 2 else [arr])
-    return np.lexsort(tuple(columns) + (keys,))
-
-
 # --------------------------------------------------------------------------- checks
 @dataclass
 class GroupStats:
@@ -168,8 +160,10 @@ class GroupStats:
 
     def summary(self) -> str:
         c = self.counts()
-        return (f"{self.num_groups} groups, rows min/median/max = "
-                f"{int(c.min())}/{int(np.median(c))}/{int(c.max())} (total {int(c.sum())})")
+        return (
+            f"{self.num_groups} groups, rows min/median/max = "
+            f"{int(c.min())}/{int(np.median(c))}/{int(c.max())} (total {int(c.sum())})"
+        )
 
 
 def group_stats(grouped, num_groups: int, extra_aggs: Optional[Mapping[str, object]] = None) -> GroupStats:
@@ -188,8 +182,7 @@ def group_stats(grouped, num_groups: int, extra_aggs: Optional[Mapping[str, obje
     return GroupStats(num_groups=num_groups, rows=rows, extras=extras)
 
 
-def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float,
-                 budget_bytes: int) -> None:
+def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float, budget_bytes: int) -> None:
     """No empty group, and no group larger than one task can hold."""
     n = spec.names.get
     counts = stats.counts()
@@ -199,7 +192,8 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float,
         raise ConfigurationError(
             f"{len(empty)} of {spec.num_groups} groups received no rows (groups {shown}); "
             f"{int(counts.sum())} rows were assigned in all. Lower {n('num_groups', 'num_groups')} "
-            f"or raise {n('sample_ratio', 'sample_ratio')}.")
+            f"or raise {n('sample_ratio', 'sample_ratio')}."
+        )
     biggest = int(counts.argmax())
     need = float(counts[biggest]) * bytes_per_row
     if need > budget_bytes:
@@ -208,7 +202,8 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float,
             f"more than one task can hold ({budget_bytes / 2**30:.2f} GiB). Raise "
             f"{n('num_groups', 'num_groups')} or lower {n('sample_ratio', 'sample_ratio')}/"
             f"{n('feature_ratio', 'feature_ratio')}, or give Python workers more memory with "
-            "spark.executor.pyspark.memory.")
+            "spark.executor.pyspark.memory."
+        )
     log.debug("split: %s", stats.summary())
 
 
@@ -228,42 +223,6 @@ def deal_groups(df, num_groups: int, seed: int, key_cols: Sequence[str]):
     return dealt.repartitionById(num_groups, GROUP_COL)
 
 
-def parse_bytes(text: str) -> int:
-    t = text.strip().lower().rstrip("b")
-    mult = {"k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-    if t and t[-1] in mult:
-        return int(float(t[:-1]) * mult[t[-1]])
-    return int(float(t)) * (1 << 20)  # Spark reads a bare number of memory as MiB
-
-
-def local_cores(master: str) -> int:
-    """Cores of a ``local``/``local[N]``/``local[*]`` master (this machine's for ``*``)."""
-    inner = master[master.find("[") + 1:master.find("]")] if "[" in master else "1"
-    return (os.cpu_count() or 1) if inner.startswith("*") else max(1, int(inner.split(",")[0]))
-
-
-def task_memory_budget(spark) -> int:
-    """Bytes a single task's Python worker may use, from the Spark configuration.
-
-    ``spark.executor.pyspark.memory`` (divided by the cores of an executor) when set; otherwise
-    ``spark.executor.memory`` per core on a cluster, or half this machine's memory per core in local
-    mode (where executors are threads of the driver and Python workers share this machine).
-    """
-    conf = spark.conf
-    master = conf.get("spark.master", "local[*]") or "local[*]"
-    local = master.startswith("local") and not master.startswith("local-cluster")
-    cores = int(conf.get("spark.executor.cores", "1") or 1)
-    if local:
-        cores = local_cores(master)
-    py_mem = conf.get("spark.executor.pyspark.memory", None)
-    if py_mem:
-        return parse_bytes(py_mem) // max(1, cores)
-    if local:
-        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        return phys // 2 // max(1, cores)
-    return parse_bytes(conf.get("spark.executor.memory", "1g") or "1g") // max(1, cores)
-
-
 def assign_keys(df, key_col: str, key_table, num_parts: int):
     """Rows grouped by the value of ``key_col``: ``GROUP_COL`` = the key's index in ``key_table``.
 
@@ -276,5 +235,9 @@ def assign_keys(df, key_col: str, key_table, num_parts: int):
 
     joined = df.join(F.broadcast(key_table), on=key_col, how="inner")
     part = "__sd_part"
-    return (joined.withColumn(part, F.pmod(F.col(GROUP_COL), F.lit(int(num_parts))))
-            .repartitionById(int(num_parts), part).drop(part).sortWithinPartitions(GROUP_COL))
+    return (
+        joined.withColumn(part, F.pmod(F.col(GROUP_COL), F.lit(int(num_parts))))
+        .repartitionById(int(num_parts), part)
+        .drop(part)
+        .sortWithinPartitions(GROUP_COL)
+    )

@@ -12,7 +12,8 @@ The rule the seed documents give for independent models trained side by side::
 
 :func:`model_bytes` is that formula (a parameter count, an ``nn.Module`` or a fitted scikit-learn
 estimator in, bytes out).  :func:`plan_concurrency` applies it to the cluster: it reads executor
-memory and cores from the Spark configuration (:class:`ClusterMemory`) and returns how many models
+memory and cores from the Spark configuration (:class:`~sparkml_dist._spark_env.ClusterMemory`, the
+package's one memory rule) and returns how many models
 fit per executor and how many may run at once, or raises
 :class:`~sparkml_dist.errors.InsufficientResourcesError` naming the estimate and the settings to
 change when not even one fits.
@@ -28,17 +29,25 @@ Example::
 
 from __future__ import annotations
 
-import os
 import pickle
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import numpy as np
 
+from ._spark_env import ClusterMemory
 from .errors import ConfigurationError, InsufficientResourcesError
 
-BYTES_PER_PARAM = {"fp16": 2, "bf16": 2, "float16": 2, "bfloat16": 2, "fp32": 4, "float32": 4,
-                   "fp64": 8, "float64": 8}
+BYTES_PER_PARAM = {
+    "fp16": 2,
+    "bf16": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "fp32": 4,
+    "float32": 4,
+    "fp64": 8,
+    "float64": 8,
+}
 
 
 def parameter_count(model: Any) -> int:
@@ -52,8 +61,10 @@ def parameter_count(model: Any) -> int:
         return int(sum(p.numel() for p in model.parameters()) + sum(b.numel() for b in model.buffers()))
     if hasattr(model, "get_params"):
         return int(_numeric_values(model))
-    raise ConfigurationError(f"cannot count the parameters of a {type(model).__name__}: pass an int, "
-                             "a torch.nn.Module or a fitted scikit-learn estimator")
+    raise ConfigurationError(
+        f"cannot count the parameters of a {type(model).__name__}: pass an int, "
+        "a torch.nn.Module or a fitted scikit-learn estimator"
+    )
 
 
 def _numeric_values(obj: Any, seen: Optional[set] = None) -> int:
@@ -92,8 +103,9 @@ def _numeric_values(obj: Any, seen: Optional[set] = None) -> int:
     return _numeric_values(state, seen) if state is not None else 0
 
 
-def model_bytes(model: Any, *, precision: str = "fp32", backprop: bool = False, batch_size: int = 1,
-                steps: int = 1) -> int:
+def model_bytes(
+    model: Any, *, precision: str = "fp32", backprop: bool = False, batch_size: int = 1, steps: int = 1
+) -> int:
     """The seeds' memory formula: parameters x bytes per parameter x (2 if backprop) x batch x steps.
 
     ``model``: a parameter count, an ``nn.Module`` or a fitted estimator (see :func:`parameter_count`).
@@ -113,59 +125,6 @@ def estimator_bytes(fitted: Any) -> int:
 
 # --------------------------------------------------------------------------- the cluster
 @dataclass(frozen=True)
-class ClusterMemory:
-    """What the planner knows of the cluster, read from the Spark configuration."""
-
-    executors: int
-    cores_per_executor: int
-    task_cpus: int
-    python_bytes_per_executor: int   # memory the executor's Python workers may use together
-    source: str                      # the settings it was read from (for error messages)
-
-    @property
-    def slots_per_executor(self) -> int:
-        return max(1, self.cores_per_executor // max(1, self.task_cpus))
-
-    @classmethod
-    def from_spark(cls, spark) -> "ClusterMemory":
-        from .partitioning import local_cores, parse_bytes
-
-        conf = lambda k, d=None: spark.conf.get(k, d)  # noqa: E731
-        master = conf("spark.master", "local[*]") or "local[*]"
-        task_cpus = int(conf("spark.task.cpus", "1") or 1)
-        py_mem = conf("spark.executor.pyspark.memory", None)
-        if master.startswith("local") and not master.startswith("local-cluster"):
-            cores = local_cores(master)
-            phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-            if py_mem:
-                return cls(1, cores, task_cpus, parse_bytes(py_mem), "spark.executor.pyspark.memory")
-            return cls(1, cores, task_cpus, phys // 2,
-                       "local mode: half of this machine's memory (set spark.executor.pyspark.memory)")
-        if master.startswith("local-cluster"):
-            n, c, mem = [x.strip() for x in master[master.find("[") + 1:master.find("]")].split(",")]
-            executors, cores = int(n), int(c)
-            executor_mem = parse_bytes(mem + "m")
-        else:
-            executors = _live_executors(spark) or int(conf("spark.executor.instances", "1") or 1)
-            cores = int(conf("spark.executor.cores", "1") or 1)
-            executor_mem = parse_bytes(conf("spark.executor.memory", "1g") or "1g")
-        if py_mem:
-            return cls(executors, cores, task_cpus, parse_bytes(py_mem), "spark.executor.pyspark.memory")
-        overhead = conf("spark.executor.memoryOverhead", None)
-        py_bytes = parse_bytes(overhead) if overhead else max(384 << 20, executor_mem // 10)
-        return cls(executors, cores, task_cpus, py_bytes,
-                   "spark.executor.memoryOverhead (Python workers live outside the JVM heap; set "
-                   "spark.executor.pyspark.memory to give them their own budget)")
-
-
-def _live_executors(spark) -> int:
-    try:
-        return max(0, len(spark.sparkContext._jsc.sc().getExecutorMemoryStatus()) - 1)
-    except Exception:  # Spark Connect: no JVM access from the client
-        return 0
-
-
-@dataclass(frozen=True)
 class ConcurrencyPlan:
     bytes_per_model: int
     models_per_executor: int
@@ -175,13 +134,20 @@ class ConcurrencyPlan:
     cluster: ClusterMemory
 
     def summary(self) -> str:
-        return (f"{self.executors} executor(s) x min({self.slots_per_executor} slots, "
-                f"{self.models_per_executor} models of {self.bytes_per_model / 2**20:.1f} MiB) = "
-                f"{self.concurrency} models at once")
+        return (
+            f"{self.executors} executor(s) x min({self.slots_per_executor} slots, "
+            f"{self.models_per_executor} models of {self.bytes_per_model / 2**20:.1f} MiB) = "
+            f"{self.concurrency} models at once"
+        )
 
 
-def plan_concurrency(spark, bytes_per_model: int, *, max_concurrent: Optional[int] = None,
-                     cluster: Optional[ClusterMemory] = None) -> ConcurrencyPlan:
+def plan_concurrency(
+    spark,
+    bytes_per_model: int,
+    *,
+    max_concurrent: Optional[int] = None,
+    cluster: Optional[ClusterMemory] = None,
+) -> ConcurrencyPlan:
     """How many models of ``bytes_per_model`` run at once; refuses when none fits an executor."""
     c = cluster or ClusterMemory.from_spark(spark)
     per_exec = c.python_bytes_per_executor // max(1, int(bytes_per_model))
@@ -190,11 +156,15 @@ def plan_concurrency(spark, bytes_per_model: int, *, max_concurrent: Optional[in
             f"one model needs about {bytes_per_model / 2**20:.1f} MiB but an executor's Python "
             f"workers have {c.python_bytes_per_executor / 2**20:.1f} MiB ({c.source}). Give them "
             "more memory (spark.executor.pyspark.memory, spark.executor.memoryOverhead), or "
-            "shrink the model (fewer parameters, lower precision, smaller batches).")
+            "shrink the model (fewer parameters, lower precision, smaller batches)."
+        )
     concurrency = c.executors * min(c.slots_per_executor, per_exec)
     if max_concurrent is not None:
         if not isinstance(max_concurrent, (int, np.integer)) or max_concurrent < 1:
-            raise ConfigurationError(f"max_concurrent must be an integer >= 1 or None, got {max_concurrent!r}")
+            raise ConfigurationError(
+                f"max_concurrent must be an integer >= 1 or None, got {max_concurrent!r}"
+            )
         concurrency = min(concurrency, int(max_concurrent))
-    return ConcurrencyPlan(int(bytes_per_model), int(per_exec), c.slots_per_executor, c.executors,
-                           max(1, concurrency), c)
+    return ConcurrencyPlan(
+        int(bytes_per_model), int(per_exec), c.slots_per_executor, c.executors, max(1, concurrency), c
+    )

@@ -1,6 +1,6 @@
 """ParallelSearchCV: scikit-learn's grid / randomized search, every (candidate, fold) fit on Spark.
 
-[driver; :func:`_search_task` runs on executors]
+[driver; the executor side is :mod:`sparkml_dist._search_worker`]
 
 It is scikit-learn's ``BaseSearchCV`` (so ``cv_results_``, ``best_params_``, ``best_score_``,
 ``best_estimator_``, ``predict``, ``score``, multi-metric ``scoring`` and ``refit`` behave as in
@@ -34,19 +34,16 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import logging
-import threading
 import time
-from collections import OrderedDict, defaultdict
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence
+from collections import defaultdict
+from typing import List, Optional, Sequence
 
 import numpy as np
-import pyarrow as pa
 
-from . import collection, launch, plan, serialization
+from . import _spark_env, launch, plan, serialization
+from ._search_worker import Job, SearchSpec, search_task
 from .errors import ConfigurationError
 
 log = logging.getLogger(__name__)
@@ -56,8 +53,11 @@ try:  # scikit-learn's own search machinery: identical results by construction
     from sklearn.metrics._scorer import _MultimetricScorer
     from sklearn.model_selection import ParameterGrid, ParameterSampler, check_cv
     from sklearn.model_selection._search import BaseSearchCV
-    from sklearn.model_selection._validation import (_fit_and_score, _insert_error_scores,
-                                                     _warn_or_raise_about_fit_failures)
+    from sklearn.model_selection._validation import (
+        _fit_and_score,
+        _insert_error_scores,
+        _warn_or_raise_about_fit_failures,
+    )
     from sklearn.utils import indexable
     from sklearn.utils.validation import _check_method_params
 except ImportError as exc:  # pragma: no cover - depends on the installed scikit-learn
@@ -67,72 +67,9 @@ _FIT_AND_SCORE_ARGS = set(inspect.signature(_fit_and_score).parameters)
 _UNITS_PER_SLOT = 4  # partitions per slot when memory does not cap concurrency: Spark balances them
 
 
-# --------------------------------------------------------------------------- executors
-@dataclass(frozen=True)
-class _SearchSpec:
-    key: str            # SHA-256 of payload: the worker-side cache key
-    payload: bytes      # pickled _Job
-    n_units: int
-    n_parts: int
-
-
-@dataclass
-class _Job:
-    estimator: Any
-    X: Any
-    y: Any
-    candidates: List[dict]
-    splits: List[tuple]
-    kwargs: Dict[str, Any]
-
-
-_JOBS: "OrderedDict[str, _Job]" = OrderedDict()
-_JOBS_LOCK = threading.Lock()
-
-
-def _job(spec: _SearchSpec) -> _Job:
-    """The search's data and settings, unpickled once per Python worker (two searches kept)."""
-    with _JOBS_LOCK:
-        job = _JOBS.get(spec.key)
-        if job is None:
-            job = _JOBS[spec.key] = serialization.loads(spec.payload)
-            while len(_JOBS) > 2:
-                _JOBS.popitem(last=False)
-        else:
-            _JOBS.move_to_end(spec.key)
-        return job
-
-
-def _search_task(batches: Iterable[pa.RecordBatch], spec: _SearchSpec) -> Iterator[pa.RecordBatch]:
-    """Run the units of the partitions in ``batches`` (unit u belongs to partition u mod n_parts)."""
-    parts = [p for b in batches for p in b.column(0).to_pylist()]
-    if not parts:
-        return
-    job = _job(spec)
-    n_splits, n_cand = len(job.splits), len(job.candidates)
-    for part in parts:
-        for unit in range(part, spec.n_units, spec.n_parts):
-            cand, split = divmod(unit, n_splits)
-            train, test = job.splits[split]
-            result = _fit_and_score(clone(job.estimator), job.X, job.y, train=train, test=test,
-                                    parameters=job.candidates[cand], split_progress=(split, n_splits),
-                                    candidate_progress=(cand, n_cand), **job.kwargs)
-            yield collection.encode(unit, 0, result)
-
-
 # --------------------------------------------------------------------------- driver
 def _is_spark_df(obj) -> bool:
     return hasattr(obj, "sparkSession") and hasattr(obj, "columns") and hasattr(obj, "schema")
-
-
-def _active_session():
-    from pyspark.sql import SparkSession
-
-    try:
-        return SparkSession.active()
-    except Exception:
-        raise ConfigurationError("ParallelSearchCV runs its fits on Spark: create a SparkSession first "
-                                 "(sparkml_dist.session.get_session or SparkSession.builder)") from None
 
 
 class ParallelSearchCV(BaseSearchCV):
@@ -151,11 +88,32 @@ class ParallelSearchCV(BaseSearchCV):
             None: as many as the cluster's slots and Python memory allow (:mod:`sparkml_dist.plan`).
     """
 
-    def __init__(self, estimator, param_grid=None, *, param_distributions=None, n_iter=10,
-                 scoring=None, refit=True, cv=None, random_state=None, max_concurrent=None,
-                 error_score=np.nan, return_train_score=False, verbose=0):
-        super().__init__(estimator=estimator, scoring=scoring, n_jobs=None, refit=refit, cv=cv,
-                         verbose=verbose, error_score=error_score, return_train_score=return_train_score)
+    def __init__(
+        self,
+        estimator,
+        param_grid=None,
+        *,
+        param_distributions=None,
+        n_iter=10,
+        scoring=None,
+        refit=True,
+        cv=None,
+        random_state=None,
+        max_concurrent=None,
+        error_score=np.nan,
+        return_train_score=False,
+        verbose=0,
+    ):
+        super().__init__(
+            estimator=estimator,
+            scoring=scoring,
+            n_jobs=None,
+            refit=refit,
+            cv=cv,
+            verbose=verbose,
+            error_score=error_score,
+            return_train_score=return_train_score,
+        )
         self.param_grid = param_grid
         self.param_distributions = param_distributions
         self.n_iter = n_iter
@@ -165,14 +123,17 @@ class ParallelSearchCV(BaseSearchCV):
     # ------------------------------------------------------------------ candidates
     def _candidates(self) -> List[dict]:
         if (self.param_grid is None) == (self.param_distributions is None):
-            raise ConfigurationError("give exactly one of param_grid (exhaustive, as GridSearchCV) "
-                                     "or param_distributions (sampled n_iter times, as RandomizedSearchCV)")
+            raise ConfigurationError(
+                "give exactly one of param_grid (exhaustive, as GridSearchCV) "
+                "or param_distributions (sampled n_iter times, as RandomizedSearchCV)"
+            )
         try:
             if self.param_grid is not None:
                 candidates = list(ParameterGrid(self.param_grid))
             else:
-                candidates = list(ParameterSampler(self.param_distributions, self.n_iter,
-                                                   random_state=self.random_state))
+                candidates = list(
+                    ParameterSampler(self.param_distributions, self.n_iter, random_state=self.random_state)
+                )
         except (TypeError, ValueError) as exc:
             which = "param_grid" if self.param_grid is not None else "param_distributions"
             raise ConfigurationError(f"{which}: {exc}") from None
@@ -184,7 +145,8 @@ class ParallelSearchCV(BaseSearchCV):
             if unknown:
                 raise ConfigurationError(
                     f"{type(self.estimator).__name__} has no parameter(s) {unknown}; valid parameters "
-                    f"are {sorted(valid)}. Fix the names in param_grid/param_distributions.")
+                    f"are {sorted(valid)}. Fix the names in param_grid/param_distributions."
+                )
         return candidates
 
     def _run_search(self, evaluate_candidates):  # BaseSearchCV's hook; fit below does the work
@@ -194,21 +156,25 @@ class ParallelSearchCV(BaseSearchCV):
     @staticmethod
     def _from_dataframe(df, featuresCols: Optional[Sequence[str]], labelCol: Optional[str]):
         if not featuresCols:
-            raise ConfigurationError("fit(df, ...) on a Spark DataFrame needs featuresCols=[...] "
-                                     "(and labelCol= for supervised estimators)")
+            raise ConfigurationError(
+                "fit(df, ...) on a Spark DataFrame needs featuresCols=[...] "
+                "(and labelCol= for supervised estimators)"
+            )
         wanted = list(featuresCols) + ([labelCol] if labelCol else [])
         missing = [c for c in wanted if c not in df.columns]
         if missing:
             raise ConfigurationError(f"columns {missing} are not in the DataFrame; it has {df.columns}")
-        from pyspark.sql.types import NumericType, BooleanType
+        from pyspark.sql.types import BooleanType, NumericType
 
         types = {f.name: f.dataType for f in df.schema.fields}
         bad = [c for c in featuresCols if not isinstance(types[c], (NumericType, BooleanType))]
         if bad:
-            raise ConfigurationError(f"feature columns {bad} are not numeric; encode them first "
-                                     "(e.g. pyspark.ml.feature.StringIndexer)")
+            raise ConfigurationError(
+                f"feature columns {bad} are not numeric; encode them first "
+                "(e.g. pyspark.ml.feature.StringIndexer)"
+            )
         spark = df.sparkSession
-        budget = plan.ClusterMemory.from_spark(spark).python_bytes_per_executor
+        budget = _spark_env.ClusterMemory.from_spark(spark).python_bytes_per_executor
         n = df.count()
         need = n * len(wanted) * 8
         if need * 4 > budget:
@@ -216,7 +182,8 @@ class ParallelSearchCV(BaseSearchCV):
                 f"the DataFrame ({n} rows x {len(wanted)} columns, ~{need / 2**20:.0f} MiB) is too "
                 f"large to copy into every task (Python budget {budget / 2**20:.0f} MiB per executor). "
                 "Search on a sample (df.sample(...)), or train one model over all rows with "
-                "sparkml_dist.ensemble.BaggingClassifier / BarrierRunner.")
+                "sparkml_dist.ensemble.BaggingClassifier / BarrierRunner."
+            )
         pdf = df.select(*wanted).toPandas()
         X = pdf[list(featuresCols)]
         y = pdf[labelCol].to_numpy() if labelCol else None
@@ -229,7 +196,7 @@ class ParallelSearchCV(BaseSearchCV):
             spark = X.sparkSession
             X, y = self._from_dataframe(X, featuresCols, labelCol)
         else:
-            spark = _active_session()
+            spark = _spark_env.active_session("ParallelSearchCV (its fits run on Spark)")
         candidates = self._candidates()
         scorers, refit_metric = self._get_scorers()
         X, y = indexable(X, y)
@@ -238,12 +205,16 @@ class ParallelSearchCV(BaseSearchCV):
         n_splits = cv.get_n_splits(X, y, groups)
         splits = list(cv.split(X, y, groups))
         if len(splits) != n_splits:
-            raise ValueError(f"cv.split and cv.get_n_splits return inconsistent results. Expected "
-                             f"{n_splits} splits, got {len(splits)}")
+            raise ValueError(
+                f"cv.split and cv.get_n_splits return inconsistent results. Expected "
+                f"{n_splits} splits, got {len(splits)}"
+            )
         base_estimator = clone(self.estimator)
         if self.verbose > 0:
-            print(f"Fitting {n_splits} folds for each of {len(candidates)} candidates, totalling "
-                  f"{len(candidates) * n_splits} fits")
+            print(
+                f"Fitting {n_splits} folds for each of {len(candidates)} candidates, totalling "
+                f"{len(candidates) * n_splits} fits"
+            )
         out = self._evaluate(spark, base_estimator, X, y, candidates, splits, scorers, fit_params)
         _warn_or_raise_about_fit_failures(out, self.error_score)
         if callable(self.scoring):
@@ -276,32 +247,50 @@ class ParallelSearchCV(BaseSearchCV):
 
     def _evaluate(self, spark, base_estimator, X, y, candidates, splits, scorers, fit_params) -> List[dict]:
         """``_fit_and_score`` of every (candidate, fold) on Spark, in scikit-learn's order."""
-        kwargs = dict(scorer=scorers, verbose=self.verbose, fit_params=fit_params, score_params={},
-                      return_train_score=self.return_train_score, return_n_test_samples=True,
-                      return_times=True, return_parameters=False, error_score=self.error_score)
+        kwargs = dict(
+            scorer=scorers,
+            verbose=self.verbose,
+            fit_params=fit_params,
+            score_params={},
+            return_train_score=self.return_train_score,
+            return_n_test_samples=True,
+            return_times=True,
+            return_parameters=False,
+            error_score=self.error_score,
+        )
         kwargs = {k: v for k, v in kwargs.items() if k in _FIT_AND_SCORE_ARGS}
-        job = _Job(base_estimator, X, y, candidates, [(np.asarray(tr), np.asarray(te)) for tr, te in splits],
-                   kwargs)
+        job = Job(
+            base_estimator, X, y, candidates, [(np.asarray(tr), np.asarray(te)) for tr, te in splits], kwargs
+        )
         try:
             payload = serialization.dumps(job)
         except Exception as exc:
-            raise ConfigurationError(f"the estimator, data or scoring cannot be sent to the executors "
-                                     f"({type(exc).__name__}: {exc}); define custom classes and "
-                                     "functions in an importable module") from None
+            raise ConfigurationError(
+                f"the estimator, data or scoring cannot be sent to the executors "
+                f"({type(exc).__name__}: {exc}); define custom classes and "
+                "functions in an importable module"
+            ) from None
         n_units = len(candidates) * len(splits)
         p, n_parts = self._tasks(spark, base_estimator, X, y, len(payload), n_units)
-        spec = _SearchSpec(hashlib.sha256(payload).hexdigest(), payload, n_units, n_parts)
+        spec = SearchSpec(serialization.digest(payload), payload, n_units, n_parts)
         log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, p.summary())
         df = spark.range(0, n_parts, 1, n_parts)
-        results = launch.run_on_groups(df, _search_task, spec, expected_groups=range(n_units),
-                                       description="sparkml_dist-search", what="fit")
+        results = launch.run_on_groups(
+            df,
+            search_task,
+            spec,
+            expected_groups=range(n_units),
+            description="sparkml_dist-search",
+            what="fit",
+        )
         return [results[(u, 0)] for u in range(n_units)]
 
     def _tasks(self, spark, estimator, X, y, payload_bytes: int, n_units: int):
         """(plan, tasks): fits at once are capped by slots, Python memory (data + a fold copy + the
         model) and max_concurrent; when only slots cap them, 4 tasks per slot let Spark balance."""
-        p = plan.plan_concurrency(spark, 2 * payload_bytes + _model_estimate(estimator, X, y),
-                                  max_concurrent=self.max_concurrent)
+        p = plan.plan_concurrency(
+            spark, 2 * payload_bytes + _model_estimate(estimator, X, y), max_concurrent=self.max_concurrent
+        )
         capped = self.max_concurrent is not None or p.models_per_executor < p.slots_per_executor
         return p, min(n_units, p.concurrency * (1 if capped else _UNITS_PER_SLOT))
 

@@ -14,10 +14,13 @@ environment variable ``SPARKML_DIST_TRUSTED_MODULES``, comma separated) for your
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import pickle
-from typing import Any, Iterable
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Iterable, Optional
 
 from .errors import CollectionError
 
@@ -27,21 +30,89 @@ except ImportError:  # pragma: no cover - depends on the environment
     from pyspark import cloudpickle as _cloudpickle  # type: ignore
 
 DEFAULT_TRUSTED_MODULES = (
-    "sklearn", "numpy", "scipy", "xgboost", "lightgbm", "catboost", "pandas", "pyarrow",
-    "sparkml_dist", "collections", "copyreg", "_codecs", "datetime", "decimal", "fractions",
-    "functools", "joblib", "threadpoolctl", "torch", "__main__",
+    "sklearn",
+    "numpy",
+    "scipy",
+    "xgboost",
+    "lightgbm",
+    "catboost",
+    "pandas",
+    "pyarrow",
+    "sparkml_dist",
+    "collections",
+    "copyreg",
+    "_codecs",
+    "datetime",
+    "decimal",
+    "fractions",
+    "functools",
+    "joblib",
+    "threadpoolctl",
+    "torch",
+    "__main__",
 )
-_SAFE_BUILTINS = frozenset({
-    "set", "frozenset", "dict", "list", "tuple", "slice", "complex", "bytearray", "bytes", "range",
-    "object", "int", "float", "bool", "str", "type", "NotImplemented", "Ellipsis",
-})
+_SAFE_BUILTINS = frozenset(
+    {
+        "set",
+        "frozenset",
+        "dict",
+        "list",
+        "tuple",
+        "slice",
+        "complex",
+        "bytearray",
+        "bytes",
+        "range",
+        "object",
+        "int",
+        "float",
+        "bool",
+        "str",
+        "type",
+        "NotImplemented",
+        "Ellipsis",
+    }
+)
 # names that run code or touch the file system, refused whatever their module
-_FORBIDDEN_NAMES = frozenset({
-    "eval", "exec", "compile", "system", "popen", "spawn", "execv", "execve", "run", "call",
-    "check_call", "check_output", "Popen", "runstring", "load", "loads", "open", "__import__",
-    "getattr", "setattr", "delattr", "import_module", "apply", "partial", "reduce", "remove",
-    "rmtree", "unlink", "save", "savez", "fromfile", "memmap", "tofile", "loadtxt", "genfromtxt",
-})
+_FORBIDDEN_NAMES = frozenset(
+    {
+        "eval",
+        "exec",
+        "compile",
+        "system",
+        "popen",
+        "spawn",
+        "execv",
+        "execve",
+        "run",
+        "call",
+        "check_call",
+        "check_output",
+        "Popen",
+        "runstring",
+        "load",
+        "loads",
+        "open",
+        "__import__",
+        "getattr",
+        "setattr",
+        "delattr",
+        "import_module",
+        "apply",
+        "partial",
+        "reduce",
+        "remove",
+        "rmtree",
+        "unlink",
+        "save",
+        "savez",
+        "fromfile",
+        "memmap",
+        "tofile",
+        "loadtxt",
+        "genfromtxt",
+    }
+)
 _FORBIDDEN_MODULE_PARTS = ("testing", "distutils", "f2py", "os", "subprocess", "sys", "ctypes")
 
 
@@ -53,6 +124,35 @@ def dumps(obj: Any) -> bytes:
 def loads(data: bytes) -> Any:
     """Load bytes produced by :func:`dumps` in this run (trusted channel only)."""
     return pickle.loads(data)
+
+
+def digest(data: bytes) -> str:
+    """The key :func:`cached_loads` files ``data`` under (SHA-256, hex)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+_CACHE: "OrderedDict[str, Any]" = OrderedDict()
+_CACHE_LOCK = threading.Lock()
+CACHE_ENTRIES = 4
+
+
+def cached_loads(data: bytes, key: Optional[str] = None, then: Optional[Callable[[Any], Any]] = None) -> Any:
+    """:func:`loads` once per process for the same bytes: what executors use for what every batch
+    or unit of a job needs (members of an ensemble, a search's data).  ``then`` is applied once to
+    the loaded object; ``key`` (default :func:`digest` of ``data``) names the entry.  The last
+    :data:`CACHE_ENTRIES` entries are kept."""
+    key = key or digest(data)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    value = loads(data)
+    value = then(value) if then is not None else value
+    with _CACHE_LOCK:
+        _CACHE[key] = value
+        while len(_CACHE) > CACHE_ENTRIES:
+            _CACHE.popitem(last=False)
+    return value
 
 
 class _AllowlistUnpickler(pickle.Unpickler):

@@ -30,8 +30,13 @@ def load_conf(path: Optional[str]) -> dict:
     return {str(k): str(v) for k, v in data.items()}
 
 
-def get_session(master: Optional[str] = None, *, conf: Optional[Mapping[str, str]] = None,
-                conf_file: Optional[str] = None, app_name: str = "sparkml_dist"):
+def get_session(
+    master: Optional[str] = None,
+    *,
+    conf: Optional[Mapping[str, str]] = None,
+    conf_file: Optional[str] = None,
+    app_name: str = "sparkml_dist",
+):
     """Get or create a SparkSession.
 
     ``master``: ``local[N]``, ``local-cluster[N,C,M]``, a cluster URL, ``connect:<master>`` for a
@@ -45,7 +50,7 @@ def get_session(master: Optional[str] = None, *, conf: Optional[Mapping[str, str
     settings = {**load_conf(conf_file), **(conf or {})}
     builder = SparkSession.builder.appName(app_name)
     if master and master.startswith("connect:"):
-        builder = builder.remote(master[len("connect:"):])
+        builder = builder.remote(master[len("connect:") :])
     elif master and master.startswith("sc://"):
         builder = builder.remote(master)
     elif master:

@@ -5,9 +5,15 @@ See :class:`BaggingClassifier` and :class:`BaggingRegressor` (bagging ensembles)
 """
 
 from .aggregation import Member
-from .estimator import (BaggingClassificationModel, BaggingClassifier, BaggingRegressionModel,
-                        BaggingRegressor)
+from .estimator import BaggingClassificationModel, BaggingClassifier, BaggingRegressionModel, BaggingRegressor
 from .grouped import GroupedModel, GroupedTrainer
 
-__all__ = ["BaggingClassifier", "BaggingClassificationModel", "BaggingRegressor",
-           "BaggingRegressionModel", "Member", "GroupedTrainer", "GroupedModel"]
+__all__ = [
+    "BaggingClassifier",
+    "BaggingClassificationModel",
+    "BaggingRegressor",
+    "BaggingRegressionModel",
+    "Member",
+    "GroupedTrainer",
+    "GroupedModel",
+]

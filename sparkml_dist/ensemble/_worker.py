@@ -5,9 +5,6 @@ Module-level functions taking ``(batches, spec)``; nothing here touches a SparkS
 
 from __future__ import annotations
 
-import hashlib
-import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional, Tuple
 
@@ -16,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import collection, serialization
-from ..partitioning import GROUP_COL, KEY_COL, order_rows
+from ..group_rows import GROUP_COL, KEY_COL, order_rows
 from .aggregation import Member, mean_prediction, probabilities, vote
 
 FEATURES = "__sd_features"
@@ -51,8 +48,10 @@ def features_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str
     lengths = pc.list_value_length(arr)
     lo, hi = pc.min_max(lengths).values()
     if lo.as_py() != hi.as_py() or (n_features is not None and width != n_features):
-        raise ValueError(f"{what}: rows have {lo.as_py()}..{hi.as_py()} values; expected "
-                         f"{n_features if n_features is not None else 'the same number'} in every row")
+        raise ValueError(
+            f"{what}: rows have {lo.as_py()}..{hi.as_py()} values; expected "
+            f"{n_features if n_features is not None else 'the same number'} in every row"
+        )
     return values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False).reshape(n, width)
 
 
@@ -112,35 +111,14 @@ def fit_groups(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.
         try:
             member = _fit_member(spec, g, part)
         except Exception as exc:  # one failed member is reported with its group, not retried
-            yield collection.encode_error(g, f"fitting the model for group {g} failed: "
-                                             f"{type(exc).__name__}: {exc}")
+            yield collection.encode_error(
+                g, f"fitting the model for group {g} failed: {type(exc).__name__}: {exc}"
+            )
             continue
         yield collection.encode(g, 0, member)
 
 
 # --------------------------------------------------------------------------- prediction
-_CACHE: "OrderedDict[str, list]" = OrderedDict()
-_CACHE_LOCK = threading.Lock()
-
-
-def members_from_blob(blob: bytes, digest: str) -> list:
-    """Unpickle the members once per Python worker (an LRU of a few ensembles), not per batch."""
-    with _CACHE_LOCK:
-        if digest in _CACHE:
-            _CACHE.move_to_end(digest)
-            return _CACHE[digest]
-    members = serialization.loads(blob)
-    with _CACHE_LOCK:
-        _CACHE[digest] = members
-        while len(_CACHE) > 4:
-            _CACHE.popitem(last=False)
-    return members
-
-
-def blob_digest(blob: bytes) -> str:
-    return hashlib.sha256(blob).hexdigest()
-
-
 @dataclass(frozen=True)
 class PredictSpec:
     blob: bytes
@@ -155,7 +133,7 @@ class PredictSpec:
 
 def predict_arrow(features: pa.Array, spec: PredictSpec) -> pa.Array:
     """Arrow UDF body: features in, a struct of prediction (+ probability and raw scores) out."""
-    members = members_from_blob(spec.blob, spec.digest)
+    members = serialization.cached_loads(spec.blob, spec.digest)  # once per Python worker
     X = features_to_numpy(features, spec.n_features, what=f"column {spec.features_col!r}")
     if not spec.is_classifier:
         return pa.StructArray.from_arrays([pa.array(mean_prediction(members, X))], names=["prediction"])
@@ -167,5 +145,6 @@ def predict_arrow(features: pa.Array, spec: PredictSpec) -> pa.Array:
     def lists(m: np.ndarray) -> pa.Array:
         return pa.FixedSizeListArray.from_arrays(pa.array(m.reshape(-1)), c).cast(pa.list_(pa.float64()))
 
-    return pa.StructArray.from_arrays([pa.array(pred, pa.float64()), lists(prob), lists(raw)],
-                                      names=["prediction", "probability", "raw"])
+    return pa.StructArray.from_arrays(
+        [pa.array(pred, pa.float64()), lists(prob), lists(raw)], names=["prediction", "probability", "raw"]
+    )

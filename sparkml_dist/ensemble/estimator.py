@@ -28,17 +28,21 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.sql import functions as F
 
-from .. import launch, partitioning, serialization
+from .. import _spark_env, launch, partitioning, serialization
 from ..errors import ConfigurationError
 from . import _worker, validation
 from .aggregation import Member, mean_prediction, probabilities, vote
 from .params import _ClassifierParams, _RegressorParams
-from .persistence import BaggingReadWrite
+from .persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
 
-_NAMES = {"num_groups": "numModels", "sampling": "sampling", "sample_ratio": "sampleRatio",
-          "feature_ratio": "featureRatio"}
+_NAMES = {
+    "num_groups": "numModels",
+    "sampling": "sampling",
+    "sample_ratio": "sampleRatio",
+    "feature_ratio": "featureRatio",
+}
 
 
 def _default_estimator(is_classifier: bool):
@@ -47,7 +51,7 @@ def _default_estimator(is_classifier: bool):
     return DecisionTreeClassifier() if is_classifier else DecisionTreeRegressor()
 
 
-class _BaggingEstimator(Estimator, BaggingReadWrite):
+class _BaggingEstimator(Estimator, StageReadWrite):
     _is_classifier = False
 
     def _resolved_estimator(self):
@@ -56,42 +60,56 @@ class _BaggingEstimator(Estimator, BaggingReadWrite):
 
     def _split_spec(self) -> partitioning.SplitSpec:
         return partitioning.SplitSpec(
-            num_groups=self.getNumModels(), sampling=self.getSampling(),
-            sample_ratio=self.getSampleRatio(), feature_ratio=self.getFeatureRatio(),
-            seed=int(self.getSeed()), names=_NAMES)
+            num_groups=self.getNumModels(),
+            sampling=self.getSampling(),
+            sample_ratio=self.getSampleRatio(),
+            feature_ratio=self.getFeatureRatio(),
+            seed=int(self.getSeed()),
+            names=_NAMES,
+        )
 
     def _check_estimator(self, est, has_weight: bool) -> bytes:
         for method in ("fit", "predict"):
             if not callable(getattr(est, method, None)):
-                raise ConfigurationError(f"estimator={est!r} has no {method}() method; pass a "
-                                         "scikit-learn-API estimator such as DecisionTreeClassifier().")
+                raise ConfigurationError(
+                    f"estimator={est!r} has no {method}() method; pass a "
+                    "scikit-learn-API estimator such as DecisionTreeClassifier()."
+                )
         try:
             from sklearn.base import is_classifier, is_regressor
 
             if self._is_classifier and is_regressor(est):
-                raise ConfigurationError(f"estimator={est!r} is a regressor; BaggingClassifier needs a "
-                                         "classifier (or use BaggingRegressor).")
+                raise ConfigurationError(
+                    f"estimator={est!r} is a regressor; BaggingClassifier needs a "
+                    "classifier (or use BaggingRegressor)."
+                )
             if not self._is_classifier and is_classifier(est):
-                raise ConfigurationError(f"estimator={est!r} is a classifier; BaggingRegressor needs a "
-                                         "regressor (or use BaggingClassifier).")
+                raise ConfigurationError(
+                    f"estimator={est!r} is a classifier; BaggingRegressor needs a "
+                    "regressor (or use BaggingClassifier)."
+                )
         except ImportError:  # pragma: no cover - scikit-learn is a dependency
             pass
         if self._is_classifier and self.getVoting() not in ("soft", "hard"):
             raise ConfigurationError(f"voting must be 'soft' or 'hard', got {self.getVoting()!r}")
         if self._is_classifier and self.getVoting() == "soft" and not hasattr(est, "predict_proba"):
-            raise ConfigurationError(f"voting='soft' needs predict_proba(), which estimator={est!r} "
-                                     "lacks; set voting='hard'.")
+            raise ConfigurationError(
+                f"voting='soft' needs predict_proba(), which estimator={est!r} lacks; set voting='hard'."
+            )
         if has_weight:
             import inspect
 
             if "sample_weight" not in inspect.signature(est.fit).parameters:
-                raise ConfigurationError(f"weightCol={self.getWeightCol()!r} is set but estimator="
-                                         f"{est!r}.fit() takes no sample_weight; unset weightCol.")
+                raise ConfigurationError(
+                    f"weightCol={self.getWeightCol()!r} is set but estimator="
+                    f"{est!r}.fit() takes no sample_weight; unset weightCol."
+                )
         try:
             return serialization.dumps(est)
         except Exception as exc:
-            raise ConfigurationError(f"estimator={est!r} cannot be pickled to send to executors: "
-                                     f"{type(exc).__name__}: {exc}") from exc
+            raise ConfigurationError(
+                f"estimator={est!r} cannot be pickled to send to executors: {type(exc).__name__}: {exc}"
+            ) from exc
 
     def _fit(self, dataset):
         spec = self._split_spec()
@@ -99,8 +117,10 @@ class _BaggingEstimator(Estimator, BaggingReadWrite):
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
         blob = self._check_estimator(est, bool(weight_col))
         feats_col, feats_cols = self.getFeaturesCol(), self.getFeaturesCols()
-        cols = [validation.features_column(dataset, feats_col, feats_cols).alias(_worker.FEATURES),
-                validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(_worker.LABEL)]
+        cols = [
+            validation.features_column(dataset, feats_col, feats_cols).alias(_worker.FEATURES),
+            validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(_worker.LABEL),
+        ]
         if weight_col:
             cols.append(validation.numeric_column(dataset, weight_col, "weightCol").alias(_worker.WEIGHT))
         prepared = dataset.select(*cols)
@@ -110,40 +130,63 @@ class _BaggingEstimator(Estimator, BaggingReadWrite):
         spark = launch.session_of(dataset)
         with launch.job_scope(spark, "sparkml_dist: sizing groups"):
             stats = partitioning.group_stats(
-                grouped, spec.num_groups, validation.data_aggregates(self._is_classifier, bool(weight_col)))
+                grouped, spec.num_groups, validation.data_aggregates(self._is_classifier, bool(weight_col))
+            )
         if not stats.rows and dataset.isEmpty():
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
         info = validation.check_data(
-            stats, dataset, features_col=feats_col, features_cols=feats_cols,
-            label_col=self.getLabelCol(), weight_col=weight_col,
-            allow_nan=validation.estimator_allows_nan(est), is_classifier=self._is_classifier,
-            counts_copies=spec.sampling != "disjoint")
+            stats,
+            dataset,
+            features_col=feats_col,
+            features_cols=feats_cols,
+            label_col=self.getLabelCol(),
+            weight_col=weight_col,
+            allow_nan=validation.estimator_allows_nan(est),
+            is_classifier=self._is_classifier,
+            counts_copies=spec.sampling != "disjoint",
+        )
         n_features = info["n_features"]
         subsets = partitioning.feature_subsets(n_features, spec)
         widest = max(len(s) for s in subsets)
-        partitioning.check_groups(stats, spec, bytes_per_row=8.0 * (widest + 4) * 4,
-                                  budget_bytes=partitioning.task_memory_budget(spark))
+        partitioning.check_groups(
+            stats,
+            spec,
+            bytes_per_row=8.0 * (widest + 4) * 4,
+            budget_bytes=_spark_env.task_memory_budget(spark),
+        )
         log.info("%s: %s", type(self).__name__, stats.summary())
 
         fit_spec = _worker.FitSpec(
-            estimator_blob=blob, is_classifier=self._is_classifier,
-            classes=info["classes"] or (), feature_subsets=tuple(tuple(int(i) for i in s) for s in subsets),
-            seeds=tuple(partitioning.group_seeds(spec)), n_features=n_features,
-            has_weight=bool(weight_col))
-        results = launch.run_on_groups(grouped, _worker.fit_groups, fit_spec,
-                                       expected_groups=range(spec.num_groups),
-                                       description=f"sparkml_dist: fitting {spec.num_groups} models")
+            estimator_blob=blob,
+            is_classifier=self._is_classifier,
+            classes=info["classes"] or (),
+            feature_subsets=tuple(tuple(int(i) for i in s) for s in subsets),
+            seeds=tuple(partitioning.group_seeds(spec)),
+            n_features=n_features,
+            has_weight=bool(weight_col),
+        )
+        results = launch.run_on_groups(
+            grouped,
+            _worker.fit_groups,
+            fit_spec,
+            expected_groups=range(spec.num_groups),
+            description=f"sparkml_dist: fitting {spec.num_groups} models",
+        )
         members = [results[(g, 0)] for g in range(spec.num_groups)]
         model = self._model_class()(members=members, n_features=n_features, classes=info["classes"])
         model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
         return self._copyValues(model)
 
 
-class _BaggingModel(Model, BaggingReadWrite):
+class _BaggingModel(Model, StageReadWrite):
     _is_classifier = False
 
-    def __init__(self, members: Optional[List[Member]] = None, n_features: int = 0,
-                 classes: Optional[Sequence[float]] = None):
+    def __init__(
+        self,
+        members: Optional[List[Member]] = None,
+        n_features: int = 0,
+        classes: Optional[Sequence[float]] = None,
+    ):
         super().__init__()
         self._members = list(members or [])
         self._n_features = int(n_features)
@@ -177,10 +220,15 @@ class _BaggingModel(Model, BaggingReadWrite):
     def _predict_spec(self) -> _worker.PredictSpec:
         blob = serialization.dumps(self._members)
         return _worker.PredictSpec(
-            blob=blob, digest=_worker.blob_digest(blob), is_classifier=self._is_classifier,
-            n_classes=len(self._classes or ()), classes=self._classes or (),
-            voting=self.getVoting() if self._is_classifier else "", n_features=self._n_features,
-            features_col=self.getFeaturesCol())
+            blob=blob,
+            digest=serialization.digest(blob),
+            is_classifier=self._is_classifier,
+            n_classes=len(self._classes or ()),
+            classes=self._classes or (),
+            voting=self.getVoting() if self._is_classifier else "",
+            n_features=self._n_features,
+            features_col=self.getFeaturesCol(),
+        )
 
     # ------------------------------------------------------------------ Spark transform
     def _transform(self, dataset):
@@ -223,12 +271,24 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
     _is_classifier = True
 
     @keyword_only
-    def __init__(self, *, estimator: Any = None, numModels: int = 10, sampling: str = "disjoint",
-                 sampleRatio: float = 1.0, featureRatio: float = 1.0, seed: int = 42,
-                 featuresCol: str = "features", featuresCols: Optional[List[str]] = None,
-                 labelCol: str = "label", weightCol: Optional[str] = None,
-                 predictionCol: str = "prediction", probabilityCol: str = "probability",
-                 rawPredictionCol: str = "rawPrediction", voting: str = "soft"):
+    def __init__(
+        self,
+        *,
+        estimator: Any = None,
+        numModels: int = 10,
+        sampling: str = "disjoint",
+        sampleRatio: float = 1.0,
+        featureRatio: float = 1.0,
+        seed: int = 42,
+        featuresCol: str = "features",
+        featuresCols: Optional[List[str]] = None,
+        labelCol: str = "label",
+        weightCol: Optional[str] = None,
+        predictionCol: str = "prediction",
+        probabilityCol: str = "probability",
+        rawPredictionCol: str = "rawPrediction",
+        voting: str = "soft",
+    ):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -249,11 +309,21 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
     """
 
     @keyword_only
-    def __init__(self, *, estimator: Any = None, numModels: int = 10, sampling: str = "disjoint",
-                 sampleRatio: float = 1.0, featureRatio: float = 1.0, seed: int = 42,
-                 featuresCol: str = "features", featuresCols: Optional[List[str]] = None,
-                 labelCol: str = "label", weightCol: Optional[str] = None,
-                 predictionCol: str = "prediction"):
+    def __init__(
+        self,
+        *,
+        estimator: Any = None,
+        numModels: int = 10,
+        sampling: str = "disjoint",
+        sampleRatio: float = 1.0,
+        featureRatio: float = 1.0,
+        seed: int = 42,
+        featuresCol: str = "features",
+        featuresCols: Optional[List[str]] = None,
+        labelCol: str = "label",
+        weightCol: Optional[str] = None,
+        predictionCol: str = "prediction",
+    ):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -298,5 +368,3 @@ class BaggingRegressionModel(_BaggingModel, _RegressorParams):
     def predict(self, X) -> np.ndarray:
         """Mean of the members' predictions for a local numpy array / pandas DataFrame."""
         return mean_prediction(self._members, self._local_X(X))
-
-

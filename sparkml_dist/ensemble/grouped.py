@@ -1,5 +1,5 @@
-"""Many models: one scikit-learn-API model per distinct key of a column.  [driver; _fit_keys and
-_predict_keys run on executors]
+"""Many models: one scikit-learn-API model per distinct key of a column.  [driver; the executor side is
+:mod:`sparkml_dist.ensemble._grouped_worker`]
 
 ``GroupedTrainer(estimator, groupCol, featuresCols, labelCol).fit(df)`` trains one clone of
 ``estimator`` per distinct value of ``groupCol`` (a store, a customer segment, a sensor):
@@ -30,157 +30,76 @@ Example::
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import threading
-from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
+from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol
-from pyspark import keyword_only
 
-from .. import collection, launch, partitioning, plan, serialization
+from .. import launch, partitioning, plan, serialization
 from ..errors import ConfigurationError
 from . import validation
-from ._worker import features_to_numpy
+from ._grouped_worker import (
+    FEATURES,
+    LABEL,
+    FitSpec,
+    KeyModel,
+    PredictSpec,
+    fit_keys,
+    predict_batch,
+    predict_keys,
+)
 from .params import HasEstimatorAndFeatures
-from .persistence import BaggingReadWrite
+from .persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
 
-FEATURES, LABEL = "__sd_features", "__sd_label"
 SMALL_GROUP_POLICIES = ("error", "skip")
 UNSEEN_POLICIES = ("error", "null")
 
 
-@dataclass(frozen=True)
-class KeyModel:
-    """The model fitted for one key (``group`` is the key's index in the trained model)."""
-
-    group: int
-    key: Any
-    model: Any
-    rows: int
-
-
-# --------------------------------------------------------------------------- executors
-@dataclass(frozen=True)
-class _FitSpec:
-    estimator_blob: bytes
-    keys: Tuple[Any, ...]
-
-
-def _fit_keys(batches: Iterable[pa.RecordBatch], spec: _FitSpec) -> Iterator[pa.RecordBatch]:
-    """Fit one clone per group; rows arrive sorted by group, so one group is held at a time."""
-    pending: List[pa.RecordBatch] = []
-    current: Optional[int] = None
-
-    def fit(group: int, parts: List[pa.RecordBatch]):
-        table = pa.Table.from_batches(parts)
-        X = features_to_numpy(table.column(FEATURES), what=f"group {spec.keys[group]!r}: features")
-        y = table.column(LABEL).to_numpy(zero_copy_only=False)
-        model = serialization.loads(spec.estimator_blob)
-        try:
-            model.fit(X, y)
-        except Exception as exc:
-            return collection.encode_error(group, f"the model of key {spec.keys[group]!r} ({len(y)} rows) "
-                                                  f"failed to fit: {type(exc).__name__}: {exc}")
-        return collection.encode(group, 0, KeyModel(group, spec.keys[group], model, len(y)))
-
-    for batch in batches:
-        groups = batch.column(partitioning.GROUP_COL).to_numpy()
-        if not len(groups):
-            continue
-        cuts = np.flatnonzero(np.diff(groups)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(groups)]):
-            g = int(groups[lo])
-            if current is not None and g != current:
-                yield fit(current, pending)
-                pending = []
-            current = g
-            pending.append(batch.slice(lo, hi - lo))
-    if current is not None:
-        yield fit(current, pending)
-
-
-@dataclass(frozen=True)
-class _PredictSpec:
-    key_col: str
-    prediction_col: str
-    prediction_type: str              # "double" or "string"
-    models_key: str
-    models_blob: bytes                # pickled (keys, models)
-    unseen: str
-
-
-_MODELS: "OrderedDict[str, tuple]" = OrderedDict()
-_MODELS_LOCK = threading.Lock()
-
-
-def _models(spec: _PredictSpec):
-    with _MODELS_LOCK:
-        hit = _MODELS.get(spec.models_key)
-        if hit is None:
-            keys, models = serialization.loads(spec.models_blob)
-            hit = _MODELS[spec.models_key] = (pa.array(keys), models)
-            while len(_MODELS) > 4:
-                _MODELS.popitem(last=False)
-        return hit
-
-
-def predict_batch(key_array: pa.Array, features: np.ndarray, keys: pa.Array, models: List[Any],
-                  unseen: str, out_type: pa.DataType) -> pa.Array:
-    """Predictions for one batch: each row from its key's model (null where the key has none)."""
-    value_set = keys if keys.type == key_array.type else keys.cast(key_array.type)
-    idx = pc.fill_null(pc.index_in(key_array, value_set=value_set), -1).to_numpy(zero_copy_only=False)
-    unknown = idx < 0
-    if unseen == "error" and unknown.any():
-        missing = pc.unique(pc.filter(key_array, pa.array(unknown))).to_pylist()
-        raise ValueError(f"keys {missing[:10]} were not seen in training (no model); filter them out, "
-                         "or set unseenKey='null' to predict null for them")
-    is_string = pa.types.is_string(out_type)
-    out = np.empty(len(idx), dtype=object) if is_string else np.full(len(idx), np.nan)
-    for g in np.unique(idx[~unknown]):
-        rows = np.flatnonzero(idx == g)
-        preds = np.asarray(models[g].predict(features[rows]))
-        out[rows] = preds.astype(str) if is_string else preds
-    return pa.array(out, type=out_type, mask=unknown)
-
-
-def _predict_keys(batches: Iterable[pa.RecordBatch], spec: _PredictSpec) -> Iterator[pa.RecordBatch]:
-    keys, models = _models(spec)
-    out_type = pa.string() if spec.prediction_type == "string" else pa.float64()
-    for batch in batches:
-        features = features_to_numpy(batch.column(FEATURES), what="features")
-        preds = predict_batch(batch.column(spec.key_col), features, keys, models, spec.unseen, out_type)
-        kept = [i for i, name in enumerate(batch.schema.names) if name != FEATURES]
-        yield pa.RecordBatch.from_arrays([batch.column(i) for i in kept] + [preds],
-                                         names=[batch.schema.names[i] for i in kept] + [spec.prediction_col])
-
-
 # --------------------------------------------------------------------------- driver
 class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
-    groupCol = Param(Params._dummy(), "groupCol", "column whose distinct values get one model each",
-                     typeConverter=TypeConverters.toString)
-    minRows = Param(Params._dummy(), "minRows", "fewest rows a key needs to get a model (>= 1)",
-                    typeConverter=TypeConverters.toInt)
-    onSmallGroups = Param(Params._dummy(), "onSmallGroups",
-                          "keys with fewer than minRows rows: error (default) | skip (reported in skippedGroups)",
-                          typeConverter=TypeConverters.toString)
-    unseenKey = Param(Params._dummy(), "unseenKey",
-                      "transform of a key without a model: error (default) | null",
-                      typeConverter=TypeConverters.toString)
+    groupCol = Param(
+        Params._dummy(),
+        "groupCol",
+        "column whose distinct values get one model each",
+        typeConverter=TypeConverters.toString,
+    )
+    minRows = Param(
+        Params._dummy(),
+        "minRows",
+        "fewest rows a key needs to get a model (>= 1)",
+        typeConverter=TypeConverters.toInt,
+    )
+    onSmallGroups = Param(
+        Params._dummy(),
+        "onSmallGroups",
+        "keys with fewer than minRows rows: error (default) | skip (reported in skippedGroups)",
+        typeConverter=TypeConverters.toString,
+    )
+    unseenKey = Param(
+        Params._dummy(),
+        "unseenKey",
+        "transform of a key without a model: error (default) | null",
+        typeConverter=TypeConverters.toString,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
-        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
-                         featuresCols=[], minRows=1, onSmallGroups="error", unseenKey="error")
+        self._setDefault(
+            featuresCol="features",
+            labelCol="label",
+            predictionCol="prediction",
+            featuresCols=[],
+            minRows=1,
+            onSmallGroups="error",
+            unseenKey="error",
+        )
 
     def getGroupCol(self) -> str:
         return self.getOrDefault(self.groupCol)
@@ -198,23 +117,38 @@ class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
         if not self.isDefined(self.groupCol) or not self.getGroupCol():
             raise ConfigurationError("groupCol is not set: name the column whose values get one model each")
         if self.getGroupCol() not in df.columns:
-            raise ConfigurationError(f"groupCol={self.getGroupCol()!r} is not a column; the DataFrame has {df.columns}")
+            raise ConfigurationError(
+                f"groupCol={self.getGroupCol()!r} is not a column; the DataFrame has {df.columns}"
+            )
         if self.getMinRows() < 1:
             raise ConfigurationError(f"minRows must be >= 1, got {self.getMinRows()}")
         if self.getOnSmallGroups() not in SMALL_GROUP_POLICIES:
-            raise ConfigurationError(f"onSmallGroups must be one of {SMALL_GROUP_POLICIES}, got {self.getOnSmallGroups()!r}")
+            raise ConfigurationError(
+                f"onSmallGroups must be one of {SMALL_GROUP_POLICIES}, got {self.getOnSmallGroups()!r}"
+            )
         if self.getUnseenKey() not in UNSEEN_POLICIES:
-            raise ConfigurationError(f"unseenKey must be one of {UNSEEN_POLICIES}, got {self.getUnseenKey()!r}")
+            raise ConfigurationError(
+                f"unseenKey must be one of {UNSEEN_POLICIES}, got {self.getUnseenKey()!r}"
+            )
 
 
-class GroupedTrainer(Estimator, _GroupedParams, BaggingReadWrite):
+class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
     """One clone of ``estimator`` per distinct value of ``groupCol`` (see the module docstring)."""
 
     @keyword_only
-    def __init__(self, *, estimator: Any = None, groupCol: Optional[str] = None,
-                 featuresCols: Optional[List[str]] = None, featuresCol: str = "features",
-                 labelCol: str = "label", predictionCol: str = "prediction", minRows: int = 1,
-                 onSmallGroups: str = "error", unseenKey: str = "error"):
+    def __init__(
+        self,
+        *,
+        estimator: Any = None,
+        groupCol: Optional[str] = None,
+        featuresCols: Optional[List[str]] = None,
+        featuresCol: str = "features",
+        labelCol: str = "label",
+        predictionCol: str = "prediction",
+        minRows: int = 1,
+        onSmallGroups: str = "error",
+        unseenKey: str = "error",
+    ):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -225,8 +159,10 @@ class GroupedTrainer(Estimator, _GroupedParams, BaggingReadWrite):
     def _estimator_blob(self) -> bytes:
         est = self.getEstimator()
         if est is None or not hasattr(est, "fit") or not hasattr(est, "predict"):
-            raise ConfigurationError("estimator must be a scikit-learn-API estimator with fit and predict, "
-                                     f"got {type(est).__name__}")
+            raise ConfigurationError(
+                "estimator must be a scikit-learn-API estimator with fit and predict, "
+                f"got {type(est).__name__}"
+            )
         try:
             from sklearn.base import clone
 
@@ -238,80 +174,129 @@ class GroupedTrainer(Estimator, _GroupedParams, BaggingReadWrite):
         except Exception as exc:
             raise ConfigurationError(f"estimator cannot be sent to the executors ({exc})") from None
 
-    def _fit(self, dataset):
-        self._check_params(dataset)
-        blob = self._estimator_blob()
-        key_col = self.getGroupCol()
-        feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
-        label_type = dataset.schema[self.getLabelCol()].dataType if self.getLabelCol() in dataset.columns else None
-        if label_type is None:
-            raise ConfigurationError(f"labelCol={self.getLabelCol()!r} is not a column; the DataFrame has {dataset.columns}")
+    def _prepare(self, dataset):
+        """(the key, features and label columns, whether the label is a string)."""
         from pyspark.sql import functions as F
         from pyspark.sql import types as T
 
-        is_string_label = isinstance(label_type, T.StringType)
-        label = F.col(self.getLabelCol()) if is_string_label else \
-            validation.numeric_column(dataset, self.getLabelCol(), "labelCol")
-        prepared = dataset.select(F.col(key_col), feats.alias(FEATURES), label.alias(LABEL))
+        key_col = self.getGroupCol()
+        feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
+        if self.getLabelCol() not in dataset.columns:
+            raise ConfigurationError(
+                f"labelCol={self.getLabelCol()!r} is not a column; the DataFrame has {dataset.columns}"
+            )
+        is_string_label = isinstance(dataset.schema[self.getLabelCol()].dataType, T.StringType)
+        label = (
+            F.col(self.getLabelCol())
+            if is_string_label
+            else validation.numeric_column(dataset, self.getLabelCol(), "labelCol")
+        )
+        return dataset.select(F.col(key_col), feats.alias(FEATURES), label.alias(LABEL)), is_string_label
 
-        spark = launch.session_of(dataset)
+    def _count_keys(self, spark, prepared):
+        """Rows per key in one job; refuses null keys, labels and features. ({key: rows}, small keys)."""
+        from pyspark.sql import functions as F
+
+        key_col = self.getGroupCol()
         with launch.job_scope(spark, "sparkml_dist: counting rows per key"):
-            counts = prepared.groupBy(key_col).agg(
-                F.count(F.lit(1)).alias("rows"),
-                F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
-                F.sum(F.when(F.col(FEATURES).isNull(), 1).otherwise(0)).alias("null_features"),
-            ).orderBy(key_col).collect()
+            counts = (
+                prepared.groupBy(key_col)
+                .agg(
+                    F.count(F.lit(1)).alias("rows"),
+                    F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
+                    F.sum(F.when(F.col(FEATURES).isNull(), 1).otherwise(0)).alias("null_features"),
+                )
+                .orderBy(key_col)
+                .collect()
+            )
         if not counts:
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
         if any(r[key_col] is None for r in counts):
             n = next(r["rows"] for r in counts if r[key_col] is None)
-            raise ConfigurationError(f"groupCol={key_col!r} is null in {n} rows; fill or filter them "
-                                     "before fitting (a null key gets no model).")
+            raise ConfigurationError(
+                f"groupCol={key_col!r} is null in {n} rows; fill or filter them "
+                "before fitting (a null key gets no model)."
+            )
         for what, param in (("null_labels", "labelCol"), ("null_features", "features")):
             bad = [(r[key_col], r[what]) for r in counts if r[what]]
             if bad:
-                raise ConfigurationError(f"{param}: {sum(n for _, n in bad)} rows are null (keys "
-                                         f"{[k for k, _ in bad[:5]]}); drop or impute them first.")
+                raise ConfigurationError(
+                    f"{param}: {sum(n for _, n in bad)} rows are null (keys "
+                    f"{[k for k, _ in bad[:5]]}); drop or impute them first."
+                )
         small = {r[key_col]: r["rows"] for r in counts if r["rows"] < self.getMinRows()}
+        return {r[key_col]: r["rows"] for r in counts if r[key_col] not in small}, small
+
+    def _check_small(self, small: Dict[Any, int], kept: Dict[Any, int]) -> None:
+        key_col = self.getGroupCol()
         if small and self.getOnSmallGroups() == "error":
             listed = ", ".join(f"{k!r}: {n}" for k, n in list(small.items())[:10])
             raise ConfigurationError(
                 f"{len(small)} key(s) of {key_col!r} have fewer than minRows={self.getMinRows()} rows "
                 f"({listed}{', ...' if len(small) > 10 else ''}). Filter them out, lower minRows, or "
-                "set onSmallGroups='skip' to train the others and list these in model.skippedGroups.")
+                "set onSmallGroups='skip' to train the others and list these in model.skippedGroups."
+            )
         if small:
-            log.warning("GroupedTrainer: skipping %d key(s) with fewer than %d rows: %s", len(small),
-                        self.getMinRows(), list(small)[:10])
-        kept = [(r[key_col], r["rows"]) for r in counts if r[key_col] not in small]
+            log.warning(
+                "GroupedTrainer: skipping %d key(s) with fewer than %d rows: %s",
+                len(small),
+                self.getMinRows(),
+                list(small)[:10],
+            )
         if not kept:
-            raise ConfigurationError(f"no key of {key_col!r} has minRows={self.getMinRows()} rows; nothing to fit.")
-        keys = tuple(k for k, _ in kept)
-        key_type = dataset.schema[key_col].dataType
+            raise ConfigurationError(
+                f"no key of {key_col!r} has minRows={self.getMinRows()} rows; nothing to fit."
+            )
+
+    def _fit(self, dataset):
+        from pyspark.sql import types as T
+
+        self._check_params(dataset)
+        blob = self._estimator_blob()
+        key_col = self.getGroupCol()
+        prepared, is_string_label = self._prepare(dataset)
+        spark = launch.session_of(dataset)
+        kept, small = self._count_keys(spark, prepared)
+        self._check_small(small, kept)
+        keys = tuple(kept)
         key_table = spark.createDataFrame(
             [(k, i) for i, k in enumerate(keys)],
-            T.StructType([T.StructField(key_col, key_type), T.StructField(partitioning.GROUP_COL, T.IntegerType())]))
-        largest = max(n for _, n in kept)
+            T.StructType(
+                [
+                    T.StructField(key_col, dataset.schema[key_col].dataType),
+                    T.StructField(partitioning.GROUP_COL, T.IntegerType()),
+                ]
+            ),
+        )
         n_features = len(self.getFeaturesCols()) or 1
-        concurrency = plan.plan_concurrency(spark, largest * (n_features + 2) * 8 * 3)
+        concurrency = plan.plan_concurrency(spark, max(kept.values()) * (n_features + 2) * 8 * 3)
         n_parts = min(len(keys), concurrency.concurrency * 4)
         grouped = partitioning.assign_keys(prepared, key_col, key_table, n_parts)
         grouped = grouped.select(partitioning.GROUP_COL, FEATURES, LABEL)
         log.info("GroupedTrainer: %d keys in %d tasks (%s)", len(keys), n_parts, concurrency.summary())
-        results = launch.run_on_groups(grouped, _fit_keys, _FitSpec(blob, keys),
-                                       expected_groups=range(len(keys)),
-                                       description=f"sparkml_dist: fitting {len(keys)} models by {key_col}",
-                                       what="key")
+        results = launch.run_on_groups(
+            grouped,
+            fit_keys,
+            FitSpec(blob, keys),
+            expected_groups=range(len(keys)),
+            description=f"sparkml_dist: fitting {len(keys)} models by {key_col}",
+            what="key",
+        )
         members = [results[(g, 0)] for g in range(len(keys))]
         model = GroupedModel(members=members, skipped=small, label_is_string=is_string_label)
         model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
         return self._copyValues(model)
 
 
-class GroupedModel(Model, _GroupedParams, BaggingReadWrite):
+class GroupedModel(Model, _GroupedParams, StageReadWrite):
     """The models of a :class:`GroupedTrainer`, one per key."""
 
-    def __init__(self, members: Optional[List[KeyModel]] = None, skipped: Optional[Dict[Any, int]] = None,
-                 label_is_string: bool = False):
+    def __init__(
+        self,
+        members: Optional[List[KeyModel]] = None,
+        skipped: Optional[Dict[Any, int]] = None,
+        label_is_string: bool = False,
+    ):
         super().__init__()
         self._members = list(members or [])
         self._skipped = dict(skipped or {})
@@ -340,8 +325,14 @@ class GroupedModel(Model, _GroupedParams, BaggingReadWrite):
         """Local predictions: row i from the model of ``keys[i]`` (``unseenKey`` applies)."""
         X = np.asarray(X, dtype=np.float64)
         out_type = pa.string() if self._label_is_string else pa.float64()
-        preds = predict_batch(pa.array(list(keys)), X, pa.array(self.keys),
-                              [m.model for m in self._members], self.getUnseenKey(), out_type)
+        preds = predict_batch(
+            pa.array(list(keys)),
+            X,
+            pa.array(self.keys),
+            [m.model for m in self._members],
+            self.getUnseenKey(),
+            out_type,
+        )
         return np.asarray(preds.to_pylist(), dtype=object if self._label_is_string else np.float64)
 
     def _transform(self, dataset):
@@ -350,23 +341,33 @@ class GroupedModel(Model, _GroupedParams, BaggingReadWrite):
         self._check_params(dataset)
         feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
         if self.getPredictionCol() in dataset.columns:
-            raise ConfigurationError(f"predictionCol={self.getPredictionCol()!r} is already a column; "
-                                     "set another predictionCol")
+            raise ConfigurationError(
+                f"predictionCol={self.getPredictionCol()!r} is already a column; set another predictionCol"
+            )
         blob = serialization.dumps((self.keys, [m.model for m in self._members]))
-        spec = _PredictSpec(self.getGroupCol(), self.getPredictionCol(),
-                            "string" if self._label_is_string else "double",
-                            hashlib.sha256(blob).hexdigest(), blob, self.getUnseenKey())
+        spec = PredictSpec(
+            self.getGroupCol(),
+            self.getPredictionCol(),
+            "string" if self._label_is_string else "double",
+            serialization.digest(blob),
+            blob,
+            self.getUnseenKey(),
+        )
         out_type = T.StringType() if self._label_is_string else T.DoubleType()
-        schema = T.StructType(dataset.schema.fields + [T.StructField(self.getPredictionCol(), out_type, True)])
+        schema = T.StructType(
+            dataset.schema.fields + [T.StructField(self.getPredictionCol(), out_type, True)]
+        )
         from functools import partial
 
         # the features as fit saw them (vector_to_array for vectors, sparse ones included)
-        return dataset.withColumn(FEATURES, feats).mapInArrow(partial(_predict_keys, spec=spec), schema)
+        return dataset.withColumn(FEATURES, feats).mapInArrow(partial(predict_keys, spec=spec), schema)
 
-    # persistence (BaggingReadWrite stores _members in the model store, this state in metadata)
+    # persistence (StageReadWrite stores _members in the model store, this state in metadata)
     def _persisted_state(self) -> dict:
-        return {"label_is_string": self._label_is_string,
-                "skipped": [[k, n] for k, n in self._skipped.items()]}
+        return {
+            "label_is_string": self._label_is_string,
+            "skipped": [[k, n] for k, n in self._skipped.items()],
+        }
 
     def _restore_state(self, state: dict, members: list) -> None:
         self._members = sorted(members, key=lambda m: m.group)

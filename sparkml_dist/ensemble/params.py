@@ -3,20 +3,29 @@
 from __future__ import annotations
 
 from pyspark.ml.param import Param, Params, TypeConverters
-from pyspark.ml.param.shared import (HasFeaturesCol, HasLabelCol, HasPredictionCol,
-                                     HasProbabilityCol, HasRawPredictionCol, HasSeed, HasWeightCol)
+from pyspark.ml.param.shared import (
+    HasFeaturesCol,
+    HasLabelCol,
+    HasPredictionCol,
+    HasProbabilityCol,
+    HasRawPredictionCol,
+    HasSeed,
+    HasWeightCol,
+)
 
 
 class HasEstimatorAndFeatures(HasFeaturesCol):
     """What every per-group trainer takes: the estimator to clone and the feature columns."""
 
     estimator = Param(
-        Params._dummy(), "estimator",
+        Params._dummy(),
+        "estimator",
         "scikit-learn-API estimator cloned for each model (bagging default: a decision tree)",
         typeConverter=None,
     )
     featuresCols = Param(
-        Params._dummy(), "featuresCols",
+        Params._dummy(),
+        "featuresCols",
         "numeric feature columns, used instead of featuresCol when set",
         typeConverter=TypeConverters.toListString,
     )
@@ -29,23 +38,41 @@ class HasEstimatorAndFeatures(HasFeaturesCol):
 
 
 class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed):
-    numModels = Param(Params._dummy(), "numModels", "number of members (groups), >= 1",
-                      typeConverter=TypeConverters.toInt)
-    sampling = Param(Params._dummy(), "sampling",
-                     "how rows are split into groups: disjoint | bootstrap | subsample",
-                     typeConverter=TypeConverters.toString)
-    sampleRatio = Param(Params._dummy(), "sampleRatio",
-                        "share of rows per group in (0, 1] (Poisson rate for bootstrap)",
-                        typeConverter=TypeConverters.toFloat)
-    featureRatio = Param(Params._dummy(), "featureRatio",
-                         "share of feature columns drawn per group in (0, 1] (random subspace)",
-                         typeConverter=TypeConverters.toFloat)
+    numModels = Param(
+        Params._dummy(), "numModels", "number of members (groups), >= 1", typeConverter=TypeConverters.toInt
+    )
+    sampling = Param(
+        Params._dummy(),
+        "sampling",
+        "how rows are split into groups: disjoint | bootstrap | subsample",
+        typeConverter=TypeConverters.toString,
+    )
+    sampleRatio = Param(
+        Params._dummy(),
+        "sampleRatio",
+        "share of rows per group in (0, 1] (Poisson rate for bootstrap)",
+        typeConverter=TypeConverters.toFloat,
+    )
+    featureRatio = Param(
+        Params._dummy(),
+        "featureRatio",
+        "share of feature columns drawn per group in (0, 1] (random subspace)",
+        typeConverter=TypeConverters.toFloat,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
-        self._setDefault(featuresCol="features", labelCol="label", predictionCol="prediction",
-                         featuresCols=[], numModels=10, sampling="disjoint", sampleRatio=1.0,
-                         featureRatio=1.0, seed=42)
+        self._setDefault(
+            featuresCol="features",
+            labelCol="label",
+            predictionCol="prediction",
+            featuresCols=[],
+            numModels=10,
+            sampling="disjoint",
+            sampleRatio=1.0,
+            featureRatio=1.0,
+            seed=42,
+        )
 
     def getNumModels(self) -> int:
         return self.getOrDefault(self.numModels)
@@ -61,14 +88,16 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
 
 
 class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
-    voting = Param(Params._dummy(), "voting",
-                   "soft (average member probabilities) or hard (majority of member predictions)",
-                   typeConverter=TypeConverters.toString)
+    voting = Param(
+        Params._dummy(),
+        "voting",
+        "soft (average member probabilities) or hard (majority of member predictions)",
+        typeConverter=TypeConverters.toString,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
-        self._setDefault(probabilityCol="probability", rawPredictionCol="rawPrediction",
-                         voting="soft")
+        self._setDefault(probabilityCol="probability", rawPredictionCol="rawPrediction", voting="soft")
 
     def getVoting(self) -> str:
         return self.getOrDefault(self.voting)

@@ -1,4 +1,4 @@
-"""pyspark.ml save/load for bagging estimators and models.  [driver]
+"""pyspark.ml save/load for every sparkml_dist stage (bagging and grouped, estimators and models).  [driver]
 
 Layout of a saved stage::
 
@@ -18,7 +18,14 @@ from __future__ import annotations
 import posixpath
 from typing import Iterable
 
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
+from pyspark.ml.util import (
+    DefaultParamsReader,
+    DefaultParamsWriter,
+    MLReadable,
+    MLReader,
+    MLWritable,
+    MLWriter,
+)
 
 from .. import collection, serialization
 from ..errors import ConfigurationError
@@ -30,7 +37,7 @@ def _data_dir(path: str) -> str:
     return posixpath.join(path, "data")
 
 
-class _BaggingWriter(MLWriter):
+class _StageWriter(MLWriter):
     def __init__(self, instance) -> None:
         super().__init__()
         self.instance = instance
@@ -46,8 +53,7 @@ class _BaggingWriter(MLWriter):
         inst = self.instance
         params = {p.name: v for p, v in inst._paramMap.items() if p.name != "estimator"}
         extra = {"sparkml_dist": inst._persisted_state()}
-        DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra,
-                                         paramMap=params)
+        DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra, paramMap=params)
         store = collection.ModelStore(_data_dir(path))
         metas = []
         est = inst.getEstimator()
@@ -58,13 +64,13 @@ class _BaggingWriter(MLWriter):
         store.commit(metas)
 
 
-class _BaggingReader(MLReader):
+class _StageReader(MLReader):
     def __init__(self, cls) -> None:
         super().__init__()
         self.cls = cls
         self._trusted: tuple = ()
 
-    def trusted(self, modules: Iterable[str]) -> "_BaggingReader":
+    def trusted(self, modules: Iterable[str]) -> "_StageReader":
         """Also allow classes from these top-level modules when unpickling members."""
         self._trusted = tuple(modules)
         return self
@@ -84,26 +90,29 @@ class _BaggingReader(MLReader):
         objects = collection.ModelStore(_data_dir(path)).load_all(trusted_modules=self._trusted)
         if (_ESTIMATOR_GROUP, 0) in objects:
             instance._set(estimator=objects.pop((_ESTIMATOR_GROUP, 0)))
-        instance._restore_state(metadata.get("sparkml_dist", {}),
-                                [objects[k] for k in sorted(objects)])
+        instance._restore_state(metadata.get("sparkml_dist", {}), [objects[k] for k in sorted(objects)])
         return instance
 
 
-class BaggingReadWrite(MLWritable, MLReadable):
-    """Mixin: ``write()``/``save()`` and ``read()``/``load()`` for bagging stages."""
+class StageReadWrite(MLWritable, MLReadable):
+    """Mixin: ``write()``/``save()`` and ``read()``/``load()`` for sparkml_dist stages: params as pyspark.ml
+    metadata, the estimator and members in a model store, and the stage's own state (see
+    ``_persisted_state`` / ``_restore_state``)."""
 
     def write(self) -> MLWriter:
-        return _BaggingWriter(self)
+        return _StageWriter(self)
 
     @classmethod
-    def read(cls) -> _BaggingReader:
-        return _BaggingReader(cls)
+    def read(cls) -> _StageReader:
+        return _StageReader(cls)
 
     def _persisted_state(self) -> dict:
         if not hasattr(self, "_members"):
             return {}
-        return {"n_features": self._n_features,
-                "classes": list(self._classes) if self._classes is not None else None}
+        return {
+            "n_features": self._n_features,
+            "classes": list(self._classes) if self._classes is not None else None,
+        }
 
     def _restore_state(self, state: dict, members: list) -> None:
         if hasattr(self, "_members"):

@@ -24,7 +24,8 @@ from ._worker import FEATURES, LABEL, WEIGHT
 def _field(schema: T.StructType, name: str, param: str, hint: str):
     if name not in schema.fieldNames():
         raise ConfigurationError(
-            f"{param}={name!r}: no such column; the DataFrame has {schema.fieldNames()}. {hint}")
+            f"{param}={name!r}: no such column; the DataFrame has {schema.fieldNames()}. {hint}"
+        )
     return schema[name].dataType
 
 
@@ -43,17 +44,23 @@ def features_column(df, features_col: str, features_cols: List[str]):
             if not isinstance(dt, T.NumericType):
                 raise ConfigurationError(
                     f"featuresCols: column {c!r} has type {dt.simpleString()}, expected a numeric "
-                    "type. Cast it, or encode strings first (e.g. StringIndexer).")
+                    "type. Cast it, or encode strings first (e.g. StringIndexer)."
+                )
         return F.array(*[df[c].cast("double") for c in features_cols])
-    dt = _field(schema, features_col, "featuresCol",
-                "Assemble numeric columns with VectorAssembler, or set featuresCols=[...].")
+    dt = _field(
+        schema,
+        features_col,
+        "featuresCol",
+        "Assemble numeric columns with VectorAssembler, or set featuresCols=[...].",
+    )
     if _is_vector(dt):
         return vector_to_array(df[features_col])
     if isinstance(dt, T.ArrayType) and isinstance(dt.elementType, T.NumericType):
         return df[features_col].cast("array<double>")
     raise ConfigurationError(
         f"featuresCol={features_col!r} has type {dt.simpleString()}; expected a vector or an array "
-        "of numbers. Assemble numeric columns with VectorAssembler, or set featuresCols=[...].")
+        "of numbers. Assemble numeric columns with VectorAssembler, or set featuresCols=[...]."
+    )
 
 
 def numeric_column(df, name: str, param: str):
@@ -61,7 +68,8 @@ def numeric_column(df, name: str, param: str):
     if not isinstance(dt, T.NumericType):
         hint = " Index string labels with StringIndexer first." if param == "labelCol" else ""
         raise ConfigurationError(
-            f"{param}={name!r} has type {dt.simpleString()}; expected a numeric column.{hint}")
+            f"{param}={name!r} has type {dt.simpleString()}; expected a numeric column.{hint}"
+        )
     return df[name].cast("double")
 
 
@@ -85,13 +93,15 @@ def data_aggregates(is_classifier: bool, has_weight: bool) -> Dict[str, object]:
         "inf_rows": F.sum(F.when(F.exists(feats, lambda x: F.abs(x) == float("inf")), 1).otherwise(0)),
         "min_len": F.min(F.size(feats)),
         "max_len": F.max(F.size(feats)),
-        "bad_labels": F.sum(F.when(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf")),
-                                   1).otherwise(0)),
+        "bad_labels": F.sum(
+            F.when(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf")), 1).otherwise(0)
+        ),
     }
     if has_weight:
         w = F.col(WEIGHT)
-        aggs["bad_weights"] = F.sum(F.when(w.isNull() | F.isnan(w) | (w < 0) | (F.abs(w) == float("inf")),
-                                           1).otherwise(0))
+        aggs["bad_weights"] = F.sum(
+            F.when(w.isNull() | F.isnan(w) | (w < 0) | (F.abs(w) == float("inf")), 1).otherwise(0)
+        )
     if is_classifier:
         aggs["labels"] = F.collect_set(label)
     return aggs
@@ -101,47 +111,77 @@ def _bad_feature_report(df, features_col: str, features_cols: List[str], what: s
     """Name the offending columns (or vector positions) with counts: runs only on the error path."""
     test = {"NaN": lambda c: c.isNull() | F.isnan(c), "inf": lambda c: F.abs(c) == float("inf")}[what]
     if features_cols:
-        row = df.select(*[F.sum(F.when(test(df[c].cast("double")), 1).otherwise(0)).alias(c)
-                          for c in features_cols]).first()
+        row = df.select(
+            *[F.sum(F.when(test(df[c].cast("double")), 1).otherwise(0)).alias(c) for c in features_cols]
+        ).first()
         bad = {c: int(row[c] or 0) for c in features_cols if row[c]}
         return ", ".join(f"column {c!r}: {n} rows" for c, n in bad.items())
     arr = features_column(df, features_col, features_cols)
-    pos = (df.select(F.posexplode(arr).alias("pos", "v")).where(test(F.col("v")))
-           .groupBy("pos").count().orderBy("pos").limit(10).collect())
-    return f"column {features_col!r} at positions " + ", ".join(f"{r['pos']} ({r['count']} rows)" for r in pos)
+    pos = (
+        df.select(F.posexplode(arr).alias("pos", "v"))
+        .where(test(F.col("v")))
+        .groupBy("pos")
+        .count()
+        .orderBy("pos")
+        .limit(10)
+        .collect()
+    )
+    return f"column {features_col!r} at positions " + ", ".join(
+        f"{r['pos']} ({r['count']} rows)" for r in pos
+    )
 
 
-def check_data(stats, df, *, features_col: str, features_cols: List[str], label_col: str,
-               weight_col: str, allow_nan: bool, is_classifier: bool, counts_copies: bool) -> dict:
+def check_data(
+    stats,
+    df,
+    *,
+    features_col: str,
+    features_cols: List[str],
+    label_col: str,
+    weight_col: str,
+    allow_nan: bool,
+    is_classifier: bool,
+    counts_copies: bool,
+) -> dict:
     """Raise ConfigurationError for bad data; return {"n_features", "classes"}."""
     ex = stats.extras.values()
     rows = "row copies" if counts_copies else "rows"
     total = lambda key: sum(int(e.get(key) or 0) for e in ex)  # noqa: E731
     fname = repr(features_cols) if features_cols else repr(features_col)
     if total("null_vectors"):
-        raise ConfigurationError(f"features {fname}: {total('null_vectors')} {rows} have a null "
-                                 "feature vector. Drop or impute them.")
+        raise ConfigurationError(
+            f"features {fname}: {total('null_vectors')} {rows} have a null "
+            "feature vector. Drop or impute them."
+        )
     if total("inf_rows"):
         raise ConfigurationError(
             f"features contain +/-inf in {total('inf_rows')} {rows} ("
-            f"{_bad_feature_report(df, features_col, features_cols, 'inf')}). Clip or drop them.")
+            f"{_bad_feature_report(df, features_col, features_cols, 'inf')}). Clip or drop them."
+        )
     if total("nan_rows") and not allow_nan:
         raise ConfigurationError(
             f"features contain NaN or null in {total('nan_rows')} {rows} ("
             f"{_bad_feature_report(df, features_col, features_cols, 'NaN')}). Impute them (e.g. "
             "pyspark.ml.feature.Imputer), drop them, or use an estimator that handles missing values "
-            "(HistGradientBoostingClassifier, XGBoost).")
+            "(HistGradientBoostingClassifier, XGBoost)."
+        )
     if total("bad_labels"):
-        raise ConfigurationError(f"labelCol={label_col!r}: {total('bad_labels')} {rows} have a null, "
-                                 "NaN or infinite label. Drop them before fitting.")
+        raise ConfigurationError(
+            f"labelCol={label_col!r}: {total('bad_labels')} {rows} have a null, "
+            "NaN or infinite label. Drop them before fitting."
+        )
     if total("bad_weights"):
-        raise ConfigurationError(f"weightCol={weight_col!r}: {total('bad_weights')} {rows} have a "
-                                 "null, NaN, infinite or negative weight.")
+        raise ConfigurationError(
+            f"weightCol={weight_col!r}: {total('bad_weights')} {rows} have a "
+            "null, NaN, infinite or negative weight."
+        )
     lo = min(int(e["min_len"]) for e in ex)
     hi = max(int(e["max_len"]) for e in ex)
     if lo != hi:
-        raise ConfigurationError(f"features {fname}: vectors have between {lo} and {hi} values; every "
-                                 "row needs the same number of features.")
+        raise ConfigurationError(
+            f"features {fname}: vectors have between {lo} and {hi} values; every "
+            "row needs the same number of features."
+        )
     if hi == 0:
         raise ConfigurationError(f"features {fname}: the feature vectors are empty.")
     out = {"n_features": hi, "classes": None}
@@ -150,6 +190,7 @@ def check_data(stats, df, *, features_col: str, features_cols: List[str], label_
         if len(classes) < 2:
             raise ConfigurationError(
                 f"labelCol={label_col!r} has a single class ({classes[0] if classes else 'none'}); a "
-                "classifier needs at least two. Check the label column or the filter that built it.")
+                "classifier needs at least two. Check the label column or the filter that built it."
+            )
         out["classes"] = tuple(classes)
     return out

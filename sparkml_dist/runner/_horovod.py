@@ -8,7 +8,7 @@ process serves it, with Horovod's own request handler, on the socket its barrier
 listens on before the ranks exchanged addresses, so the port is known without a race, and a peer
 that connects before the server thread runs waits in the listen backlog.  The rest of the
 environment (``HOROVOD_RANK``, ``HOROVOD_LOCAL_RANK``, ``HOROVOD_CROSS_RANK``, ...) comes from
-:func:`sparkml_dist.runner.rendezvous.horovod_env`.
+:func:`sparkml_dist.runner.backends.horovod_env`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,10 @@ from typing import Sequence
 
 from ..errors import ConfigurationError
 
-INSTALL_HINT = ("Install it in the Python the executors run (PYSPARK_PYTHON) with `make horovod` or "
-                "`scripts/install_horovod.sh /path/to/python` (Horovod 0.28.1 built with PyTorch and Gloo).")
+INSTALL_HINT = (
+    "Install it in the Python the executors run (PYSPARK_PYTHON) with `make horovod` or "
+    "`scripts/install_horovod.sh /path/to/python` (Horovod 0.28.1 built with PyTorch and Gloo)."
+)
 
 
 def import_horovod_torch():
@@ -28,15 +30,17 @@ def import_horovod_torch():
     try:
         import horovod.torch as hvd
     except ImportError as exc:
-        raise ConfigurationError(f"backend='horovod' needs horovod.torch, which cannot be imported here "
-                                 f"({type(exc).__name__}: {exc}). {INSTALL_HINT}") from None
+        raise ConfigurationError(
+            f"backend='horovod' needs horovod.torch, which cannot be imported here "
+            f"({type(exc).__name__}: {exc}). {INSTALL_HINT}"
+        ) from None
     return hvd
 
 
 def serve_rendezvous(listen_fd: int, slots: Sequence[dict]):
     """Serve Horovod's Gloo rendezvous on the listening socket ``listen_fd``; returns the server.
 
-    ``slots`` are the ranks' placements (:func:`sparkml_dist.runner.rendezvous.horovod_slots`):
+    ``slots`` are the ranks' placements (:func:`sparkml_dist.runner.backends.horovod_slots`):
     Horovod's handler uses them to clear a scope once all of its ranks finished connecting.
     """
     from horovod.runner.common.util.hosts import SlotInfo
@@ -54,6 +58,5 @@ def serve_rendezvous(listen_fd: int, slots: Sequence[dict]):
 
     server = _Server(("0.0.0.0", 0), RendezvousHandler, False)
     server.init([SlotInfo(**s) for s in slots])
-    threading.Thread(target=server.serve_forever, name="sparkml_dist-horovod-rendezvous",
-                     daemon=True).start()
+    threading.Thread(target=server.serve_forever, name="sparkml_dist-horovod-rendezvous", daemon=True).start()
     return server

@@ -78,16 +78,21 @@ class LogServer:
             answer = _recv_exact(conn, 32)
             if not hmac.compare_digest(answer, hmac.new(self._secret, nonce, sha256).digest()):
                 self.rejected += 1
-                log.warning("log channel: dropped a connection from %s:%s that does not know the run's "
-                            "secret", *addr)
+                log.warning(
+                    "log channel: dropped a connection from %s:%s that does not know the run's secret", *addr
+                )
                 return
             conn.settimeout(None)
             while True:
                 (length,) = struct.unpack(">I", _recv_exact(conn, 4))
                 if length > MAX_FRAME:
                     self.rejected += 1
-                    log.warning("log channel: dropped %s:%s after a %d-byte frame (limit %d)", *addr,
-                                length, MAX_FRAME)
+                    log.warning(
+                        "log channel: dropped %s:%s after a %d-byte frame (limit %d)",
+                        *addr,
+                        length,
+                        MAX_FRAME,
+                    )
                     return
                 message = json.loads(_recv_exact(conn, length).decode("utf-8"))
                 if isinstance(message, dict):

@@ -36,8 +36,8 @@ import uuid
 from typing import Any, Optional
 
 from ..errors import CollectionError, ConfigurationError
+from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 
-DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
 LATEST = "LATEST"
 DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benchmarks/bench_runner.py)
 
@@ -53,8 +53,10 @@ def _location(directory: Optional[str] = None):
 
     where = directory or os.environ.get(DIR_ENV)
     if not where:
-        raise ConfigurationError("no checkpoint directory: pass checkpoint_dir=... to BarrierRunner "
-                                 "(a local path, or an s3://, gs://, hdfs:// URI)")
+        raise ConfigurationError(
+            "no checkpoint directory: pass checkpoint_dir=... to BarrierRunner "
+            "(a local path, or an s3://, gs://, hdfs:// URI)"
+        )
     fs, root = collection._filesystem(where)
     return fs, root
 
@@ -98,9 +100,12 @@ def save(state: Any, step: int, *, keep: int = 2, directory: Optional[str] = Non
 def _prune(fs, root: str, current: str, keep: int) -> None:
     from pyarrow import fs as pafs
 
-    files = sorted(i.base_name for i in fs.get_file_info(pafs.FileSelector(root))
-                   if i.base_name.startswith("step-") and i.base_name.endswith(".pt") and i.base_name != current)
-    for old in files[:max(0, len(files) - keep)]:
+    files = sorted(
+        i.base_name
+        for i in fs.get_file_info(pafs.FileSelector(root))
+        if i.base_name.startswith("step-") and i.base_name.endswith(".pt") and i.base_name != current
+    )
+    for old in files[: max(0, len(files) - keep)]:
         fs.delete_file(posixpath.join(root, old))
 
 
@@ -132,6 +137,8 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     with fs.open_input_stream(path) as fh:
         blob = fh.read()
     if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
-        raise CollectionError(f"checkpoint {path} does not match its LATEST record (size or SHA-256): "
-                              "it was changed after it was written")
+        raise CollectionError(
+            f"checkpoint {path} does not match its LATEST record (size or SHA-256): "
+            "it was changed after it was written"
+        )
     return torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)

@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import ConfigurationError
-from . import _rank
+from . import _rank, backends, protocol
 
 
 @dataclass(frozen=True)
@@ -24,21 +24,25 @@ class RankContext:
     world_size: int
     local_rank: int
     local_world_size: int
-    device: str          # "cpu", or the task's GPU ("cuda:0"; horovod: "cuda:<local index>")
+    device: str  # "cpu", or the task's GPU ("cuda:0"; horovod: "cuda:<local index>")
     use_gpu: bool
 
 
 def context() -> RankContext:
     """Where this rank stands; only inside a function run by :class:`BarrierRunner`."""
-    if _rank.RUN_ENV not in os.environ:
-        raise ConfigurationError("sparkml_dist.runner.context() is only available inside a function "
-                                 "run by BarrierRunner")
-    use_gpu = os.environ.get(_rank.USE_GPU_ENV) == "1"
+    if protocol.RUN_ENV not in os.environ:
+        raise ConfigurationError(
+            "sparkml_dist.runner.context() is only available inside a function run by BarrierRunner"
+        )
+    use_gpu = os.environ.get(protocol.USE_GPU_ENV) == "1"
     return RankContext(
-        rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]),
+        rank=int(os.environ["RANK"]),
+        world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        device=f"cuda:{os.environ.get(_rank.DEVICE_ENV, '0')}" if use_gpu else "cpu", use_gpu=use_gpu)
+        device=f"cuda:{os.environ.get(protocol.DEVICE_ENV, '0')}" if use_gpu else "cpu",
+        use_gpu=use_gpu,
+    )
 
 
 def log_to_driver(message: str) -> None:
@@ -61,5 +65,5 @@ def init_process_group(backend: str = None, **kwargs) -> None:
         backend = "nccl" if ctx.use_gpu else "gloo"
     if ctx.use_gpu:
         torch.cuda.set_device(0)
-    kwargs.setdefault("timeout", _rank.collective_timeout())
+    kwargs.setdefault("timeout", backends.collective_timeout())
     dist.init_process_group(backend=backend, **kwargs)

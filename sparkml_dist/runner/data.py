@@ -29,9 +29,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import ConfigurationError
-
-SHARD_ENV = "SPARKML_DIST_SHARD"
-SHARD_SIZES_ENV = "SPARKML_DIST_SHARD_SIZES"
+from .protocol import SHARD_ENV, SHARD_SIZES_ENV
 
 Columns = Optional[Union[str, Sequence[str]]]
 _BLOCK_ROWS = 2048  # rows transposed at once by _fill: a block of 50 float64 columns stays in L2
@@ -60,8 +58,9 @@ def _float_target(float_dtype) -> type:
     return {torch.float64: np.float64, torch.float16: np.float16}.get(float_dtype, np.float32)
 
 
-def _fill(batches: Iterable[pa.RecordBatch], names: List[str], n_rows: int, dtypes: List,
-          stack: bool) -> List[np.ndarray]:
+def _fill(
+    batches: Iterable[pa.RecordBatch], names: List[str], n_rows: int, dtypes: List, stack: bool
+) -> List[np.ndarray]:
     """One pass over ``batches`` filling freshly allocated arrays for the named columns.
 
     ``stack``: one (n, total width) array of ``dtypes[0]``; otherwise one array per column,
@@ -80,8 +79,10 @@ def _fill(batches: Iterable[pa.RecordBatch], names: List[str], n_rows: int, dtyp
             if stack:
                 outs = [np.empty((n_rows, sum(widths)), dtype=dtypes[0])]
             else:
-                outs = [np.empty((n_rows, w) if p.ndim == 2 else (n_rows,), dtype=dt)
-                        for p, w, dt in zip(parts, widths, dtypes)]
+                outs = [
+                    np.empty((n_rows, w) if p.ndim == 2 else (n_rows,), dtype=dt)
+                    for p, w, dt in zip(parts, widths, dtypes)
+                ]
         for name, part, w in zip(names, parts, widths):
             if part.ndim == 2 and part.shape[1] != w:
                 raise ConfigurationError(f"column {name!r}: rows have different lengths")
@@ -89,10 +90,10 @@ def _fill(batches: Iterable[pa.RecordBatch], names: List[str], n_rows: int, dtyp
             for lo in range(0, len(batch), _BLOCK_ROWS):
                 hi = min(lo + _BLOCK_ROWS, len(batch))
                 block = np.concatenate([p[lo:hi] if p.ndim == 2 else p[lo:hi, None] for p in parts], axis=1)
-                outs[0][row + lo:row + hi] = block
+                outs[0][row + lo : row + hi] = block
         else:
             for j, part in enumerate(parts):
-                outs[j][row:row + len(batch)] = part
+                outs[j][row : row + len(batch)] = part
         row += len(batch)
     if outs is None:  # no rows
         outs = [np.zeros((0, 0), dtype=dtypes[0])] if stack else [np.zeros(0, dtype=d) for d in dtypes]
@@ -108,8 +109,9 @@ class Shard:
     not the tensor plus the mapped shard.
     """
 
-    def __init__(self, table: pa.Table, shard_sizes: Sequence[int], rank: int,
-                 source: Optional[BinaryIO] = None) -> None:
+    def __init__(
+        self, table: pa.Table, shard_sizes: Sequence[int], rank: int, source: Optional[BinaryIO] = None
+    ) -> None:
         self.table = table
         self.shard_sizes = list(shard_sizes)
         self.rank = rank
@@ -148,7 +150,9 @@ class Shard:
         names = [columns] if isinstance(columns, str) else list(columns)
         missing = [c for c in names if c not in self.table.column_names]
         if missing:
-            raise ConfigurationError(f"columns {missing} are not in this shard; it has {self.table.column_names}")
+            raise ConfigurationError(
+                f"columns {missing} are not in this shard; it has {self.table.column_names}"
+            )
         return names
 
     def to_numpy(self, columns: Columns = None, dtype=None) -> np.ndarray:
@@ -174,19 +178,32 @@ class Shard:
         biggest = max(self.shard_sizes) if self.shard_sizes else self.num_rows
         return max(1, biggest // batch_size) if drop_last else max(1, math.ceil(biggest / batch_size))
 
-    def dataloader(self, batch_size: int, columns: Columns = None, shuffle: bool = True, seed: int = 0,
-                   drop_last: bool = False) -> "ShardLoader":
+    def dataloader(
+        self,
+        batch_size: int,
+        columns: Columns = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+    ) -> "ShardLoader":
         """Batches of tensors, one per column: a list column gives (b, d), a scalar column (b,)."""
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
         if self.num_rows == 0:
-            raise ConfigurationError(f"rank {self.rank} received an empty shard; there are fewer rows "
-                                     "than ranks. Lower np or add data.")
+            raise ConfigurationError(
+                f"rank {self.rank} received an empty shard; there are fewer rows "
+                "than ranks. Lower np or add data."
+            )
         names = self._names(columns)
         import torch
 
-        arrays = _fill(self._batches(), names, self.num_rows,
-                       [self._dtype(c, for_torch=True) for c in names], stack=False)
+        arrays = _fill(
+            self._batches(),
+            names,
+            self.num_rows,
+            [self._dtype(c, for_torch=True) for c in names],
+            stack=False,
+        )
         return ShardLoader(self, [torch.from_numpy(a) for a in arrays], batch_size, shuffle, seed, drop_last)
 
 
@@ -196,8 +213,9 @@ class ShardLoader:
     Call ``set_epoch(e)`` to choose the epoch explicitly, as with DistributedSampler.
     """
 
-    def __init__(self, shard: Shard, tensors: list, batch_size: int, shuffle: bool, seed: int,
-                 drop_last: bool) -> None:
+    def __init__(
+        self, shard: Shard, tensors: list, batch_size: int, shuffle: bool, seed: int, drop_last: bool
+    ) -> None:
         self._tensors = tensors
         self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
         self.steps = shard.steps_per_epoch(batch_size, drop_last)
@@ -226,7 +244,7 @@ class ShardLoader:
         idx = torch.from_numpy(self._indices(self.epoch))
         self.epoch += 1
         for s in range(self.steps):
-            sel = idx[s * self.batch_size:(s + 1) * self.batch_size]
+            sel = idx[s * self.batch_size : (s + 1) * self.batch_size]
             yield tuple(t[sel] for t in self._tensors)
 
 
@@ -256,6 +274,7 @@ def load_from_env(unlink: bool = True) -> None:
 def shard() -> Shard:
     """This rank's shard of the DataFrame given to ``BarrierRunner.run_with_data``."""
     if _SHARD is None:
-        raise ConfigurationError("shard() is only available inside a function started by "
-                                 "BarrierRunner.run_with_data(df, main)")
+        raise ConfigurationError(
+            "shard() is only available inside a function started by BarrierRunner.run_with_data(df, main)"
+        )
     return _SHARD

@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError, parquet_split
 from sparkml_dist.runner import BarrierRunner
-from tests import runner_helpers as h
+from tests.support import runner_helpers as h
 
 FILES, ROWS_PER_FILE, ROW_GROUP = 3, 25, 7
 
@@ -21,9 +21,14 @@ def table_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("pq")
     for f in range(FILES):
         idx = np.arange(f * ROWS_PER_FILE, (f + 1) * ROWS_PER_FILE)
-        t = pa.table({"x": idx.astype("float64"), "i": idx.astype("int32"),
-                      "v": pa.array([[float(k), -float(k)] for k in idx], pa.list_(pa.float64())),
-                      "s": [f"row{k}" for k in idx]})
+        t = pa.table(
+            {
+                "x": idx.astype("float64"),
+                "i": idx.astype("int32"),
+                "v": pa.array([[float(k), -float(k)] for k in idx], pa.list_(pa.float64())),
+                "s": [f"row{k}" for k in idx],
+            }
+        )
         pq.write_table(t, os.path.join(root, f"part-{f}.parquet"), row_group_size=ROW_GROUP)
     return str(root)
 
@@ -35,10 +40,12 @@ def df(spark, table_dir):
 
 @pytest.mark.parametrize("parts", [1, 2, 3, 4, 7])
 def test_parts_are_contiguous_balanced_ranges_with_sparks_types(df, parts):
-    split, why = parquet_split.plan(df.select("s", "x", "v", "i"), parts)
+    split, why = parquet_split.split_files(df.select("s", "x", "v", "i"), parts)
     assert split is not None, why
-    tables = [pa.Table.from_batches(list(parquet_split.read(split, p, batch_rows=5)), split.schema)
-              for p in range(parts)]
+    tables = [
+        pa.Table.from_batches(list(parquet_split.read(split, p, batch_rows=5)), split.schema)
+        for p in range(parts)
+    ]
     assert [t.num_rows for t in tables] == list(split.rows)
     assert max(split.rows) - min(split.rows) <= 1
     got = pa.concat_tables(tables)
@@ -48,15 +55,18 @@ def test_parts_are_contiguous_balanced_ranges_with_sparks_types(df, parts):
     assert got.sort_by("x").equals(expected.sort_by("x"))
 
 
-@pytest.mark.parametrize("make, reason", [
-    (lambda d: d.filter("x > 3"), "Filter"),
-    (lambda d: d.withColumn("x", F.col("x") * 2), "computes or renames"),
-    (lambda d: d.select(F.col("x").alias("y")), "computes or renames"),
-    (lambda d: d.limit(10), "Limit"),
-    (lambda d: d.sample(0.5, seed=1), "Sample"),
-])
+@pytest.mark.parametrize(
+    "make, reason",
+    [
+        (lambda d: d.filter("x > 3"), "Filter"),
+        (lambda d: d.withColumn("x", F.col("x") * 2), "computes or renames"),
+        (lambda d: d.select(F.col("x").alias("y")), "computes or renames"),
+        (lambda d: d.limit(10), "Limit"),
+        (lambda d: d.sample(0.5, seed=1), "Sample"),
+    ],
+)
 def test_anything_but_a_plain_scan_goes_through_spark(df, make, reason):
-    split, why = parquet_split.plan(make(df), 2)
+    split, why = parquet_split.split_files(make(df), 2)
     assert split is None and reason in why
 
 
@@ -65,8 +75,8 @@ def test_a_computed_column_beyond_the_printed_fields_is_seen(spark, tmp_path):
     wide = spark.range(40).select(*[(F.col("id") * i).cast("double").alias(f"c{i}") for i in range(30)])
     wide.write.parquet(str(tmp_path / "wide"))
     d = spark.read.parquet(str(tmp_path / "wide"))
-    assert parquet_split.plan(d, 2)[0] is not None
-    split, why = parquet_split.plan(d.withColumn("c29", F.col("c29") + 1), 2)
+    assert parquet_split.split_files(d, 2)[0] is not None
+    split, why = parquet_split.split_files(d.withColumn("c29", F.col("c29") + 1), 2)
     assert split is None and "computes or renames" in why
 
 
@@ -74,24 +84,29 @@ def test_partition_columns_cached_frames_other_formats_and_mixed_types_go_throug
     base = spark.range(30).select(F.col("id").cast("double").alias("x"), (F.col("id") % 3).alias("part"))
     base.write.partitionBy("part").parquet(str(tmp_path / "parted"))
     parted = spark.read.parquet(str(tmp_path / "parted"))
-    assert "'part' is not stored" in parquet_split.plan(parted, 2)[1]
-    assert parquet_split.plan(parted.select("x"), 2)[0] is not None  # without the partition column
+    assert "'part' is not stored" in parquet_split.split_files(parted, 2)[1]
+    assert parquet_split.split_files(parted.select("x"), 2)[0] is not None  # without the partition column
 
     base.write.csv(str(tmp_path / "csv"))
-    assert "reads csv files" in parquet_split.plan(spark.read.csv(str(tmp_path / "csv")), 2)[1]
+    assert "reads csv files" in parquet_split.split_files(spark.read.csv(str(tmp_path / "csv")), 2)[1]
 
     mixed = tmp_path / "mixed"
     mixed.mkdir()
     pq.write_table(pa.table({"x": pa.array([1, 2], pa.int64())}), str(mixed / "a.parquet"))
     pq.write_table(pa.table({"x": pa.array([3, 4], pa.int32())}), str(mixed / "b.parquet"))
-    split, why = parquet_split.plan(spark.read.parquet(str(mixed)), 2)
+    split, why = parquet_split.split_files(spark.read.parquet(str(mixed)), 2)
     assert split is None and "'x' is stored as int32" in why
 
 
 def test_runner_reads_the_files_and_matches_the_spark_path(df):
     direct = BarrierRunner(2, timeout=180).run_with_data(df, h.shard_in_order, return_all=True)
-    assert [r["values"] for r in direct] == [[float(k) for k in range(0, 37)], [float(k) for k in range(37, 75)]]
-    moved = BarrierRunner(2, timeout=180, read_files=False).run_with_data(df, h.shard_in_order, return_all=True)
+    assert [r["values"] for r in direct] == [
+        [float(k) for k in range(0, 37)],
+        [float(k) for k in range(37, 75)],
+    ]
+    moved = BarrierRunner(2, timeout=180, read_files=False).run_with_data(
+        df, h.shard_in_order, return_all=True
+    )
     assert sorted(v for r in moved for v in r["values"]) == [float(k) for k in range(75)]
     assert [r["values"] for r in moved] != [r["values"] for r in direct]  # hashed, not ranges
 

@@ -4,8 +4,8 @@ import pytest
 from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError
-from sparkml_dist.partitioning import (GROUP_COL, KEY_COL, SplitSpec, assign_groups, check_groups,
-                                       group_stats, task_memory_budget)
+from sparkml_dist._spark_env import task_memory_budget
+from sparkml_dist.partitioning import GROUP_COL, KEY_COL, SplitSpec, assign_groups, check_groups, group_stats
 
 
 @pytest.fixture(scope="module")
@@ -41,13 +41,17 @@ def test_mode_statistics(rows):
     counts = group_stats(disjoint, 4).counts()
     assert counts.sum() == n and counts.min() > 0.8 * n / 4
 
-    boot = assign_groups(rows, SplitSpec(num_groups=4, sampling="bootstrap", sample_ratio=0.5, seed=3), ["id"])
+    boot = assign_groups(
+        rows, SplitSpec(num_groups=4, sampling="bootstrap", sample_ratio=0.5, seed=3), ["id"]
+    )
     per = boot.groupBy(GROUP_COL, "id").count()
     copies = [r[0] for r in per.select("count").collect()]
     assert max(copies) >= 2  # Poisson copies
     assert abs(boot.count() / (4 * n) - 0.5) < 0.05
 
-    sub = assign_groups(rows, SplitSpec(num_groups=4, sampling="subsample", sample_ratio=0.25, seed=3), ["id"])
+    sub = assign_groups(
+        rows, SplitSpec(num_groups=4, sampling="subsample", sample_ratio=0.25, seed=3), ["id"]
+    )
     assert sub.groupBy(GROUP_COL, "id").count().where("count > 1").count() == 0  # no replacement
     assert abs(sub.count() / (4 * n) - 0.25) < 0.05
 

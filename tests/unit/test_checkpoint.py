@@ -7,11 +7,13 @@ import torch
 
 from sparkml_dist import CollectionError, ConfigurationError, WorkerError
 from sparkml_dist.runner import BarrierRunner, checkpoint
-from tests import runner_helpers as h
+from tests.support import runner_helpers as h
 
 
 def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
-    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(h.train_with_checkpoints)
+    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(
+        h.train_with_checkpoints
+    )
     assert clean["resumed_from"] == 0
     resumable = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "crash"))
     with pytest.raises(WorkerError) as err:
@@ -72,11 +74,13 @@ def test_only_rank_0_writes_and_a_directory_is_required(tmp_path, monkeypatch):
 
 
 def test_max_restarts_resumes_from_the_checkpoint_with_the_exact_result(tmp_path):
-    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(h.train_with_checkpoints)
+    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(
+        h.train_with_checkpoints
+    )
     lines = []
-    out = BarrierRunner(-2, timeout=120, max_restarts=2, checkpoint_dir=str(tmp_path / "r"),
-                        log_sink=lines.append).run(h.train_with_checkpoints, crash_at=7,
-                                                   crash_once_marker=str(tmp_path / "crashed"))
+    out = BarrierRunner(
+        -2, timeout=120, max_restarts=2, checkpoint_dir=str(tmp_path / "r"), log_sink=lines.append
+    ).run(h.train_with_checkpoints, crash_at=7, crash_once_marker=str(tmp_path / "crashed"))
     assert out["resumed_from"] == 6
     assert torch.equal(out["weight"], clean["weight"]) and torch.equal(out["bias"], clean["bias"])
     assert any("attempt 1 failed: rank 1 exited with code 3" in ln for ln in lines)

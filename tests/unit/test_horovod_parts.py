@@ -5,21 +5,21 @@ import pytest
 
 from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.horovod import HorovodRunner, log_to_driver
-from sparkml_dist.runner import BarrierRunner, rendezvous
-from tests import horovod_helpers as hh
-from tests.runner_checks import assert_no_rank_left
+from sparkml_dist.runner import BarrierRunner, backends
+from tests.support import horovod_helpers as hh
+from tests.support.runner_checks import assert_no_rank_left
 
 
 def test_slots_follow_horovodrun_placement():
     # ranks interleaved over two hosts, as Spark may place barrier tasks
-    slots = rendezvous.horovod_slots(["a", "b", "a", "a"])
+    slots = backends.horovod_slots(["a", "b", "a", "a"])
     assert [(s["local_rank"], s["local_size"]) for s in slots] == [(0, 3), (0, 1), (1, 3), (2, 3)]
     assert [(s["cross_rank"], s["cross_size"]) for s in slots] == [(0, 2), (1, 2), (0, 1), (0, 1)]
     assert {s["size"] for s in slots} == {4} and [s["rank"] for s in slots] == [0, 1, 2, 3]
 
 
 def test_env_is_what_hvd_init_reads():
-    env = rendezvous.horovod_env(2, ["a", "b", "a"], "a", 4321, "eth0", 90.4)
+    env = backends.horovod_env(2, ["a", "b", "a"], "a", 4321, "eth0", 90.4)
     assert env["HOROVOD_RANK"] == env["RANK"] == "2" and env["HOROVOD_SIZE"] == env["WORLD_SIZE"] == "3"
     assert env["HOROVOD_LOCAL_RANK"] == env["LOCAL_RANK"] == "1" and env["HOROVOD_LOCAL_SIZE"] == "2"
     assert env["HOROVOD_CROSS_RANK"] == "0" and env["HOROVOD_CROSS_SIZE"] == "1"
@@ -27,18 +27,18 @@ def test_env_is_what_hvd_init_reads():
     assert (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], env["HOROVOD_GLOO_RENDEZVOUS_PORT"]) == ("a", "4321")
     assert env["HOROVOD_CONTROLLER"] == env["HOROVOD_CPU_OPERATIONS"] == "gloo"
     assert env["HOROVOD_GLOO_TIMEOUT_SECONDS"] == "90"
-    assert "HOROVOD_GLOO_IFACE" not in rendezvous.horovod_env(0, ["a"], "a", 1, None, 5)
+    assert "HOROVOD_GLOO_IFACE" not in backends.horovod_env(0, ["a"], "a", 1, None, 5)
 
 
 def test_gpus_are_visible_in_local_rank_order_so_set_device_local_rank_works():
     hosts = ["a", "b", "a"]
     gpus = [["3"], ["0"], ["1"]]
-    assert rendezvous.host_gpus(0, hosts, gpus) == ["3", "1"]   # local rank 0 -> index 0 = GPU 3
-    assert rendezvous.host_gpus(2, hosts, gpus) == ["3", "1"]   # local rank 1 -> index 1 = GPU 1
-    assert rendezvous.host_gpus(1, hosts, gpus) == ["0"]
-    assert rendezvous.host_gpus(0, hosts, [None, None, None]) is None
+    assert backends.host_gpus(0, hosts, gpus) == ["3", "1"]  # local rank 0 -> index 0 = GPU 3
+    assert backends.host_gpus(2, hosts, gpus) == ["3", "1"]  # local rank 1 -> index 1 = GPU 1
+    assert backends.host_gpus(1, hosts, gpus) == ["0"]
+    assert backends.host_gpus(0, hosts, [None, None, None]) is None
     # a task with two GPUs: each rank sees only its own
-    assert rendezvous.host_gpus(0, ["a", "a"], [["0", "1"], ["2"]]) == ["0", "1"]
+    assert backends.host_gpus(0, ["a", "a"], [["0", "1"], ["2"]]) == ["0", "1"]
 
 
 def test_log_to_driver_outside_a_rank_prints(capsys):

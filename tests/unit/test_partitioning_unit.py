@@ -2,18 +2,22 @@ import numpy as np
 import pytest
 
 from sparkml_dist import ConfigurationError
-from sparkml_dist.partitioning import (SplitSpec, parse_bytes, feature_subsets, group_seeds,
-                                       membership_sql, order_rows)
+from sparkml_dist._spark_env import parse_bytes
+from sparkml_dist.group_rows import order_rows
+from sparkml_dist.partitioning import SplitSpec, feature_subsets, group_seeds, membership_sql
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_groups=0), "num_groups must be an integer >= 1"),
-    (dict(num_groups=2, sampling="random"), "sampling must be one of"),
-    (dict(num_groups=2, sample_ratio=0), r"sample_ratio must be in \(0, 1\]"),
-    (dict(num_groups=2, sample_ratio=1.5), r"sample_ratio must be in \(0, 1\]"),
-    (dict(num_groups=2, feature_ratio=-0.1), r"feature_ratio must be in \(0, 1\]"),
-    (dict(num_groups=2, feature_ratio="x"), "feature_ratio must be a number"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_groups=0), "num_groups must be an integer >= 1"),
+        (dict(num_groups=2, sampling="random"), "sampling must be one of"),
+        (dict(num_groups=2, sample_ratio=0), r"sample_ratio must be in \(0, 1\]"),
+        (dict(num_groups=2, sample_ratio=1.5), r"sample_ratio must be in \(0, 1\]"),
+        (dict(num_groups=2, feature_ratio=-0.1), r"feature_ratio must be in \(0, 1\]"),
+        (dict(num_groups=2, feature_ratio="x"), "feature_ratio must be a number"),
+    ],
+)
 def test_spec_rejects_bad_values(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         SplitSpec(**kwargs)
@@ -48,8 +52,9 @@ def test_order_rows_is_independent_of_arrival_order():
 
 def test_membership_sql_per_mode():
     assert "pmod" in membership_sql(SplitSpec(num_groups=4))
-    assert "filter(sequence(0, 3)" in membership_sql(SplitSpec(num_groups=4, sampling="subsample",
-                                                               sample_ratio=0.5))
+    assert "filter(sequence(0, 3)" in membership_sql(
+        SplitSpec(num_groups=4, sampling="subsample", sample_ratio=0.5)
+    )
     boot = membership_sql(SplitSpec(num_groups=4, sampling="bootstrap", sample_ratio=1.0))
     assert "array_repeat" in boot and boot.count(">=") >= 10  # Poisson(1) tail out to 1e-12
 

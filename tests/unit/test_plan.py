@@ -34,11 +34,14 @@ def test_fitted_estimators_are_counted_by_the_values_they_hold():
     assert parameter_count(deep) > parameter_count(small)  # more nodes, more values
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(precision="int8"), "precision must be one of"),
-    (dict(batch_size=0), "batch_size must be an integer >= 1"),
-    (dict(steps=1.5), "steps must be an integer >= 1"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(precision="int8"), "precision must be one of"),
+        (dict(batch_size=0), "batch_size must be an integer >= 1"),
+        (dict(steps=1.5), "steps must be an integer >= 1"),
+    ],
+)
 def test_bad_formula_inputs_name_the_parameter(kwargs, match):
     with pytest.raises(ConfigurationError, match=match):
         model_bytes(10, **kwargs)
@@ -47,13 +50,16 @@ def test_bad_formula_inputs_name_the_parameter(kwargs, match):
 
 
 def test_planner_divides_memory_and_caps_by_slots():
-    cluster = ClusterMemory(executors=3, cores_per_executor=4, task_cpus=1,
-                            python_bytes_per_executor=10 << 30, source="test")
+    cluster = ClusterMemory(
+        executors=3, cores_per_executor=4, task_cpus=1, python_bytes_per_executor=10 << 30, source="test"
+    )
     p = plan_concurrency(None, 3 << 30, cluster=cluster)  # 3 GiB models: 3 fit in 10 GiB
     assert (p.models_per_executor, p.slots_per_executor, p.concurrency) == (3, 4, 9)
     assert plan_concurrency(None, 1 << 20, cluster=cluster).concurrency == 12  # slots bound it
     assert plan_concurrency(None, 1 << 20, max_concurrent=5, cluster=cluster).concurrency == 5
-    with pytest.raises(InsufficientResourcesError, match=r"11264\.0 MiB.*10240\.0 MiB.*spark.executor.pyspark.memory"):
+    with pytest.raises(
+        InsufficientResourcesError, match=r"11264\.0 MiB.*10240\.0 MiB.*spark.executor.pyspark.memory"
+    ):
         plan_concurrency(None, 11 << 30, cluster=cluster)
     with pytest.raises(ConfigurationError, match="max_concurrent must be an integer >= 1"):
         plan_concurrency(None, 1, max_concurrent=0, cluster=cluster)

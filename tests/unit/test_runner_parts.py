@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError, serialization
-from sparkml_dist.runner import _task, rendezvous
+from sparkml_dist.runner import _task, admission, rendezvous
 from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
 from sparkml_dist.runner.data import Shard
 
@@ -43,25 +43,38 @@ def _conf(d):
 
 
 def test_slot_checks():
-    rendezvous.check_slots(2, "local[2]", _conf({}))
-    with pytest.raises(InsufficientResourcesError, match=r"np=3 barrier tasks need 3 task slots but the cluster has 2"):
-        rendezvous.check_slots(3, "local[2]", _conf({}))
+    admission.check_slots(2, "local[2]", _conf({}))
+    with pytest.raises(
+        InsufficientResourcesError, match=r"np=3 barrier tasks need 3 task slots but the cluster has 2"
+    ):
+        admission.check_slots(3, "local[2]", _conf({}))
     with pytest.raises(InsufficientResourcesError, match="has 2"):
-        rendezvous.check_slots(3, "local-cluster[2,1,1024]", _conf({}))
+        admission.check_slots(3, "local-cluster[2,1,1024]", _conf({}))
     with pytest.raises(InsufficientResourcesError, match=r"spark.dynamicAllocation.maxExecutors=1"):
-        rendezvous.check_slots(4, "yarn", _conf({"spark.dynamicAllocation.enabled": "true",
-                                                 "spark.dynamicAllocation.maxExecutors": "1",
-                                                 "spark.executor.cores": "2"}), live_slots=8)
-    rendezvous.check_slots(4, "yarn", _conf({}), live_slots=None)  # unknown: Spark's own check decides
+        admission.check_slots(
+            4,
+            "yarn",
+            _conf(
+                {
+                    "spark.dynamicAllocation.enabled": "true",
+                    "spark.dynamicAllocation.maxExecutors": "1",
+                    "spark.executor.cores": "2",
+                }
+            ),
+            live_slots=8,
+        )
+    admission.check_slots(4, "yarn", _conf({}), live_slots=None)  # unknown: Spark's own check decides
     with pytest.raises(InsufficientResourcesError, match="will have 4 but only 1 are registered"):
-        rendezvous.check_slots(3, "local-cluster[2,2,1024]", _conf({}), live_slots=1)
+        admission.check_slots(3, "local-cluster[2,2,1024]", _conf({}), live_slots=1)
 
 
 def test_encryption_refused_unless_opted_in():
-    assert rendezvous.check_encryption(_conf({}), False) is None
-    with pytest.raises(ConfigurationError, match=r"spark.network.crypto.enabled=true.*allow_unencrypted=True"):
-        rendezvous.check_encryption(_conf({"spark.network.crypto.enabled": "true"}), False)
-    warning = rendezvous.check_encryption(_conf({"spark.ssl.enabled": "true"}), True)
+    assert admission.check_encryption(_conf({}), False) is None
+    with pytest.raises(
+        ConfigurationError, match=r"spark.network.crypto.enabled=true.*allow_unencrypted=True"
+    ):
+        admission.check_encryption(_conf({"spark.network.crypto.enabled": "true"}), False)
+    warning = admission.check_encryption(_conf({"spark.ssl.enabled": "true"}), True)
     assert "not encrypted" in warning
 
 
@@ -124,8 +137,12 @@ def test_channel_accepts_only_the_secret_and_never_unpickles():
 
 # ------------------------------------------------------------------ shards
 def _shard(n, sizes, rank=0):
-    table = pa.table({"features": pa.array([[float(i), float(-i)] for i in range(n)], pa.list_(pa.float64())),
-                      "label": pa.array(np.arange(n) % 3, pa.int64())})
+    table = pa.table(
+        {
+            "features": pa.array([[float(i), float(-i)] for i in range(n)], pa.list_(pa.float64())),
+            "label": pa.array(np.arange(n) % 3, pa.int64()),
+        }
+    )
     return Shard(table, sizes, rank)
 
 
@@ -153,11 +170,21 @@ def test_shard_numpy_torch_and_equal_steps_on_uneven_shards():
 
 # ------------------------------------------------------------------ supervisor on a thread gang
 def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeout=60.0):
-    return _task.TaskSpec(run_id="t" + str(time.time_ns()), world_size=world,
-                          payload=serialization.dumps((fn, args, {}, True)), backend="torch",
-                          use_gpu=False, log_ranks=(), channel=None, secret=b"s",
-                          start_timeout=start_timeout, collective_timeout=60.0, has_data=False,
-                          return_all=return_all, max_result_bytes=max_result)
+    return _task.TaskSpec(
+        run_id="t" + str(time.time_ns()),
+        world_size=world,
+        payload=serialization.dumps((fn, args, {}, True)),
+        backend="torch",
+        use_gpu=False,
+        log_ranks=(),
+        channel=None,
+        secret=b"s",
+        start_timeout=start_timeout,
+        collective_timeout=60.0,
+        has_data=False,
+        return_all=return_all,
+        max_result_bytes=max_result,
+    )
 
 
 def _run_gang(spec):
@@ -180,7 +207,7 @@ def _run_gang(spec):
 
 
 def test_supervisor_runs_ranks_and_returns_rank0_result():
-    from tests.runner_helpers import allreduce_rank_sum
+    from tests.support.runner_helpers import allreduce_rank_sum
 
     out, errors = _run_gang(_spec(allreduce_rank_sum, 4))
     assert not errors
@@ -193,7 +220,7 @@ def test_supervisor_runs_ranks_and_returns_rank0_result():
 
 
 def test_result_larger_than_max_result_size_is_refused_with_a_pointer_to_storage():
-    from tests.runner_helpers import big_result
+    from tests.support.runner_helpers import big_result
 
     out, errors = _run_gang(_spec(big_result, 5000, world=1, max_result=1000))
     assert isinstance(errors[0], _task.RankFailure)
@@ -202,30 +229,53 @@ def test_result_larger_than_max_result_size_is_refused_with_a_pointer_to_storage
 
 
 def test_root_cause_is_the_failure_not_its_symptoms():
-    from sparkml_dist.runner.runner import _Monitor
+    from sparkml_dist.runner.failures import Monitor as _Monitor
 
     m = _Monitor(3, lambda s: None)
-    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "exit_code": 1, "failed_at": 1.0,
-                   "tail": ["RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:41856"]})
-    m.add_failure({"rank": 2, "message": "rank 2 was stopped because the run was cancelled",
-                   "phase": "cancelled", "failed_at": 0.5, "tail": []})
-    m.add_failure({"rank": 1, "message": "rank 1 exited with code 7", "exit_code": 7, "failed_at": 2.0,
-                   "tail": ["about to fail"]})
+    m.add_failure(
+        {
+            "rank": 0,
+            "message": "rank 0 exited with code 1",
+            "exit_code": 1,
+            "failed_at": 1.0,
+            "tail": ["RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:41856"],
+        }
+    )
+    m.add_failure(
+        {
+            "rank": 2,
+            "message": "rank 2 was stopped because the run was cancelled",
+            "phase": "cancelled",
+            "failed_at": 0.5,
+            "tail": [],
+        }
+    )
+    m.add_failure(
+        {
+            "rank": 1,
+            "message": "rank 1 exited with code 7",
+            "exit_code": 7,
+            "failed_at": 2.0,
+            "tail": ["about to fail"],
+        }
+    )
     err = m.worker_error()
     assert err.rank == 1 and err.exit_code == 7
     assert str(err).startswith("rank 1 exited with code 7; then rank 0 (exited with code 1)")
 
 
 def test_multi_chunk_shards_convert_across_chunk_boundaries():
-    b1 = pa.record_batch({"a": pa.array([1.0, 2.0]), "v": pa.array([[1.0, 2.0], [3.0, 4.0]]),
-                          "y": pa.array([0, 1])})
+    b1 = pa.record_batch(
+        {"a": pa.array([1.0, 2.0]), "v": pa.array([[1.0, 2.0], [3.0, 4.0]]), "y": pa.array([0, 1])}
+    )
     b2 = pa.record_batch({"a": pa.array([3.0]), "v": pa.array([[5.0, 6.0]]), "y": pa.array([2])})
     s = Shard(pa.Table.from_batches([b1, b2]), [3], 0)
     assert s.to_numpy(["a", "v"]).tolist() == [[1, 1, 2], [2, 3, 4], [3, 5, 6]]
     assert s.to_torch(["v", "a"]).tolist() == [[1, 2, 1], [3, 4, 2], [5, 6, 3]]
-    (v, y), = list(s.dataloader(3, ["v", "y"], shuffle=False))
+    ((v, y),) = list(s.dataloader(3, ["v", "y"], shuffle=False))
     assert v.tolist() == [[1, 2], [3, 4], [5, 6]] and y.tolist() == [0, 1, 2]
-    ragged = pa.Table.from_batches([pa.record_batch({"v": pa.array([[1.0]])}),
-                                    pa.record_batch({"v": pa.array([[1.0, 2.0]])})])
+    ragged = pa.Table.from_batches(
+        [pa.record_batch({"v": pa.array([[1.0]])}), pa.record_batch({"v": pa.array([[1.0, 2.0]])})]
+    )
     with pytest.raises(ConfigurationError, match="different lengths"):
         Shard(ragged, [2], 0).to_numpy(["v"])

@@ -1,0 +1,129 @@
+"""Fit one model per key, and predict each row with its key's model.  [executor]
+
+The executor side of :class:`sparkml_dist.ensemble.GroupedTrainer`: module-level functions taking
+``(batches, spec)``; nothing here touches a SparkSession.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import collection, serialization
+from ..group_rows import GROUP_COL
+from ._worker import features_to_numpy
+
+FEATURES, LABEL = "__sd_features", "__sd_label"
+
+
+@dataclass(frozen=True)
+class KeyModel:
+    """The model fitted for one key (``group`` is the key's index in the trained model)."""
+
+    group: int
+    key: Any
+    model: Any
+    rows: int
+
+
+@dataclass(frozen=True)
+class FitSpec:
+    estimator_blob: bytes
+    keys: Tuple[Any, ...]
+
+
+def fit_keys(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.RecordBatch]:
+    """Fit one clone per group; rows arrive sorted by group, so one group is held at a time."""
+    pending: List[pa.RecordBatch] = []
+    current: Optional[int] = None
+
+    def fit(group: int, parts: List[pa.RecordBatch]):
+        table = pa.Table.from_batches(parts)
+        X = features_to_numpy(table.column(FEATURES), what=f"group {spec.keys[group]!r}: features")
+        y = table.column(LABEL).to_numpy(zero_copy_only=False)
+        model = serialization.loads(spec.estimator_blob)
+        try:
+            model.fit(X, y)
+        except Exception as exc:
+            return collection.encode_error(
+                group,
+                f"the model of key {spec.keys[group]!r} ({len(y)} rows) "
+                f"failed to fit: {type(exc).__name__}: {exc}",
+            )
+        return collection.encode(group, 0, KeyModel(group, spec.keys[group], model, len(y)))
+
+    for batch in batches:
+        groups = batch.column(GROUP_COL).to_numpy()
+        if not len(groups):
+            continue
+        cuts = np.flatnonzero(np.diff(groups)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(groups)]):
+            g = int(groups[lo])
+            if current is not None and g != current:
+                yield fit(current, pending)
+                pending = []
+            current = g
+            pending.append(batch.slice(lo, hi - lo))
+    if current is not None:
+        yield fit(current, pending)
+
+
+@dataclass(frozen=True)
+class PredictSpec:
+    key_col: str
+    prediction_col: str
+    prediction_type: str  # "double" or "string"
+    models_key: str
+    models_blob: bytes  # pickled (keys, models)
+    unseen: str
+
+
+def _models(spec: PredictSpec):
+    """(keys as an Arrow array, models), unpickled once per Python worker."""
+    return serialization.cached_loads(
+        spec.models_blob, spec.models_key, then=lambda km: (pa.array(km[0]), km[1])
+    )
+
+
+def predict_batch(
+    key_array: pa.Array,
+    features: np.ndarray,
+    keys: pa.Array,
+    models: List[Any],
+    unseen: str,
+    out_type: pa.DataType,
+) -> pa.Array:
+    """Predictions for one batch: each row from its key's model (null where the key has none)."""
+    value_set = keys if keys.type == key_array.type else keys.cast(key_array.type)
+    idx = pc.fill_null(pc.index_in(key_array, value_set=value_set), -1).to_numpy(zero_copy_only=False)
+    unknown = idx < 0
+    if unseen == "error" and unknown.any():
+        missing = pc.unique(pc.filter(key_array, pa.array(unknown))).to_pylist()
+        raise ValueError(
+            f"keys {missing[:10]} were not seen in training (no model); filter them out, "
+            "or set unseenKey='null' to predict null for them"
+        )
+    is_string = pa.types.is_string(out_type)
+    out = np.empty(len(idx), dtype=object) if is_string else np.full(len(idx), np.nan)
+    for g in np.unique(idx[~unknown]):
+        rows = np.flatnonzero(idx == g)
+        preds = np.asarray(models[g].predict(features[rows]))
+        out[rows] = preds.astype(str) if is_string else preds
+    return pa.array(out, type=out_type, mask=unknown)
+
+
+def predict_keys(batches: Iterable[pa.RecordBatch], spec: PredictSpec) -> Iterator[pa.RecordBatch]:
+    keys, models = _models(spec)
+    out_type = pa.string() if spec.prediction_type == "string" else pa.float64()
+    for batch in batches:
+        features = features_to_numpy(batch.column(FEATURES), what="features")
+        preds = predict_batch(batch.column(spec.key_col), features, keys, models, spec.unseen, out_type)
+        kept = [i for i, name in enumerate(batch.schema.names) if name != FEATURES]
+        yield pa.RecordBatch.from_arrays(
+            [batch.column(i) for i in kept] + [preds],
+            names=[batch.schema.names[i] for i in kept] + [spec.prediction_col],
+        )

@@ -1,0 +1,177 @@
+"""RankProcess: one rank's child process, its output, its control events and its result.  [executor]
+
+The barrier task (:mod:`sparkml_dist.runner._task`) starts one :class:`RankProcess`; three reader
+threads keep the last :data:`TAIL_LINES` lines of its output (for failure reports), forward lines to
+the driver when the rank is streamed, and queue the control events it sends (names in
+:mod:`sparkml_dist.runner.protocol`).  The process runs in its own process group, so
+:meth:`RankProcess.kill` stops everything it started.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+from . import protocol
+from .channel import LogClient
+
+TAIL_LINES = 40
+
+
+def exit_text(code: int) -> str:
+    """How a process ended, in words ("exited with code 3", "was killed by signal 9 (SIGKILL)")."""
+    if code < 0:
+        try:
+            return f"was killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+class RankProcess:
+    """Start ``python -c RANK_ENTRY`` in ``workdir`` with ``env``; watch it until it ends.
+
+    ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
+    The process starts at once; :meth:`watch` starts reading its output (meanwhile it waits in
+    the pipes), so the slow start of a rank overlaps with whatever the task does next.
+    """
+
+    def __init__(self, rank: int, workdir: str, env: Dict[str, str], pass_fds: Sequence[int] = ()) -> None:
+        self.rank = rank
+        self.tail: "collections.deque[str]" = collections.deque(maxlen=TAIL_LINES)
+        self._events: "queue.Queue[dict]" = queue.Queue()
+        self._forward, self._client = False, None
+        self._threads: List[threading.Thread] = []
+        ctrl_r, ctrl_w = os.pipe()
+        try:
+            env = {
+                **env,
+                protocol.CTRL_ENV: str(ctrl_w),
+                protocol.PARENT_ENV: str(os.getpid()),
+                protocol.WORKDIR_ENV: workdir,
+            }
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", protocol.RANK_ENTRY],
+                env=env,
+                cwd=workdir,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                pass_fds=(ctrl_w, *pass_fds),
+                start_new_session=True,
+            )
+        except BaseException:
+            os.close(ctrl_r)
+            raise
+        finally:
+            os.close(ctrl_w)
+        self._ctrl_r = ctrl_r
+
+    def watch(self, forward: bool = False, client: Optional[LogClient] = None) -> None:
+        """Start the readers. ``forward``: stream stdout/stderr lines to ``client`` (lines sent with
+        ``log_to_driver`` always go)."""
+        self._forward, self._client = forward, client
+        self._threads = [
+            threading.Thread(target=self._lines, args=(self.proc.stdout, "stdout"), daemon=True),
+            threading.Thread(target=self._lines, args=(self.proc.stderr, "stderr"), daemon=True),
+            threading.Thread(target=self._ctrl, args=(self._ctrl_r,), daemon=True),
+        ]
+        for t in self._threads:
+            t.start()
+
+    # ------------------------------------------------------------------ readers
+    def _relay(self, stream: str, text: str) -> None:
+        self.tail.append(text)
+        if self._client is not None and (self._forward or stream == "log"):
+            self._client.send(
+                {"type": protocol.FRAME_LINE, "rank": self.rank, "stream": stream, "text": text}
+            )
+
+    def _lines(self, pipe, stream: str) -> None:
+        for raw in iter(pipe.readline, b""):
+            self._relay(stream, raw.decode("utf-8", "replace").rstrip("\n"))
+        pipe.close()
+
+    def _ctrl(self, fd: int) -> None:
+        with os.fdopen(fd, "r") as fh:
+            for line in fh:
+                ev = protocol.parse_event(line)
+                if ev is None:
+                    continue
+                if ev.get("event") == protocol.EVENT_LOG:  # log_to_driver: streamed whatever log_ranks says
+                    self._relay("log", str(ev.get("text", "")))
+                else:
+                    self._events.put(ev)
+
+    # ------------------------------------------------------------------ control
+    def send_start(self, message: bytes) -> None:
+        """Write the start message (:func:`protocol.start_message`) to the rank's stdin."""
+        self.proc.stdin.write(message)
+        self.proc.stdin.flush()
+
+    def wait_event(
+        self, name: str, deadline: Optional[float], cancelled: Callable[[], bool] = lambda: False
+    ) -> Optional[dict]:
+        """The next control event ``name``; None once the process exited, ``deadline`` (a monotonic
+        time) passed or ``cancelled()``."""
+        while not cancelled():
+            if self.proc.poll() is not None and self._events.empty():
+                return None
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            try:
+                ev = self._events.get(timeout=0.1 if left is None else min(0.1, left))
+            except queue.Empty:
+                continue
+            if ev.get("event") == name:
+                return ev
+        return None
+
+    def wait_exit(self, cancel: Optional[threading.Event] = None) -> Optional[int]:
+        """The exit code once the process ends; None when ``cancel`` was set first (it is killed)."""
+        while self.proc.poll() is None:
+            if cancel is None:
+                self.proc.wait()
+            elif cancel.wait(0.1) and self.proc.poll() is None:
+                self.kill()
+                return None
+        self.join_output()
+        return self.proc.returncode
+
+    @property
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def join_output(self, timeout: float = 2.0) -> None:
+        """Wait (briefly) until the output the process wrote before ending has been read."""
+        for t in self._threads:
+            t.join(timeout)
+
+    def lines(self) -> List[str]:
+        return list(self.tail)
+
+    def kill(self) -> None:
+        """Kill the process group (the rank and whatever it started), then reap the rank."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait()
+
+    def close(self) -> None:
+        self.kill()
+        if not self._threads:  # never watched: the control pipe's read end is still ours
+            os.close(self._ctrl_r)
+        try:
+            self.proc.stdin.close()
+        except OSError:
+            pass

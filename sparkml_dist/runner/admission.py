@@ -1,0 +1,181 @@
+"""Pre-flight checks of a run, before anything is launched.  [driver]
+
+The arguments (``log_ranks``, the function and what it captures), the cluster (task slots, dynamic
+allocation, encryption, GPU scheduling, memory for the model) and the stage-level GPU profile.
+Every refusal names the setting or argument to change.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Callable, Optional
+
+from .. import _spark_env, plan, serialization
+from .._spark_env import Conf
+from ..errors import ConfigurationError, InsufficientResourcesError
+
+log = logging.getLogger(__name__)
+
+
+def parse_log_ranks(value, world: int) -> tuple:
+    """``log_ranks`` ("all", "none", a rank, "0,2" or a list) as a tuple of ranks."""
+    if value is None or value == "none":
+        return ()
+    if value == "all":
+        return tuple(range(world))
+    if isinstance(value, int):
+        return (value,)
+    if isinstance(value, str):
+        try:
+            return tuple(int(v) for v in value.split(",") if v.strip())
+        except ValueError:
+            pass
+    elif isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    raise ConfigurationError(f"log_ranks must be 'all', 'none', a rank or a list of ranks; got {value!r}")
+
+
+def _unpicklable_part(fn: Callable) -> str:
+    """Name what a function captures that cannot be pickled (closure cells, then globals)."""
+    code = getattr(fn, "__code__", None)
+    candidates = []
+    if code is not None and getattr(fn, "__closure__", None):
+        candidates += list(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
+    if code is not None:
+        g = getattr(fn, "__globals__", {})
+        candidates += [(n, g[n]) for n in code.co_names if n in g and not isinstance(g[n], type(sys))]
+    for name, value in candidates:
+        try:
+            serialization.dumps(value)
+        except Exception as exc:  # the first capture that cannot travel
+            return (
+                f" It captures {name!r} ({type(value).__module__}.{type(value).__qualname__}), "
+                f"which cannot be pickled: {exc}. Create it inside the function instead."
+            )
+    return ""
+
+
+def payload(main: Callable, args, kwargs, want_result: bool = True) -> bytes:
+    """``(main, args, kwargs, want_result)`` as the bytes every rank loads; a clear error when the
+    function or what it captures cannot travel."""
+    if not callable(main):
+        raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
+    try:
+        return serialization.dumps((main, args, kwargs, want_result))
+    except Exception as exc:
+        raise ConfigurationError(
+            f"cannot send {getattr(main, '__name__', main)!r} and its arguments to the ranks: "
+            f"{type(exc).__name__}: {exc}.{_unpicklable_part(main)}"
+        ) from None
+
+
+def check_cluster(
+    spark, world: int, *, use_gpu: bool, allow_unencrypted: bool, model_bytes: Optional[int], wait_s: float
+) -> None:
+    """Refuse a run the cluster cannot hold; ``wait_s``: how long to wait for executors to register."""
+    conf = _spark_env.conf_of(spark)
+    warning = check_encryption(conf, allow_unencrypted)
+    if warning:
+        log.warning("%s", warning)
+    master = _spark_env.master_of(spark)
+    if model_bytes:
+        plan.plan_concurrency(spark, model_bytes)  # raises when one model cannot fit a worker
+    check_slots(world, master, conf, _live_slots(spark, master, world, wait_s))
+    if use_gpu and not _spark_env.schedules_gpus(conf):
+        raise InsufficientResourcesError(
+            "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
+            "spark.task.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript "
+            "(spark.driver.resource.gpu.* in local mode), or use use_gpu=False."
+        )
+
+
+def _live_slots(spark, master: str, world: int, wait_s: float) -> Optional[int]:
+    """Task slots of the executors registered now (classic Spark only; None if unknown).
+
+    Executors of a cluster that has just started register over some seconds: wait for enough
+    of them (up to ``wait_s``) rather than fail the first run on a fresh cluster.
+    """
+    if _spark_env.is_connect(spark) or _spark_env.is_local(master):
+        return None
+    deadline = time.monotonic() + wait_s
+    while True:
+        slots = _spark_env.registered_slots(spark)
+        if slots is None or slots >= world or time.monotonic() > deadline:
+            return slots  # None: no JVM access, Spark's own barrier check decides
+        time.sleep(0.5)
+
+
+def check_slots(np_: int, master: str, conf: Conf, live_slots: Optional[int] = None) -> None:
+    """Refuse to launch ``np_`` barrier tasks on a cluster that cannot run them all at once."""
+    configured = _spark_env.master_slots(master, conf)
+    slots = live_slots if live_slots is not None else configured
+    if configured is not None and live_slots is not None and live_slots < np_ <= configured:
+        raise InsufficientResourcesError(
+            f"np={np_} barrier tasks need {np_} task slots; {master} will have {configured} but only "
+            f"{live_slots} are registered (executors still starting or lost). Retry shortly or lower np."
+        )
+    dyn = (conf("spark.dynamicAllocation.enabled", "false") or "false").lower() == "true"
+    if dyn:
+        cap = conf("spark.dynamicAllocation.maxExecutors", None)
+        cores = int(conf("spark.executor.cores", "1") or 1) // int(conf("spark.task.cpus", "1") or 1)
+        hint = (
+            "barrier stages need every task running at once, which dynamic allocation cannot "
+            "promise; set spark.dynamicAllocation.enabled=false"
+        )
+        if cap is not None and int(cap) * cores < np_:
+            raise InsufficientResourcesError(
+                f"np={np_} barrier tasks need {np_} task slots but dynamic allocation allows at most "
+                f"{int(cap) * cores} (spark.dynamicAllocation.maxExecutors={cap} x "
+                f"spark.executor.cores/spark.task.cpus); {hint}, or lower np."
+            )
+        if slots is None or slots < np_:
+            raise InsufficientResourcesError(
+                f"np={np_} barrier tasks need {np_} task slots but only {slots or 0} are available "
+                f"now and spark.dynamicAllocation.enabled=true; {hint}, or lower np."
+            )
+        return
+    if slots is not None and slots < np_:
+        raise InsufficientResourcesError(
+            f"np={np_} barrier tasks need {np_} task slots but the cluster has {slots} ({master}, "
+            f"spark.task.cpus={conf('spark.task.cpus', '1')}). Lower np or add executors/cores."
+        )
+
+
+def check_encryption(conf: Conf, allow_unencrypted: bool) -> Optional[str]:
+    """Refuse an encrypted cluster (gloo/NCCL traffic is not encrypted) unless opted in.
+
+    Returns a warning text when the user opted in, None when the cluster is not encrypted.
+    """
+    keys = [
+        k
+        for k in ("spark.network.crypto.enabled", "spark.ssl.enabled", "spark.io.encryption.enabled")
+        if (conf(k, "false") or "false").lower() == "true"
+    ]
+    if not keys:
+        return None
+    text = (
+        f"this cluster is configured for encryption ({', '.join(k + '=true' for k in keys)}), but "
+        "torch.distributed traffic between ranks (gloo/NCCL) is not encrypted"
+    )
+    if not allow_unencrypted:
+        raise ConfigurationError(
+            f"{text}. Refusing to start; pass allow_unencrypted=True to BarrierRunner to accept "
+            "unencrypted collective traffic on this network."
+        )
+    return text + "; running anyway because allow_unencrypted=True."
+
+
+def gpu_profile(spark, use_gpu: bool):
+    """A stage-level profile asking one GPU per task, when the cluster does not set one.
+
+    With ``spark.task.resource.gpu.amount`` set, Spark already gives each task its GPUs.
+    Otherwise (executors have GPUs, tasks request none by default) this stage asks for one.
+    """
+    if not use_gpu or spark.conf.get("spark.task.resource.gpu.amount", None):
+        return None
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    cpus = _spark_env.task_cpus(_spark_env.conf_of(spark))
+    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", 1)).build

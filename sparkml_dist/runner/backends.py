@@ -1,0 +1,267 @@
+"""The distributed backends a rank can run: torch.distributed and Horovod.  [anywhere]
+
+A :class:`Backend` says everything that differs between them, and nothing outside this module
+tests a backend's name:
+
+* driver: :meth:`~Backend.check_installed`, :attr:`~Backend.start_call` (named in errors) and
+  :attr:`~Backend.peer_lost` (output that only says another rank went away);
+* barrier task: :meth:`~Backend.rank_env`, the rendezvous environment and the GPUs a rank sees;
+* rank process: :meth:`~Backend.prepare` (imports, and rank 0's rendezvous store, before the start
+  message) and :meth:`~Backend.join` (after it: serve what needs the placements, and hook the call
+  that counts as reaching the rendezvous).
+
+Example::
+
+    backend = backends.get("horovod")
+    env, extra = backend.rank_env(rank, peers, gpus, collective_timeout=600)
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from datetime import timedelta
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import ConfigurationError
+from . import network, protocol, rendezvous
+
+# what a rank prints when it only noticed that a peer failed or left: a symptom, not a cause
+_COMMON_PEER_LOST = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+    "ProcessGroupNCCL is aborted",
+)
+
+
+def collective_timeout() -> timedelta:
+    """The run's collective timeout, inside a rank process."""
+    return timedelta(seconds=float(os.environ.get(protocol.TIMEOUT_ENV, "1800")))
+
+
+def report_first_call(owners: Sequence[Any], name: str, on_call: Callable[[], None]) -> None:
+    """Replace function ``name`` on each of ``owners`` (modules) by one that calls ``on_call()`` first.
+
+    The attribute is looked up at call time, so it works however the function imported it.
+    """
+    original = getattr(owners[0], name)
+    if getattr(original, "_sparkml_dist_hook", False):
+        return
+
+    @functools.wraps(original)
+    def hooked(*args, **kwargs):
+        on_call()
+        return original(*args, **kwargs)
+
+    hooked._sparkml_dist_hook = True  # type: ignore[attr-defined]
+    for owner in owners:
+        setattr(owner, name, hooked)
+
+
+class Backend:
+    """What differs between distributed backends (see the module docstring)."""
+
+    name = ""
+    start_call = ""  # the call that joins the rendezvous, as errors name it
+    peer_lost: Tuple[str, ...] = _COMMON_PEER_LOST
+
+    def check_installed(self) -> None:
+        """Driver: raise ConfigurationError when the backend cannot run here."""
+
+    def rank_env(
+        self, rank: int, peers: Sequence[dict], gpus: Optional[List[str]], collective_timeout: float
+    ) -> Tuple[Dict[str, str], Dict[str, Any]]:
+        """Task: (rank ``rank``'s rendezvous environment, extra fields of its start message)."""
+        raise NotImplementedError
+
+    def prepare(self, rank: int, world: int, store_fd: Optional[int]) -> Any:
+        """Rank process, before the start message; returns state held for the process's life."""
+        raise NotImplementedError
+
+    def join(
+        self, state: Any, rank: int, message: dict, store_fd: Optional[int], reached: Callable[[], None]
+    ) -> Any:
+        """Rank process, after the start message: make ``reached()`` run when the rank joins."""
+        raise NotImplementedError
+
+
+class TorchBackend(Backend):
+    """torch.distributed (gloo, NCCL): rank 0's process hosts the TCPStore on the task's socket."""
+
+    name = "torch"
+    start_call = "init_process_group"
+
+    def rank_env(self, rank, peers, gpus, collective_timeout):
+        hosts = [p["host"] for p in peers]
+        return rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus), {}
+
+    def prepare(self, rank, world, store_fd):
+        import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
+
+        return _host_store(world, store_fd) if rank == 0 else None
+
+    def join(self, state, rank, message, store_fd, reached):
+        import torch.distributed as dist
+
+        report_first_call([dist], "init_process_group", reached)
+        return state
+
+
+def _host_store(world_size: int, fd: int):
+    """The rendezvous store, served on the socket the task bound and listens on (fd)."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket(fileno=os.dup(fd)) as s:
+        port = s.getsockname()[1]
+    return dist.TCPStore(
+        "0.0.0.0",
+        port,
+        world_size,
+        is_master=True,
+        wait_for_workers=False,
+        timeout=collective_timeout(),
+        master_listen_fd=fd,
+    )
+
+
+class HorovodBackend(Backend):
+    """Horovod over Gloo: rank 0's process serves Horovod's HTTP rendezvous; no mpirun, no ssh."""
+
+    name = "horovod"
+    start_call = "hvd.init()"
+    peer_lost = _COMMON_PEER_LOST + ("Horovod has been shut down",)
+
+    def check_installed(self) -> None:
+        import importlib.util
+        import sys
+
+        if importlib.util.find_spec("horovod") is None:
+            from ._horovod import INSTALL_HINT
+
+            raise ConfigurationError(
+                f"backend='horovod' needs Horovod, which is not installed in this "
+                f"Python ({sys.executable}). {INSTALL_HINT}"
+            )
+
+    def rank_env(self, rank, peers, gpus, collective_timeout):
+        hosts = [p["host"] for p in peers]
+        me = peers[rank]["host"]
+        env = horovod_env(
+            rank, hosts, peers[0]["host"], peers[0]["port"], network.interface_of(me), collective_timeout
+        )
+        visible = host_gpus(rank, hosts, [p["gpus"] for p in peers])
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
+            env[protocol.DEVICE_ENV] = str(visible.index(gpus[0]))
+        return env, ({"slots": horovod_slots(hosts)} if rank == 0 else {})
+
+    def prepare(self, rank, world, store_fd):
+        from . import _horovod
+
+        return _horovod.import_horovod_torch()  # imported while the task writes the shard
+
+    def join(self, state, rank, message, store_fd, reached):
+        from . import _horovod
+
+        hvd, server = state, None
+        if rank == 0:  # served before any rank can call hvd.init(): peers wait in the backlog
+            server = _horovod.serve_rendezvous(store_fd, message["slots"])
+        report_first_call([hvd.mpi_ops, hvd], "init", reached)
+        return hvd, server
+
+
+def horovod_slots(hosts: Sequence[str]) -> List[Dict[str, object]]:
+    """Each rank's Horovod placement (the fields of ``horovod.runner.common.util.hosts.SlotInfo``).
+
+    local rank: order among the ranks on its host; cross rank: order of its host among the hosts
+    that have a rank of that local rank (hosts in order of their first rank), as ``horovodrun``
+    assigns them.
+    """
+    locals_ = rendezvous.local_ranks(hosts)
+    first_seen = list(dict.fromkeys(hosts))
+    slots = []
+    for rank, (host, (local_rank, local_size)) in enumerate(zip(hosts, locals_)):
+        peers = [h for h in first_seen if sum(1 for x in hosts if x == h) > local_rank]
+        slots.append(
+            {
+                "hostname": host,
+                "rank": rank,
+                "local_rank": local_rank,
+                "cross_rank": peers.index(host),
+                "size": len(hosts),
+                "local_size": local_size,
+                "cross_size": len(peers),
+            }
+        )
+    return slots
+
+
+def horovod_env(
+    rank: int,
+    hosts: Sequence[str],
+    server_addr: str,
+    server_port: int,
+    iface: Optional[str],
+    timeout_s: float,
+) -> Dict[str, str]:
+    """The environment ``hvd.init()`` reads to join a Gloo job whose rendezvous server is given.
+
+    ``iface``: the network interface this rank's Gloo device binds (the one holding the address
+    it advertised); None leaves Gloo to resolve the host name. RANK/WORLD_SIZE/LOCAL_RANK are set
+    too, for :func:`sparkml_dist.runner.shard` and code that reads them.
+    """
+    slot = horovod_slots(hosts)[rank]
+    env = {
+        "HOROVOD_HOSTNAME": str(slot["hostname"]),
+        "HOROVOD_RANK": str(rank),
+        "HOROVOD_SIZE": str(slot["size"]),
+        "HOROVOD_LOCAL_RANK": str(slot["local_rank"]),
+        "HOROVOD_LOCAL_SIZE": str(slot["local_size"]),
+        "HOROVOD_CROSS_RANK": str(slot["cross_rank"]),
+        "HOROVOD_CROSS_SIZE": str(slot["cross_size"]),
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": server_addr,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, int(round(timeout_s)))),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(slot["size"]),
+        "LOCAL_RANK": str(slot["local_rank"]),
+        "LOCAL_WORLD_SIZE": str(slot["local_size"]),
+    }
+    if iface:
+        env["HOROVOD_GLOO_IFACE"] = iface
+    return env
+
+
+def host_gpus(
+    rank: int, hosts: Sequence[str], gpus: Sequence[Optional[Sequence[str]]]
+) -> Optional[List[str]]:
+    """CUDA_VISIBLE_DEVICES for a Horovod rank: its host's task GPUs in local-rank order.
+
+    Horovod code pins a GPU with ``torch.cuda.set_device(hvd.local_rank())``: device index
+    ``local_rank`` is then the GPU Spark assigned to this rank's task, and NCCL sees its peers.
+    When a task holds other than one GPU, the rank sees only its own (index 0).
+    """
+    mine = gpus[rank]
+    if mine is None:
+        return None
+    same_host = [gpus[r] for r, h in enumerate(hosts) if h == hosts[rank]]
+    if all(g is not None and len(g) == 1 for g in same_host):
+        return [g[0] for g in same_host]  # type: ignore[index]
+    return list(mine)
+
+
+BACKENDS: Dict[str, Backend] = {b.name: b for b in (TorchBackend(), HorovodBackend())}
+
+
+def get(name: str) -> Backend:
+    """The backend called ``name``; a ConfigurationError listing the choices otherwise."""
+    try:
+        return BACKENDS[name]
+    except (KeyError, TypeError):
+        raise ConfigurationError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}") from None

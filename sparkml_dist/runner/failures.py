@@ -1,0 +1,159 @@
+"""What went wrong in a run, told once and right.  [driver]
+
+:class:`Monitor` is the driver's view of one attempt, fed by the log channel: streamed lines, ranks
+that reached the rendezvous or finished, and failure reports, from which it picks the root cause (a
+rank that failed by itself, not one that only lost its peer).  :func:`translate` turns whatever
+Spark raised into our errors; :func:`restart_verdict` and :func:`final_error` decide and tell when
+restarts stop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from ..errors import InsufficientResourcesError, SparkMLDistError, WorkerError
+from . import backends, protocol
+from .backends import Backend
+
+FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the others
+_SLOT_ERRORS = (
+    "requires more slots than the total number of slots",
+    "barrier stage that requires more slots",
+)
+
+
+class Monitor:
+    """Driver-side view of one attempt, fed by the log channel (:meth:`on_message`)."""
+
+    def __init__(
+        self, world_size: int, sink: Callable[[str], Any], backend: Optional[Backend] = None
+    ) -> None:
+        self.world_size = world_size
+        self.backend = backend or backends.get("torch")
+        self._sink = sink
+        self._lock = threading.Lock()
+        self.reached: set = set()
+        self.finished: set = set()
+        self.failures: List[dict] = []
+        self._first_failure_at: Optional[float] = None
+
+    @property
+    def failure(self) -> Optional[dict]:
+        return self.failures[0] if self.failures else None
+
+    def add_failure(self, detail: dict) -> None:
+        with self._lock:
+            if all(f.get("rank") != detail.get("rank") for f in self.failures):
+                self.failures.append(detail)
+                if self._first_failure_at is None:
+                    self._first_failure_at = time.monotonic()
+
+    def wait_for_reports(self, grace: float = FAILURE_GRACE_S) -> None:
+        """Give the other ranks ``grace`` seconds to report, so the root cause can be picked."""
+        while self._first_failure_at is not None and time.monotonic() < self._first_failure_at + grace:
+            if len(self.failures) + len(self.finished) >= self.world_size:
+                return
+            time.sleep(0.05)
+
+    def on_message(self, msg: Dict[str, Any]) -> None:
+        kind, rank = msg.get("type"), msg.get("rank")
+        if kind == protocol.FRAME_LINE:
+            with self._lock:
+                self._sink(f"[rank {rank}] {msg.get('text', '')}\n")
+        elif kind == protocol.FRAME_RENDEZVOUS:
+            self.reached.add(rank)
+        elif kind == protocol.FRAME_DONE:
+            self.finished.add(rank)
+        elif kind == protocol.FRAME_FAILED:
+            self.add_failure(msg)
+
+    def root_cause(self) -> dict:
+        """The failure that caused the others: not a lost-peer symptom, then the earliest."""
+
+        def symptom(f: dict) -> bool:
+            return any(p in line for line in (f.get("tail") or [])[-5:] for p in self.backend.peer_lost)
+
+        return min(
+            self.failures,
+            key=lambda f: (f.get("phase") == "cancelled", symptom(f), f.get("failed_at", float("inf"))),
+        )
+
+    def worker_error(self) -> WorkerError:
+        d = self.root_cause() if self.failures else {}
+        message = d.get("message", "a rank failed")
+        if d.get("phase") in ("rendezvous", "start"):
+            time.sleep(0.5)  # let the other ranks' start-timeout reports arrive
+            missing = sorted(set(range(self.world_size)) - self.reached)
+            if missing:
+                message = (
+                    f"ranks {missing} did not reach the rendezvous ({self.backend.start_call}) "
+                    f"within start_timeout; {message}"
+                )
+        others = [f for f in self.failures if f is not d]
+        if others:
+            message += "; then " + ", ".join(
+                f"rank {f['rank']} ({f['message'].split(' ', 2)[-1]})"
+                for f in sorted(others, key=lambda f: f["rank"])
+            )
+        if self.finished:
+            message += f" (ranks {sorted(self.finished)} had already finished)"
+        tail = "\n".join(d.get("tail") or [])
+        return WorkerError(message, rank=d.get("rank"), exit_code=d.get("exit_code"), worker_traceback=tail)
+
+
+def translate(exc: BaseException, monitor: Monitor) -> BaseException:
+    """What Spark raised for a barrier job, as the error a user can act on."""
+    text = str(exc)
+    detail = protocol.parse_failure(text)
+    if detail is not None:
+        monitor.add_failure(detail)
+        return monitor.worker_error()
+    if any(s in text for s in _SLOT_ERRORS):
+        world = monitor.world_size
+        spark_line = next((ln.strip() for ln in text.splitlines() if "slots" in ln), "")
+        return InsufficientResourcesError(
+            f"np={world} barrier tasks need {world} free task slots at once and the cluster has "
+            f"fewer (Spark: {spark_line[:300]}). Lower np or add executors."
+        )
+    if isinstance(exc, SparkMLDistError):
+        return exc
+    return WorkerError(
+        f"the barrier job failed: {type(exc).__name__}: {text.splitlines()[0][:500] if text else ''}",
+        worker_traceback=text[-5000:],
+    )
+
+
+def signature(exc: WorkerError) -> tuple:
+    """What makes two failures 'the same': rank, exit code and the last line the rank printed."""
+    lines = [ln.strip() for ln in (exc.worker_traceback or "").splitlines() if ln.strip()]
+    return exc.rank, exc.exit_code, lines[-1] if lines else str(exc).splitlines()[0]
+
+
+def cause(exc: WorkerError) -> str:
+    """One line for an attempt: what happened, and the last line the rank printed."""
+    first = str(exc).splitlines()[0]
+    last = signature(exc)[2]
+    return first if last in first else f"{first} [{last}]"
+
+
+def restart_verdict(failures: List[WorkerError], max_restarts: int) -> str:
+    """Why to stop restarting now ('' to go on)."""
+    if len(failures) > max_restarts:
+        return f"max_restarts={max_restarts} used up"
+    if len(failures) >= 2 and signature(failures[-1]) == signature(failures[-2]):
+        return "the same failure repeated identically (a bug in the function, not a lost machine)"
+    return ""
+
+
+def final_error(failures: List[WorkerError], why: str) -> WorkerError:
+    """The error that ends a run after restarts: every attempt's cause, the last one's details."""
+    last = failures[-1]
+    lines = "; ".join(f"attempt {i + 1}: {cause(f)}" for i, f in enumerate(failures))
+    return WorkerError(
+        f"the run failed {len(failures)} times, restarts stopped ({why}): {lines}",
+        rank=last.rank,
+        exit_code=last.exit_code,
+        worker_traceback=last.worker_traceback,
+    )

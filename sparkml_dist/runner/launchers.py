@@ -1,0 +1,137 @@
+"""Launch one attempt of a run and wait for it: on Spark barrier tasks, or as local processes.  [driver]
+
+Both launch paths hand the same :class:`~sparkml_dist.runner._task.TaskSpec` to the same
+:func:`~sparkml_dist.runner._task.supervise`; they differ in who gang-schedules the ranks (Spark's
+barrier stage, or threads on the driver) and in how a run is cancelled (its job tag, or an event).
+:func:`wait` is shared: it returns on success and cancels on a reported failure, the run's
+:class:`Deadline`, or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional
+
+from .. import collection, launch
+from ..errors import RunTimeoutError
+from . import _task
+from .failures import FAILURE_GRACE_S, Monitor, translate
+
+
+@dataclass(frozen=True)
+class Deadline:
+    """When the whole run (restarts included) must end; ``timeout`` None: never."""
+
+    timeout: Optional[float]
+    at: Optional[float]
+
+    @classmethod
+    def after(cls, timeout: Optional[float]) -> "Deadline":
+        return cls(timeout, time.monotonic() + timeout if timeout else None)
+
+    def expired(self) -> bool:
+        return self.at is not None and time.monotonic() > self.at
+
+
+def wait(
+    done: threading.Event,
+    monitor: Monitor,
+    cancel: Callable[[], None],
+    errors: List[BaseException],
+    deadline: Deadline,
+) -> None:
+    """Wait for the job, a reported failure, the deadline or Ctrl-C; cancel on anything but success."""
+    try:
+        while not done.wait(0.1):
+            if monitor.failure is not None:
+                monitor.wait_for_reports(FAILURE_GRACE_S)
+                cancel()
+                done.wait(30)
+                raise monitor.worker_error()
+            if deadline.expired():
+                cancel()
+                done.wait(30)
+                raise RunTimeoutError(
+                    f"the run exceeded timeout={deadline.timeout}s; its Spark job was cancelled and "
+                    f"every rank stopped. Ranks that reached the rendezvous: {sorted(monitor.reached)}."
+                )
+    except KeyboardInterrupt:
+        cancel()
+        done.wait(30)
+        raise
+    if monitor.failure is not None:
+        raise monitor.worker_error()
+    if errors:
+        raise translate(errors[0], monitor)
+
+
+def launch_spark(spark, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline, profile=None):
+    """``np`` barrier tasks over ``data_df`` (rank r's shard in partition r), or over placeholders."""
+    world = spec.world_size
+    df = data_df if data_df is not None else spark.range(0, world, 1, world)
+    out = launch.map_groups(df, _task.barrier_task, spec, barrier=True, catch_errors=False, profile=profile)
+    job = launch.JobTag(spark, f"run-{spec.run_id}")
+    done, box, errors = threading.Event(), [], []
+
+    def collect():
+        try:
+            with job.scope():
+                box.append(out.toArrow())
+        except BaseException as exc:  # reported to the waiting thread
+            errors.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=collect, name=f"sparkml_dist-{spec.run_id}", daemon=True).start()
+    wait(done, monitor, job.cancel, errors, deadline)
+    return box[0]
+
+
+def _local_shards(data_df, world: int) -> List[list]:
+    """Rank r's batches: the rows of ``data_df``'s partition r."""
+    import pyarrow as pa
+
+    if data_df is None:
+        return [[] for _ in range(world)]
+    from pyspark.sql import functions as F
+
+    table = data_df.withColumn("__sd_rank", F.spark_partition_id()).toArrow()
+    ranks = table.column("__sd_rank").to_numpy()
+    table = table.drop_columns(["__sd_rank"])
+    return [table.filter(pa.array(ranks == r)).to_batches() for r in range(world)]
+
+
+def launch_local(data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline):
+    """``-np`` rank processes on the driver, gang-scheduled by threads."""
+    import pyarrow as pa
+
+    world = spec.world_size
+    gang, shards = _task.ThreadGang(world), _local_shards(data_df, world)
+    done, errors, outputs = threading.Event(), [], [[] for _ in range(world)]
+    cancel = threading.Event()
+
+    def rank_thread(r: int) -> None:
+        member = gang.member(r)
+        try:
+            outputs[r].extend(_task.supervise(member, iter(shards[r]), spec, cancel=cancel))
+        except BaseException as exc:
+            errors.append(exc)
+            member.abort()  # ranks still waiting at the gang exchange stop now
+            # ranks already running get the same grace as the driver's reports: the first
+            # failure seen may be a symptom of another rank's failure that is still exiting
+            threading.Timer(FAILURE_GRACE_S, cancel.set).start()
+
+    threads = [threading.Thread(target=rank_thread, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+
+    def joiner():
+        for t in threads:
+            t.join()
+        done.set()
+
+    threading.Thread(target=joiner, daemon=True).start()
+    wait(done, monitor, cancel.set, errors, deadline)
+    return pa.Table.from_batches([b for out in outputs for b in out], schema=collection.CHUNK_SCHEMA)

@@ -1,0 +1,28 @@
+"""This host's address as other ranks reach it, and the interface holding it.  [anywhere]"""
+
+from __future__ import annotations
+
+import socket
+from typing import Optional
+
+
+def host_address() -> str:
+    """An address of this host other ranks can reach (the one used to reach the outside)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("10.255.255.255", 1))  # no packet is sent for a UDP connect
+            return s.getsockname()[0]
+    except OSError:
+        return "127.0.0.1"
+
+
+def interface_of(address: str) -> Optional[str]:
+    """The network interface holding ``address`` (Horovod's Gloo device binds it), if known."""
+    try:
+        import psutil  # a dependency of Horovod, so present wherever backend="horovod" runs
+    except ImportError:
+        return None
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.address == address for a in addrs):
+            return name
+    return None

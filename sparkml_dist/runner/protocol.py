@@ -1,0 +1,118 @@
+"""Every name and message exchanged between a barrier task and its rank process.  [anywhere]
+
+The *task* is the Spark barrier task on an executor (or a driver thread for ``np < 0``,
+:mod:`sparkml_dist.runner._task`); the *rank process* is the child it starts
+(:mod:`sparkml_dist.runner._rank`); the *driver* listens on the log channel
+(:mod:`sparkml_dist.runner.channel`).  Nothing else defines these names.
+
+Lifecycle of one rank:
+
+1. **start**: the task makes a work directory and (rank 0) binds and listens on the rendezvous
+   socket, then starts ``python -c RANK_ENTRY`` in a new process group with the environment below
+   (``RANK``, ``WORLD_SIZE``, ``WORKDIR_ENV``, ``CTRL_ENV``, ...), the socket passed as
+   ``STORE_FD_ENV``.  The rank process ties its life to the task's and imports its backend
+   (rank 0 starts the store) while the task goes on.
+2. **feed**: the task writes the shard (``SHARD_FILE``, Arrow IPC) and the pickled function
+   (``FN_FILE``) into the work directory.
+3. **exchange**: the tasks all-gather one :func:`announce` each (address, store port, shard rows,
+   GPUs), and each task writes one :func:`start_message` line to its rank's stdin: the rendezvous
+   environment (``MASTER_ADDR``/``HOROVOD_*``, ``SHARD_ENV``, ``SHARD_SIZES_ENV``, ...) plus what
+   the backend adds (Horovod's slot table).
+4. **run**: the rank process applies the environment, reports ``EVENT_RENDEZVOUS`` on the control
+   pipe (``CTRL_ENV``, JSON lines) when it joins the rendezvous, runs the function, writes
+   ``RESULT_FILE`` atomically and reports ``EVENT_DONE``.  ``EVENT_LOG`` carries
+   :func:`~sparkml_dist.runner.log_to_driver` lines at any time.
+5. **report**: the task relays to the driver as channel frames (``FRAME_*``): output lines, reaching
+   the rendezvous, done, or a failure; a failed task raises :class:`RankFailure`, whose message
+   carries the detail as JSON after :data:`FAILURE_MARKER` so it survives any transport of Spark's
+   error (Spark Connect included).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Dict, List, Optional, Sequence
+
+# ---------------------------------------------------------------- rank process environment
+WORKDIR_ENV = "SPARKML_DIST_WORKDIR"
+CTRL_ENV = "SPARKML_DIST_CTRL_FD"
+PARENT_ENV = "SPARKML_DIST_PARENT_PID"
+TIMEOUT_ENV = "SPARKML_DIST_COLLECTIVE_TIMEOUT"
+BACKEND_ENV = "SPARKML_DIST_BACKEND"
+RUN_ENV = "SPARKML_DIST_RUN_ID"
+USE_GPU_ENV = "SPARKML_DIST_USE_GPU"
+STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
+DEVICE_ENV = "SPARKML_DIST_CUDA_DEVICE"  # this rank's index in CUDA_VISIBLE_DEVICES
+SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's Arrow IPC shard
+SHARD_SIZES_ENV = "SPARKML_DIST_SHARD_SIZES"  # JSON list of every rank's row count
+CHECKPOINT_DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
+
+RANK_ENTRY = "from sparkml_dist.runner._rank import run; run()"
+
+# ---------------------------------------------------------------- work directory files
+FN_FILE = "fn.pkl"  # cloudpickled (main, args, kwargs, want_result), written by the task
+SHARD_FILE = "shard.arrow"  # the rank's rows
+RESULT_FILE = "result.pkl"  # the function's return value, written by the rank process
+
+# ---------------------------------------------------------------- control events (rank -> task)
+EVENT_RENDEZVOUS = "rendezvous"
+EVENT_DONE = "done"
+EVENT_LOG = "log"
+
+# ---------------------------------------------------------------- channel frames (task -> driver)
+FRAME_LINE = "line"  # {"rank", "stream": stdout|stderr|log, "text"}
+FRAME_RENDEZVOUS = "rendezvous"  # {"rank"}
+FRAME_DONE = "done"  # {"rank"}
+FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
+
+FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
+
+
+def event(name: str, **fields) -> str:
+    """One control-pipe line."""
+    return json.dumps({"event": name, **fields}) + "\n"
+
+
+def parse_event(line: str) -> Optional[dict]:
+    try:
+        ev = json.loads(line)
+    except ValueError:
+        return None
+    return ev if isinstance(ev, dict) else None
+
+
+def announce(host: str, port: int, rows: int, gpus: Optional[Sequence[str]]) -> str:
+    """What a task tells its peers at the exchange (step 3)."""
+    return json.dumps({"host": host, "port": port, "rows": rows, "gpus": list(gpus) if gpus else gpus})
+
+
+def peers(messages: Sequence[str]) -> List[dict]:
+    return [json.loads(m) for m in messages]
+
+
+def start_message(env: Dict[str, str], **extra) -> bytes:
+    """The one stdin line a rank process waits for: its rendezvous environment and backend extras."""
+    return (json.dumps({"env": env, **extra}) + "\n").encode()
+
+
+def read_start_message(line: str) -> Optional[dict]:
+    return json.loads(line) if line else None
+
+
+class RankFailure(RuntimeError):
+    """Raised by a task whose rank failed; the message ends with a JSON detail after the marker."""
+
+    def __init__(self, detail: dict) -> None:
+        self.detail = detail
+        super().__init__(f"{detail['message']} {FAILURE_MARKER}{json.dumps(detail)}")
+
+
+def parse_failure(text: str) -> Optional[dict]:
+    """The failure detail embedded in an error text by :class:`RankFailure`, if any."""
+    at = text.find(FAILURE_MARKER)
+    if at < 0:
+        return None
+    try:
+        return json.JSONDecoder().raw_decode(text[at + len(FAILURE_MARKER) :])[0]
+    except ValueError:
+        return None

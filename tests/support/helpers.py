@@ -1,0 +1,84 @@
+"""Estimators used by tests.  Importable by executors (PYTHONPATH holds the repository root)."""
+
+import os
+
+import numpy as np
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+from sklearn.tree import DecisionTreeClassifier
+
+
+def kill_my_executor_jvm():
+    """SIGKILL the executor JVM (CoarseGrainedExecutorBackend) this process runs under (FAULTS #6)."""
+    import signal
+
+    import psutil
+
+    for parent in psutil.Process().parents():
+        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
+            os.kill(parent.pid, signal.SIGKILL)
+
+
+class FailingClassifier(ClassifierMixin, BaseEstimator):
+    """Raises in fit() for one group (recognized by its random_state)."""
+
+    def __init__(self, bad_state=None, random_state=None):
+        self.bad_state = bad_state
+        self.random_state = random_state
+
+    def fit(self, X, y):
+        if self.random_state == self.bad_state:
+            raise RuntimeError(f"deliberate failure for random_state={self.random_state}")
+        self.classes_ = np.unique(y)
+        return self
+
+    def predict(self, X):
+        return np.zeros(len(X), dtype=int)
+
+    def predict_proba(self, X):
+        return np.tile([1.0] + [0.0] * (len(self.classes_) - 1), (len(X), 1))
+
+
+class CrashOnceClassifier(DecisionTreeClassifier):
+    """Kills its Python worker (os._exit) the first time any member is fitted: a lost task."""
+
+    def __init__(self, marker=None, max_depth=None, random_state=None):
+        super().__init__(max_depth=max_depth, random_state=random_state)
+        self.marker = marker
+
+    def fit(self, X, y, sample_weight=None):
+        if self.marker and not os.path.exists(self.marker):
+            open(self.marker, "w").close()
+            self._fault()
+        return super().fit(X, y, sample_weight=sample_weight)
+
+    def _fault(self):
+        os._exit(3)
+
+
+class FailOnKeyRegressor(RegressorMixin, BaseEstimator):
+    """A linear regressor that raises when the fitted slope of the first feature has a given sign:
+    in the grouped tests, only key 'c' (slope -1) fails."""
+
+    def __init__(self, bad_slope_sign=-1):
+        self.bad_slope_sign = bad_slope_sign
+
+    def fit(self, X, y):
+        from sklearn.linear_model import LinearRegression
+
+        self.model_ = LinearRegression().fit(X, y)
+        if np.sign(self.model_.coef_[0]) == self.bad_slope_sign:
+            raise ValueError("injected failure for a negative slope")
+        return self
+
+    def predict(self, X):
+        return self.model_.predict(X)
+
+
+class KillExecutorOnceClassifier(CrashOnceClassifier):
+    """SIGKILLs the executor JVM running it the first time any member is fitted (FAULTS #6)."""
+
+    def _fault(self):
+        import time
+
+        kill_my_executor_jvm()
+        time.sleep(600)

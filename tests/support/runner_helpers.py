@@ -1,0 +1,152 @@
+"""Training functions used by runner tests (module-level so they pickle by reference)."""
+
+import os
+import signal
+import time
+
+
+def allreduce_rank_sum(x=0):
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"hello from rank {dist.get_rank()}", flush=True)
+    keys = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    return {"sum": t.item(), "x": x, "env": {k: os.environ[k] for k in keys}}
+
+
+def fail_on(rank_to_fail, how, step=2):
+    """Train a few all-reduce steps; rank ``rank_to_fail`` fails at ``step`` in the way ``how``."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    rank = dist.get_rank()
+    for i in range(5):
+        if rank == rank_to_fail and i == step:
+            print(f"rank {rank} about to fail with {how}", flush=True)
+            if how == "raise":
+                raise ValueError(f"injected failure at step {i}")
+            if how == "exit":
+                os._exit(7)
+            if how == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if how == "hang":
+                time.sleep(3600)
+        t = torch.ones(1)
+        dist.all_reduce(t)
+    return rank
+
+
+def sleep_before_init(rank_to_sleep, seconds):
+    import torch.distributed as dist
+
+    if int(os.environ["RANK"]) == rank_to_sleep:
+        time.sleep(seconds)
+    dist.init_process_group("gloo")
+    dist.barrier()
+    return "done"
+
+
+def big_result(nbytes):
+    return b"x" * nbytes
+
+
+def shard_summary(batch_size=32, column="x"):
+    """Rows, batches per epoch and the column's values, as this rank sees its shard."""
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import context, init_process_group, shard
+
+    init_process_group()
+    s = shard()
+    loader = s.dataloader(batch_size, [column], shuffle=True, seed=1)
+    steps = 0
+    for _ in loader:
+        steps += 1
+    values = sorted(s.to_numpy([column]).reshape(-1).tolist())
+    dist.barrier()
+    return {"rank": context().rank, "rows": s.num_rows, "steps": steps, "values": values}
+
+
+def kill_my_executor(seconds_before):
+    """Rank 1 SIGKILLs the executor JVM running its task (FAULTS #6), then everyone waits."""
+    import torch.distributed as dist
+
+    from tests.support.helpers import kill_my_executor_jvm
+
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        time.sleep(seconds_before)
+        kill_my_executor_jvm()
+    time.sleep(600)
+
+
+def shard_in_order(column="x"):
+    """This rank's values of ``column`` in shard order, and its rank (no collectives)."""
+    from sparkml_dist.runner import context, shard
+
+    return {"rank": context().rank, "values": shard().table.column(column).to_pylist()}
+
+
+def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=None, crash_how="exit"):
+    """A deterministic DDP regression: data of step s is drawn from seed (s, rank), so a run resumed
+    from a checkpoint ends with exactly the weights of an uninterrupted run. Rank 1 exits with code
+    3 at ``crash_at`` (only the first time, when ``crash_once_marker`` names a file to create), or
+    with ``crash_how="kill_executor"`` SIGKILLs the executor JVM running its task."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import checkpoint, context, init_process_group
+
+    init_process_group()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = checkpoint.load()
+    start = 0
+    if state is not None:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+    for step in range(start, steps):
+        g = torch.Generator().manual_seed(step * 100 + context().rank)
+        X = torch.randn(32, 4, generator=g)
+        y = X @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+        loss = torch.nn.functional.mse_loss(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % every == every - 1:
+            checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
+            dist.barrier()  # the checkpoint is on disk before anyone goes on
+        if crash_at is not None and step == crash_at and context().rank == 1:
+            if crash_once_marker is None or not os.path.exists(crash_once_marker):
+                if crash_once_marker is not None:
+                    open(crash_once_marker, "w").close()
+                if crash_how == "kill_executor":  # FAULTS #6: the executor JVM under this rank dies
+                    from tests.support.helpers import kill_my_executor_jvm
+
+                    kill_my_executor_jvm()
+                    time.sleep(600)
+                os._exit(3)
+    return {"weight": net.weight.detach().clone(), "bias": net.bias.detach().clone(), "resumed_from": start}
+
+
+def fail_differently(counter_file):
+    """Rank 0 raises a different error on every attempt (the attempt number is kept in a file)."""
+    from sparkml_dist.runner import context
+
+    n = int(open(counter_file).read()) + 1 if os.path.exists(counter_file) else 1
+    if context().rank == 0:
+        with open(counter_file, "w") as fh:
+            fh.write(str(n))
+        raise RuntimeError(f"lost a disk on attempt {n}")
+    return n
