@@ -25,9 +25,9 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 
 @pytest.fixture(scope="session")
 def spark():
-    from sparkml_dist.session import get_session
-
     import contextlib
+
+    from sparkml_dist.session import get_session
 
     conf = {}
     if IS_CLUSTER or IS_STANDALONE:
@@ -35,12 +35,18 @@ def spark():
     with contextlib.ExitStack() as stack:
         master = MASTER
         if IS_STANDALONE:
-            from tests.standalone import StandaloneCluster
+            from tests.support.standalone import StandaloneCluster
 
             master = stack.enter_context(StandaloneCluster(workers=2, cores=1, memory="1g"))
-            conf.update({"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "768m"})
-        session = get_session(master, conf=conf, conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"),
-                              app_name="sparkml_dist-tests")
+            conf.update(
+                {"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "768m"}
+            )
+        session = get_session(
+            master,
+            conf=conf,
+            conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"),
+            app_name="sparkml_dist-tests",
+        )
         yield session
         session.stop()
 
@@ -50,4 +56,6 @@ def master():
     return MASTER
 
 
-only_local = pytest.mark.skipif(MASTER != "local[2]", reason="starts its own local Spark; run in the local[2] pass")
+only_local = pytest.mark.skipif(
+    MASTER != "local[2]", reason="starts its own local Spark; run in the local[2] pass"
+)

@@ -14,10 +14,16 @@ from tests.conftest import ROOT, only_local
 
 def _run(*args, timeout=400):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run([sys.executable, "-m", "sparkml_dist", *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkml_dist", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout[proc.stdout.index("{"):])
+    return json.loads(proc.stdout[proc.stdout.index("{") :])
 
 
 @only_local
@@ -27,11 +33,14 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(tmp_path):
     pdf = pd.DataFrame(X, columns=list("abcd"))
     pdf["y"] = (X[:, 0] + X[:, 1] > 0).astype(float)
     pdf.to_csv(tmp_path / "train.csv", index=False)
-    job = {"input": {"path": str(tmp_path / "train.csv")}, "task": "classification",
-           "estimator": {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"max_depth": 4}},
-           "params": {"numModels": 3, "labelCol": "y"},
-           "evaluate": {"test_fraction": 0.25},
-           "output": {"model_path": str(tmp_path / "model")}}
+    job = {
+        "input": {"path": str(tmp_path / "train.csv")},
+        "task": "classification",
+        "estimator": {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"max_depth": 4}},
+        "params": {"numModels": 3, "labelCol": "y"},
+        "evaluate": {"test_fraction": 0.25},
+        "output": {"model_path": str(tmp_path / "model")},
+    }
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     report = _run("ensemble", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
     assert report["members"] == 3 and sum(report["group_rows"]) > 250
@@ -62,7 +71,9 @@ def test_search_job_on_bundled_data_matches_scikit_learn(tmp_path):
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     report = _run("search", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
     X, y = load_digits(return_X_y=True)
-    ref = GridSearchCV(DecisionTreeClassifier(random_state=0), job["param_grid"], cv=3, scoring="accuracy").fit(X, y)
+    ref = GridSearchCV(
+        DecisionTreeClassifier(random_state=0), job["param_grid"], cv=3, scoring="accuracy"
+    ).fit(X, y)
     assert report["candidates"] == 6 and report["fits"] == 18
     assert report["best_params"] == ref.best_params_ and report["best_score"] == ref.best_score_
     assert len(pd.read_csv(tmp_path / "results.csv")) == 6

@@ -12,8 +12,12 @@ def test_a_second_install_uses_the_cached_wheel_and_keeps_pyarrow_and_pandas():
     import pandas
     import pyarrow
 
-    proc = subprocess.run(["bash", os.path.join(ROOT, "scripts", "install_horovod.sh"), sys.executable],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "install_horovod.sh"), sys.executable],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "using cached" in proc.stdout and "building Horovod" not in proc.stdout
     assert "[X] PyTorch" in proc.stdout and "[X] Gloo" in proc.stdout  # the build check ran

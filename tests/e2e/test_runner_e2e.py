@@ -12,22 +12,47 @@ from tests.conftest import ROOT, only_local
 
 def _py(*args, timeout=400):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    return subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 @only_local
 def test_cli_runs_an_unchanged_ddp_script_on_barrier_tasks():
-    proc = _py("-m", "sparkml_dist", "run", "--np", "2", "--master", "local[2]",
-               "examples/ddp_train.py", "--", "--steps", "25")
+    proc = _py(
+        "-m",
+        "sparkml_dist",
+        "run",
+        "--np",
+        "2",
+        "--master",
+        "local[2]",
+        "examples/ddp_train.py",
+        "--",
+        "--steps",
+        "25",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[rank 0] final loss" in proc.stdout and "after 25 steps on 2 ranks" in proc.stdout
 
 
 @only_local
 def test_cli_runs_an_unchanged_horovodrun_script():
-    proc = _py("-m", "sparkml_dist", "run", "--backend", "horovod", "--np", "2", "--master", "local[2]",
-               "examples/hvd_train.py", "--", "--steps", "15")
+    proc = _py(
+        "-m",
+        "sparkml_dist",
+        "run",
+        "--backend",
+        "horovod",
+        "--np",
+        "2",
+        "--master",
+        "local[2]",
+        "examples/hvd_train.py",
+        "--",
+        "--steps",
+        "15",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "[rank 0] final loss" in proc.stdout and "after 15 steps on 2 ranks" in proc.stdout
 

@@ -10,17 +10,22 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 from sparkml_dist import WorkerError
+from sparkml_dist.ensemble import (
+    BaggingClassificationModel,
+    BaggingClassifier,
+    BaggingRegressionModel,
+    BaggingRegressor,
+)
 from tests.conftest import IS_CLUSTER
-from sparkml_dist.ensemble import (BaggingClassificationModel, BaggingClassifier,
-                                   BaggingRegressionModel, BaggingRegressor)
 
 COLS = [f"f{i}" for i in range(6)]
 
 
 @pytest.fixture(scope="module")
 def data3():
-    X, y = make_classification(n_samples=900, n_features=6, n_informative=4, n_redundant=0,
-                               n_classes=3, random_state=0)
+    X, y = make_classification(
+        n_samples=900, n_features=6, n_informative=4, n_redundant=0, n_classes=3, random_state=0
+    )
     return X, y.astype(float)
 
 
@@ -45,8 +50,9 @@ def _scored(model, df):
 
 def test_fit_transform_matches_local_predict_and_learns(cols_df, data3):
     X, y = data3
-    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=6), numModels=4,
-                              featuresCols=COLS, seed=1).fit(cols_df)
+    model = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=6), numModels=4, featuresCols=COLS, seed=1
+    ).fit(cols_df)
     assert isinstance(model, BaggingClassificationModel)
     assert len(model.models) == 4 and model.classes == (0.0, 1.0, 2.0)
     assert sum(model.groupSizes) == len(X)  # disjoint: every row used exactly once
@@ -70,16 +76,26 @@ def test_same_seed_identical_predictions_after_repartitioning(vec_df, data3):
 def test_array_features_hard_voting_and_feature_subsets(spark, data3):
     X, y = data3
     df = spark.createDataFrame([(x.tolist(), float(t)) for x, t in zip(X, y)], ["feats", "y"])
-    model = BaggingClassifier(estimator=LogisticRegression(), numModels=3, featuresCol="feats",
-                              labelCol="y", voting="hard", featureRatio=0.5, seed=2,
-                              probabilityCol="p", rawPredictionCol="").fit(df)
+    model = BaggingClassifier(
+        estimator=LogisticRegression(),
+        numModels=3,
+        featuresCol="feats",
+        labelCol="y",
+        voting="hard",
+        featureRatio=0.5,
+        seed=2,
+        probabilityCol="p",
+        rawPredictionCol="",
+    ).fit(df)
     assert all(len(m.features) == 3 for m in model.models)
     out = model.transform(df)
     assert "rawPrediction" not in out.columns and "p" in out.columns
     raw = model.predict_raw(X)
     assert np.all(raw.sum(axis=1) == 3)  # vote counts
     pdf = out.toPandas()
-    assert np.allclose(np.stack(pdf["p"].map(lambda v: v.toArray())), model.predict_proba(np.stack(pdf["feats"])))
+    assert np.allclose(
+        np.stack(pdf["p"].map(lambda v: v.toArray())), model.predict_proba(np.stack(pdf["feats"]))
+    )
 
 
 def test_members_that_miss_a_class_still_vote_correctly(spark):
@@ -100,8 +116,9 @@ def test_members_that_miss_a_class_still_vote_correctly(spark):
 def test_regressor_mean_of_members(spark):
     X, y = make_regression(n_samples=500, n_features=4, noise=0.1, random_state=0)
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
-    model = BaggingRegressor(estimator=DecisionTreeRegressor(max_depth=5), numModels=3,
-                             sampling="subsample", sampleRatio=0.5).fit(df)
+    model = BaggingRegressor(
+        estimator=DecisionTreeRegressor(max_depth=5), numModels=3, sampling="subsample", sampleRatio=0.5
+    ).fit(df)
     assert isinstance(model, BaggingRegressionModel)
     pdf = model.transform(df).toPandas()
     X_local = np.stack(pdf["features"].map(lambda v: v.toArray()))
@@ -116,8 +133,9 @@ def test_weight_column_reaches_the_members(spark):
     X = np.vstack([X, [[0.0]] * 10])
     y = np.concatenate([y, [1.0] * 10])  # at x=0: 50 rows say 0, 10 rows say 1
     w = np.where((X[:, 0] == 0) & (y == 1), 100.0, 1.0)
-    df = spark.createDataFrame([(Vectors.dense(a), float(b), float(c)) for a, b, c in zip(X, y, w)],
-                               ["features", "label", "w"])
+    df = spark.createDataFrame(
+        [(Vectors.dense(a), float(b), float(c)) for a, b, c in zip(X, y, w)], ["features", "label", "w"]
+    )
     plain = BaggingClassifier(estimator=DecisionTreeClassifier(), numModels=1).fit(df)
     weighted = BaggingClassifier(estimator=DecisionTreeClassifier(), numModels=1, weightCol="w").fit(df)
     assert plain.predict(np.array([[0.0]]))[0] == 0.0
@@ -137,14 +155,15 @@ def test_xgboost_members(spark, data3):
     xgb = pytest.importorskip("xgboost")
     X, y = data3
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
-    model = BaggingClassifier(estimator=xgb.XGBClassifier(n_estimators=10, max_depth=3), numModels=2,
-                              seed=4).fit(df)
+    model = BaggingClassifier(
+        estimator=xgb.XGBClassifier(n_estimators=10, max_depth=3), numModels=2, seed=4
+    ).fit(df)
     assert (model.predict(X) == y).mean() > 0.8
 
 
 def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
     from sparkml_dist.partitioning import SplitSpec, group_seeds
-    from tests.helpers import FailingClassifier
+    from tests.support.helpers import FailingClassifier
 
     X, y = data3
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
@@ -158,8 +177,9 @@ def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
 
 def test_save_load_roundtrip(tmp_path, vec_df, data3):
     X, _ = data3
-    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3,
-                              voting="hard", seed=9).fit(vec_df)
+    model = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=4), numModels=3, voting="hard", seed=9
+    ).fit(vec_df)
     path = str(tmp_path / "bag")
     model.write().overwrite().save(path)
     model.write().overwrite().save(path)  # overwrite works
@@ -191,13 +211,19 @@ def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols
     a = reloaded.transform(cols_df).select("prediction").toPandas()["prediction"]
     b = fitted.transform(cols_df).select("prediction").toPandas()["prediction"]
     assert a.tolist() == b.tolist()
-    Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag]).write().overwrite() \
-        .save(str(tmp_path / "unfitted"))
+    Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag]).write().overwrite().save(
+        str(tmp_path / "unfitted")
+    )
     assert isinstance(Pipeline.load(str(tmp_path / "unfitted")).getStages()[1], BaggingClassifier)
 
     grid = ParamGridBuilder().addGrid(bag.numModels, [1, 3]).build()
-    cv = CrossValidator(estimator=pipe, estimatorParamMaps=grid, numFolds=2, seed=1,
-                        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
+    cv = CrossValidator(
+        estimator=pipe,
+        estimatorParamMaps=grid,
+        numFolds=2,
+        seed=1,
+        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"),
+    )
     cv_model = cv.fit(cols_df)
     assert len(cv_model.avgMetrics) == 2 and all(0.5 < m <= 1 for m in cv_model.avgMetrics)
 
@@ -207,16 +233,26 @@ def test_task_lost_on_first_attempt_gives_the_same_members(spark, tmp_path):
     """FAULTS #12: a Python worker dies mid-fit; the retried task yields the same members."""
     import os
 
-    from tests.helpers import CrashOnceClassifier
+    from tests.support.helpers import CrashOnceClassifier
 
     X, y = make_classification(n_samples=400, n_features=5, random_state=0)
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
     marker = str(tmp_path / "crashed-once")
-    retried = BaggingClassifier(estimator=CrashOnceClassifier(marker=marker, max_depth=4), numModels=3,
-                                sampling="bootstrap", sampleRatio=0.7, seed=3).fit(df)
+    retried = BaggingClassifier(
+        estimator=CrashOnceClassifier(marker=marker, max_depth=4),
+        numModels=3,
+        sampling="bootstrap",
+        sampleRatio=0.7,
+        seed=3,
+    ).fit(df)
     assert os.path.exists(marker)  # a worker really died on the first attempt
-    plain = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3,
-                              sampling="bootstrap", sampleRatio=0.7, seed=3).fit(df)
+    plain = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=4),
+        numModels=3,
+        sampling="bootstrap",
+        sampleRatio=0.7,
+        seed=3,
+    ).fit(df)
     assert [m.group for m in retried.models] == [0, 1, 2]
     assert retried.groupSizes == plain.groupSizes  # the same rows per group
     assert np.array_equal(retried.predict_proba(X), plain.predict_proba(X))

@@ -14,16 +14,22 @@ from sparkml_dist.ensemble import GroupedModel, GroupedTrainer
 def sales():
     rng = np.random.default_rng(0)
     n = 600
-    pdf = pd.DataFrame({"store": rng.choice(["a", "b", "c", "d"], n), "price": rng.normal(size=n),
-                        "promo": rng.normal(size=n)})
+    pdf = pd.DataFrame(
+        {
+            "store": rng.choice(["a", "b", "c", "d"], n),
+            "price": rng.normal(size=n),
+            "promo": rng.normal(size=n),
+        }
+    )
     slope = pdf.store.map({"a": 1.0, "b": 2.0, "c": -1.0, "d": 0.5})
     pdf["sales"] = slope * pdf.price + 0.3 * pdf.promo + rng.normal(scale=0.01, size=n)
     return pdf
 
 
 def trainer(**kw):
-    args = dict(estimator=LinearRegression(), groupCol="store", featuresCols=["price", "promo"],
-                labelCol="sales")
+    args = dict(
+        estimator=LinearRegression(), groupCol="store", featuresCols=["price", "promo"], labelCol="sales"
+    )
     args.update(kw)
     return GroupedTrainer(**args)
 
@@ -45,8 +51,9 @@ def test_one_model_per_key_equals_local_fits_and_transform_uses_them(spark, sale
 
 def test_unseen_keys_error_or_predict_null(spark, sales):
     model = trainer().fit(spark.createDataFrame(sales))
-    new = spark.createDataFrame(pd.DataFrame({"store": ["a", "zz"], "price": [1.0, 1.0], "promo": [0.0, 0.0],
-                                              "sales": [0.0, 0.0]}))
+    new = spark.createDataFrame(
+        pd.DataFrame({"store": ["a", "zz"], "price": [1.0, 1.0], "promo": [0.0, 0.0], "sales": [0.0, 0.0]})
+    )
     with pytest.raises(Exception, match=r"keys \['zz'\] were not seen in training"):
         model.transform(new).collect()
     out = model.copy({model.unseenKey: "null"}).transform(new).toPandas()
@@ -54,9 +61,12 @@ def test_unseen_keys_error_or_predict_null(spark, sales):
 
 
 def test_small_keys_are_reported_not_dropped(spark, sales):
-    df = spark.createDataFrame(pd.concat([sales, pd.DataFrame(
-        {"store": ["tiny"], "price": [1.0], "promo": [1.0], "sales": [1.0]})]))
-    with pytest.raises(ConfigurationError, match=r"1 key\(s\) of 'store' have fewer than minRows=5 rows \('tiny': 1\)"):
+    df = spark.createDataFrame(
+        pd.concat([sales, pd.DataFrame({"store": ["tiny"], "price": [1.0], "promo": [1.0], "sales": [1.0]})])
+    )
+    with pytest.raises(
+        ConfigurationError, match=r"1 key\(s\) of 'store' have fewer than minRows=5 rows \('tiny': 1\)"
+    ):
         trainer(minRows=5).fit(df)
     model = trainer(minRows=5, onSmallGroups="skip").fit(df)
     assert model.skippedGroups == {"tiny": 1} and "tiny" not in model.keys
@@ -80,7 +90,7 @@ def test_bad_input_is_named(spark, sales):
 
 
 def test_a_key_whose_fit_fails_is_named(spark, sales):
-    from tests.helpers import FailOnKeyRegressor
+    from tests.support.helpers import FailOnKeyRegressor
 
     with pytest.raises(WorkerError, match="the model of key 'c'"):
         trainer(estimator=FailOnKeyRegressor(bad_slope_sign=-1)).fit(spark.createDataFrame(sales))
@@ -89,8 +99,12 @@ def test_a_key_whose_fit_fails_is_named(spark, sales):
 def test_string_labels_and_save_load(spark, sales, tmp_path):
     pdf = sales.assign(label=np.where(sales.sales > 0, "up", "down"))
     df = spark.createDataFrame(pdf)
-    model = GroupedTrainer(estimator=DecisionTreeClassifier(max_depth=3, random_state=0), groupCol="store",
-                           featuresCols=["price", "promo"], labelCol="label").fit(df)
+    model = GroupedTrainer(
+        estimator=DecisionTreeClassifier(max_depth=3, random_state=0),
+        groupCol="store",
+        featuresCols=["price", "promo"],
+        labelCol="label",
+    ).fit(df)
     before = model.transform(df).select("prediction").toPandas().prediction.tolist()
     assert set(before) <= {"up", "down"}
     model.write().overwrite().save(str(tmp_path / "m"))
@@ -102,8 +116,14 @@ def test_string_labels_and_save_load(spark, sales, tmp_path):
 def test_vector_features_sparse_or_dense_predict_as_fitted(spark, sales):
     from pyspark.ml.linalg import Vectors
 
-    rows = [(r.store, Vectors.sparse(2, [0], [r.price]) if i % 2 else Vectors.dense([r.price, r.promo]),
-             float(r.sales)) for i, r in enumerate(sales.itertuples())]
+    rows = [
+        (
+            r.store,
+            Vectors.sparse(2, [0], [r.price]) if i % 2 else Vectors.dense([r.price, r.promo]),
+            float(r.sales),
+        )
+        for i, r in enumerate(sales.itertuples())
+    ]
     df = spark.createDataFrame(rows, ["store", "features", "sales"])
     model = GroupedTrainer(estimator=LinearRegression(), groupCol="store", labelCol="sales").fit(df)
     out = model.transform(df).toPandas()

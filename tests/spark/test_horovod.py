@@ -1,7 +1,8 @@
 """backend="horovod" and the drop-in HorovodRunner, with real Horovod (built by `make horovod`).
 
 Runs in every Spark mode of the suite (local[2], Spark Connect, local-cluster); np < 0 and the
-pure parts are in tests/unit/test_horovod_parts.py. Horovod is a requirement of the suite: `make test` installs it.
+pure parts are in tests/unit/test_horovod_parts.py. Horovod is a requirement of the suite:
+`make test` installs it.
 """
 
 import time
@@ -12,8 +13,8 @@ from pyspark.sql import functions as F
 from sparkml_dist import WorkerError
 from sparkml_dist.horovod import HorovodRunner
 from sparkml_dist.runner import BarrierRunner
-from tests import horovod_helpers as hh
-from tests.runner_checks import assert_no_rank_left
+from tests.support import horovod_helpers as hh
+from tests.support.runner_checks import assert_no_rank_left
 
 
 def test_collectives_give_the_right_numbers_on_every_rank(spark):
@@ -33,9 +34,9 @@ def test_collectives_give_the_right_numbers_on_every_rank(spark):
 def test_distributed_optimizer_converges_on_digits_and_rank0_weights_come_back(spark):
     res = HorovodRunner(np=2, timeout=300).run(hh.train_digits, epochs=12)
     losses = res["losses"]
-    assert losses[-1] < 0.25 * losses[0], losses       # it learned
+    assert losses[-1] < 0.25 * losses[0], losses  # it learned
     assert res["accuracy"] > 0.9
-    assert len(set(res["checks"])) == 1                 # every rank ended with the same weights
+    assert len(set(res["checks"])) == 1  # every rank ended with the same weights
     state = res["state"]
     assert sorted(state) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     assert tuple(state["0.weight"].shape) == (32, 64)
@@ -50,7 +51,7 @@ def test_a_failing_rank_is_reported_with_its_traceback_and_nothing_is_left_runni
         HorovodRunner(np=2, timeout=120).run(hh.fail_on, rank_to_fail=1, how=how)
     assert time.time() - t < 60
     err = info.value
-    assert err.rank == 1, str(err)   # the root cause, not rank 0's lost-peer symptom
+    assert err.rank == 1, str(err)  # the root cause, not rank 0's lost-peer symptom
     if how == "raise":
         assert err.exit_code == 1
         assert "ValueError: injected horovod failure at step 2" in err.worker_traceback

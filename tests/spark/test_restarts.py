@@ -10,21 +10,27 @@ import torch
 
 from sparkml_dist import WorkerError
 from sparkml_dist.runner import BarrierRunner, checkpoint
-from tests import runner_helpers as h
 from tests.conftest import IS_STANDALONE
-from tests.runner_checks import assert_no_rank_left
+from tests.support import runner_helpers as h
+from tests.support.runner_checks import assert_no_rank_left
 
 pytestmark = pytest.mark.skipif(not IS_STANDALONE, reason="needs the standalone cluster pass")
 
 
 def test_killed_executor_restarts_from_the_checkpoint_with_the_exact_result(spark, tmp_path):
-    reference = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "ref")).run(h.train_with_checkpoints)
+    reference = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "ref")).run(
+        h.train_with_checkpoints
+    )
     lines = []
     t = time.time()
-    out = BarrierRunner(2, timeout=400, max_restarts=1, checkpoint_dir=str(tmp_path / "run"),
-                        log_sink=lines.append).run(h.train_with_checkpoints, crash_at=7,
-                                                   crash_once_marker=str(tmp_path / "killed"),
-                                                   crash_how="kill_executor")
+    out = BarrierRunner(
+        2, timeout=400, max_restarts=1, checkpoint_dir=str(tmp_path / "run"), log_sink=lines.append
+    ).run(
+        h.train_with_checkpoints,
+        crash_at=7,
+        crash_once_marker=str(tmp_path / "killed"),
+        crash_how="kill_executor",
+    )
     took = time.time() - t
     assert (tmp_path / "killed").exists() and out["resumed_from"] == 6
     assert torch.equal(out["weight"], reference["weight"]) and torch.equal(out["bias"], reference["bias"])
@@ -38,7 +44,8 @@ def test_killed_executor_without_restarts_fails_fast_and_leaves_nothing(spark, t
     t = time.time()
     with pytest.raises(WorkerError):
         BarrierRunner(2, timeout=300, checkpoint_dir=str(tmp_path / "run")).run(
-            h.train_with_checkpoints, crash_at=4, crash_how="kill_executor")
+            h.train_with_checkpoints, crash_at=4, crash_how="kill_executor"
+        )
     took = time.time() - t
     assert took < 120, took
     print(f"kill -> WorkerError in {took:.1f}s")
@@ -58,14 +65,16 @@ def test_ensemble_task_whose_executor_dies_mid_fit_is_retried_once_per_group(spa
     from sklearn.tree import DecisionTreeClassifier
 
     from sparkml_dist.ensemble import BaggingClassificationModel, BaggingClassifier
-    from tests.helpers import KillExecutorOnceClassifier
+    from tests.support.helpers import KillExecutorOnceClassifier
 
     X, y = make_classification(n_samples=400, n_features=5, random_state=0)
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
     marker = str(tmp_path / "killed")
     kw = dict(numModels=4, sampling="bootstrap", sampleRatio=0.7, seed=3)
     t = time.time()
-    retried = BaggingClassifier(estimator=KillExecutorOnceClassifier(marker=marker, max_depth=4), **kw).fit(df)
+    retried = BaggingClassifier(estimator=KillExecutorOnceClassifier(marker=marker, max_depth=4), **kw).fit(
+        df
+    )
     took = time.time() - t
     assert os.path.exists(marker) and took < 240, took
     print(f"executor killed mid-fit -> task retried, fit done in {took:.1f}s")

@@ -6,9 +6,9 @@ from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError
 from sparkml_dist.runner import BarrierRunner
-from tests import runner_helpers as h
 from tests.conftest import IS_CLUSTER
-from tests.runner_checks import RunnerChecks, assert_no_rank_left
+from tests.support import runner_helpers as h
+from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
 
 
 class TestSparkRunner(RunnerChecks):
@@ -49,7 +49,9 @@ def test_tiny_data_still_gives_every_rank_rows(spark):
 
 
 def test_too_many_ranks_fails_before_launching(spark):
-    with pytest.raises(InsufficientResourcesError, match=r"np=5 barrier tasks need 5 task slots but the cluster has 2"):
+    with pytest.raises(
+        InsufficientResourcesError, match=r"np=5 barrier tasks need 5 task slots but the cluster has 2"
+    ):
         BarrierRunner(5).run(h.allreduce_rank_sum)
     assert_no_rank_left()
 

@@ -50,10 +50,20 @@ def test_grid_search_matches_scikit_learn(spark, iris):
 
 def test_randomized_search_multimetric_and_train_scores_match(spark, iris):
     X, y = iris
-    dists = {"max_depth": randint(1, 8), "min_samples_split": randint(2, 20), "criterion": ["gini", "entropy"]}
+    dists = {
+        "max_depth": randint(1, 8),
+        "min_samples_split": randint(2, 20),
+        "criterion": ["gini", "entropy"],
+    }
     cv = KFold(4, shuffle=True, random_state=3)
-    kw = dict(n_iter=9, random_state=7, cv=cv, scoring=["accuracy", "f1_macro"], refit="f1_macro",
-              return_train_score=True)
+    kw = dict(
+        n_iter=9,
+        random_state=7,
+        cv=cv,
+        scoring=["accuracy", "f1_macro"],
+        refit="f1_macro",
+        return_train_score=True,
+    )
     ref = RandomizedSearchCV(DecisionTreeClassifier(random_state=1), dists, **kw).fit(X, y)
     ours = ParallelSearchCV(DecisionTreeClassifier(random_state=1), param_distributions=dists, **kw).fit(X, y)
     assert_same_results(ours, ref)
@@ -91,12 +101,19 @@ def test_bad_input_is_named(spark, iris):
     X, y = iris
     with pytest.raises(ConfigurationError, match=r"no parameter\(s\) \['depth'\]"):
         ParallelSearchCV(DecisionTreeClassifier(), {"depth": [1, 2]}).fit(X, y)
-    with pytest.raises(ConfigurationError, match="param_grid: Parameter grid for parameter 'max_depth' need to be a non-empty"):
+    with pytest.raises(
+        ConfigurationError,
+        match="param_grid: Parameter grid for parameter 'max_depth' need to be a non-empty",
+    ):
         ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": []}).fit(X, y)
     with pytest.raises(ConfigurationError, match="exactly one of param_grid"):
         ParallelSearchCV(DecisionTreeClassifier()).fit(X, y)
     df = spark.createDataFrame(pd.DataFrame({"a": [1.0, 2.0], "s": ["x", "y"], "label": [0, 1]}))
     with pytest.raises(ConfigurationError, match=r"columns \['b'\] are not in the DataFrame"):
-        ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": [1]}).fit(df, featuresCols=["a", "b"], labelCol="label")
+        ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": [1]}).fit(
+            df, featuresCols=["a", "b"], labelCol="label"
+        )
     with pytest.raises(ConfigurationError, match=r"feature columns \['s'\] are not numeric"):
-        ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": [1]}).fit(df, featuresCols=["a", "s"], labelCol="label")
+        ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": [1]}).fit(
+            df, featuresCols=["a", "s"], labelCol="label"
+        )

@@ -14,28 +14,30 @@ from sparkml_dist.ensemble import BaggingClassifier, BaggingRegressor
 @pytest.fixture(scope="module")
 def df(spark):
     rng = np.random.default_rng(0)
-    rows = [(Vectors.dense(rng.normal(size=3)), float(i % 2), float(i), "s", [1.0, 2.0])
-            for i in range(60)]
+    rows = [(Vectors.dense(rng.normal(size=3)), float(i % 2), float(i), "s", [1.0, 2.0]) for i in range(60)]
     return spark.createDataFrame(rows, ["features", "label", "num", "text", "arr"])
 
 
-@pytest.mark.parametrize("params, match", [
-    (dict(featuresCol="nope"), r"featuresCol='nope': no such column.*VectorAssembler"),
-    (dict(featuresCol="text"), r"featuresCol='text' has type string; expected a vector"),
-    (dict(featuresCols=["num", "text"]), r"featuresCols: column 'text' has type string"),
-    (dict(featuresCols=["num", "zzz"]), r"featuresCols='zzz': no such column"),
-    (dict(labelCol="text"), r"labelCol='text' has type string.*StringIndexer"),
-    (dict(labelCol="missing"), r"labelCol='missing': no such column"),
-    (dict(weightCol="text"), r"weightCol='text' has type string"),
-    (dict(numModels=0), r"numModels must be an integer >= 1, got 0"),
-    (dict(sampleRatio=0.0), r"sampleRatio must be in \(0, 1\], got 0.0"),
-    (dict(featureRatio=1.5), r"featureRatio must be in \(0, 1\], got 1.5"),
-    (dict(sampling="stratified"), r"sampling must be one of disjoint, bootstrap, subsample"),
-    (dict(voting="mean"), r"voting must be 'soft' or 'hard'"),
-    (dict(estimator=SVC()), r"voting='soft' needs predict_proba\(\).*voting='hard'"),
-    (dict(estimator=LinearRegression()), r"is a regressor; BaggingClassifier needs a classifier"),
-    (dict(estimator="tree"), r"has no fit\(\) method"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        (dict(featuresCol="nope"), r"featuresCol='nope': no such column.*VectorAssembler"),
+        (dict(featuresCol="text"), r"featuresCol='text' has type string; expected a vector"),
+        (dict(featuresCols=["num", "text"]), r"featuresCols: column 'text' has type string"),
+        (dict(featuresCols=["num", "zzz"]), r"featuresCols='zzz': no such column"),
+        (dict(labelCol="text"), r"labelCol='text' has type string.*StringIndexer"),
+        (dict(labelCol="missing"), r"labelCol='missing': no such column"),
+        (dict(weightCol="text"), r"weightCol='text' has type string"),
+        (dict(numModels=0), r"numModels must be an integer >= 1, got 0"),
+        (dict(sampleRatio=0.0), r"sampleRatio must be in \(0, 1\], got 0.0"),
+        (dict(featureRatio=1.5), r"featureRatio must be in \(0, 1\], got 1.5"),
+        (dict(sampling="stratified"), r"sampling must be one of disjoint, bootstrap, subsample"),
+        (dict(voting="mean"), r"voting must be 'soft' or 'hard'"),
+        (dict(estimator=SVC()), r"voting='soft' needs predict_proba\(\).*voting='hard'"),
+        (dict(estimator=LinearRegression()), r"is a regressor; BaggingClassifier needs a classifier"),
+        (dict(estimator="tree"), r"has no fit\(\) method"),
+    ],
+)
 def test_bad_parameters_fail_before_any_spark_job(spark, df, params, match):
     if spark.__class__.__module__.startswith("pyspark.sql.connect"):
         before = None
@@ -79,29 +81,37 @@ def test_single_class_label(df):
 def test_nan_and_inf_are_counted_and_located(spark):
     rows = [([1.0, float("nan") if i < 4 else 0.0, 2.0], float(i % 2)) for i in range(40)]
     nan_df = spark.createDataFrame(rows, ["features", "label"])
-    with pytest.raises(ConfigurationError,
-                       match=r"NaN or null in 4 rows \(column 'features' at positions 1 \(4 rows\)\).*Imputer"):
+    with pytest.raises(
+        ConfigurationError,
+        match=r"NaN or null in 4 rows \(column 'features' at positions 1 \(4 rows\)\).*Imputer",
+    ):
         BaggingClassifier(numModels=2, estimator=LogisticRegression()).fit(nan_df)
     # scikit-learn's trees declare allow_nan: NaN is passed through to them, not refused
     assert len(BaggingClassifier(numModels=2, estimator=DecisionTreeClassifier()).fit(nan_df).models) == 2
-    cols = spark.createDataFrame([(1.0, float("inf") if i == 3 else 1.0, float(i % 2)) for i in range(40)],
-                                 ["a", "b", "label"])
+    cols = spark.createDataFrame(
+        [(1.0, float("inf") if i == 3 else 1.0, float(i % 2)) for i in range(40)], ["a", "b", "label"]
+    )
     with pytest.raises(ConfigurationError, match=r"\+/-inf in 1 rows \(column 'b': 1 rows\)"):
         BaggingClassifier(numModels=2, featuresCols=["a", "b"]).fit(cols)
 
 
 def test_null_labels_ragged_vectors_and_negative_weights(spark):
-    nulls = spark.createDataFrame([([1.0], None if i == 0 else float(i % 2)) for i in range(20)],
-                                  "features array<double>, label double")
+    nulls = spark.createDataFrame(
+        [([1.0], None if i == 0 else float(i % 2)) for i in range(20)], "features array<double>, label double"
+    )
     with pytest.raises(ConfigurationError, match=r"labelCol='label': 1 rows have a null, NaN"):
         BaggingClassifier(numModels=2).fit(nulls)
-    ragged = spark.createDataFrame([([1.0] * (1 + i % 2), float(i % 2)) for i in range(20)],
-                                   ["features", "label"])
+    ragged = spark.createDataFrame(
+        [([1.0] * (1 + i % 2), float(i % 2)) for i in range(20)], ["features", "label"]
+    )
     with pytest.raises(ConfigurationError, match="vectors have between 1 and 2 values"):
         BaggingClassifier(numModels=2).fit(ragged)
-    weights = spark.createDataFrame([([1.0], float(i % 2), -1.0 if i == 5 else 1.0) for i in range(20)],
-                                    ["features", "label", "w"])
-    with pytest.raises(ConfigurationError, match=r"weightCol='w': 1 rows have a null, NaN, infinite or negative"):
+    weights = spark.createDataFrame(
+        [([1.0], float(i % 2), -1.0 if i == 5 else 1.0) for i in range(20)], ["features", "label", "w"]
+    )
+    with pytest.raises(
+        ConfigurationError, match=r"weightCol='w': 1 rows have a null, NaN, infinite or negative"
+    ):
         BaggingClassifier(numModels=2, weightCol="w").fit(weights)
     with pytest.raises(ConfigurationError, match="takes no sample_weight"):
         BaggingClassifier(numModels=2, weightCol="w", estimator=_NoWeights()).fit(weights)
