@@ -9,7 +9,7 @@ DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
 HVD_STAMP  := $(VENV)/.horovod-installed
 
-.PHONY: demo horovod test test-unit test-local test-connect test-cluster test-standalone bench clean
+.PHONY: demo horovod lint test test-unit test-local test-connect test-cluster test-standalone bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,9 +35,14 @@ horovod: $(HVD_STAMP)
 demo: $(BASE_STAMP)
 	$(BIN)/sparkml-dist demo --master "local[*]"
 
+# lint + format check (rules in pyproject.toml): seconds, so it runs first
+lint: $(DEV_STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
 # Every pass must run tests: pytest's exit code 5 (nothing collected) fails the build too.
 test: $(HVD_STAMP)
-	$(MAKE) test-local test-connect test-cluster test-standalone
+	$(MAKE) lint test-local test-connect test-cluster test-standalone
 
 test-unit: $(HVD_STAMP)
 	$(PYTEST) tests/unit

@@ -24,8 +24,15 @@ def make_data(rows: int, features: int, test_rows: int, path: str):
     import pandas as pd
     from sklearn.datasets import make_classification
 
-    X, y = make_classification(n_samples=rows + test_rows, n_features=features, n_informative=15,
-                               n_redundant=10, flip_y=0.02, class_sep=0.8, random_state=0)
+    X, y = make_classification(
+        n_samples=rows + test_rows,
+        n_features=features,
+        n_informative=15,
+        n_redundant=10,
+        flip_y=0.02,
+        class_sep=0.8,
+        random_state=0,
+    )
     cols = [f"f{i}" for i in range(features)]
     for name, sl in (("train", slice(0, rows)), ("test", slice(rows, rows + test_rows))):
         out = os.path.join(path, f"{name}_{rows}x{features}.parquet")
@@ -33,9 +40,15 @@ def make_data(rows: int, features: int, test_rows: int, path: str):
             pdf = pd.DataFrame(X[sl], columns=cols)
             pdf["label"] = y[sl].astype(float)
             pdf.to_parquet(out, row_group_size=25_000)  # several splits: every core gets work
-    return (X[:rows], y[:rows], X[rows:], y[rows:], cols,
-            os.path.join(path, f"train_{rows}x{features}.parquet"),
-            os.path.join(path, f"test_{rows}x{features}.parquet"))
+    return (
+        X[:rows],
+        y[:rows],
+        X[rows:],
+        y[rows:],
+        cols,
+        os.path.join(path, f"train_{rows}x{features}.parquet"),
+        os.path.join(path, f"test_{rows}x{features}.parquet"),
+    )
 
 
 def auc_acc(y, p1):
@@ -66,8 +79,9 @@ def main() -> None:
     args = ap.parse_args()
     data_dir = os.path.join(HERE, "data")
     os.makedirs(data_dir, exist_ok=True)
-    Xtr, ytr, Xte, yte, cols, train_path, test_path = make_data(args.rows, args.features,
-                                                                args.test_rows, data_dir)
+    Xtr, ytr, Xte, yte, cols, train_path, test_path = make_data(
+        args.rows, args.features, args.test_rows, data_dir
+    )
 
     sys.path.insert(0, os.path.dirname(HERE))
     from pyspark.ml.classification import RandomForestClassifier as SparkRF
@@ -78,10 +92,16 @@ def main() -> None:
     from sparkml_dist.ensemble import BaggingClassifier
     from sparkml_dist.session import get_session
 
-    spark = get_session("local[2]", conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
-                        conf={"spark.driver.memory": "10g", "spark.sql.shuffle.partitions": "16",
-                              "spark.sql.files.maxPartitionBytes": "16m"},
-                        app_name="bench_ensemble")
+    spark = get_session(
+        "local[2]",
+        conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
+        conf={
+            "spark.driver.memory": "10g",
+            "spark.sql.shuffle.partitions": "16",
+            "spark.sql.files.maxPartitionBytes": "16m",
+        },
+        app_name="bench_ensemble",
+    )
     spark.sparkContext.setLogLevel("ERROR")
     assembler = VectorAssembler(inputCols=cols, outputCol="features")
 
@@ -89,8 +109,13 @@ def main() -> None:
         train, test = spark.read.parquet(train_path), spark.read.parquet(test_path)
         t = time.perf_counter()
         # sampling="disjoint": each tree sees 1/16 of the rows; depth 10 as both forests
-        model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=args.depth, max_features=max_features),
-                                  numModels=args.trees, sampling="disjoint", featuresCols=cols, seed=1).fit(train)
+        model = BaggingClassifier(
+            estimator=DecisionTreeClassifier(max_depth=args.depth, max_features=max_features),
+            numModels=args.trees,
+            sampling="disjoint",
+            featuresCols=cols,
+            seed=1,
+        ).fit(train)
         fit_s = time.perf_counter() - t
         scored = model.transform(test)
         pred_s = time_transform(scored)
@@ -117,34 +142,46 @@ def main() -> None:
         pred_s = time.perf_counter() - t
         return fit_s, pred_s, *auc_acc(yte, p1)
 
-    contenders = {"sparkml_dist": ours,                     # sqrt(n) features per split, as both forests
-                  "sparkml_dist_f": lambda: ours(0.3),       # 30% of the features per split
-                  "mllib_rf": mllib, "sklearn_rf": sklearn_rf}
+    contenders = {
+        "sparkml_dist": ours,  # sqrt(n) features per split, as both forests
+        "sparkml_dist_f": lambda: ours(0.3),  # 30% of the features per split
+        "mllib_rf": mllib,
+        "sklearn_rf": sklearn_rf,
+    }
     results = {k: [] for k in contenders}
     for r in range(args.repeats):
         names = list(contenders)
-        names = names[r % len(names):] + names[:r % len(names)]  # rotate the order every round
+        names = names[r % len(names) :] + names[: r % len(names)]  # rotate the order every round
         for name in names:
             load = os.getloadavg()[0]
             res = contenders[name]()
             results[name].append(res)
-            print(f"round {r} {name:13s} load {load:4.2f}  fit {res[0]:7.2f}s  transform {res[1]:6.2f}s"
-                  f"  auc {res[2]:.4f}  acc {res[3]:.4f}", flush=True)
+            print(
+                f"round {r} {name:13s} load {load:4.2f}  fit {res[0]:7.2f}s  transform {res[1]:6.2f}s"
+                f"  auc {res[2]:.4f}  acc {res[3]:.4f}",
+                flush=True,
+            )
 
-    print(f"\n{args.rows} x {args.features} train rows, {args.test_rows} test rows, {args.trees} trees "
-          f"of depth {args.depth}, {args.repeats} rounds (median)")
+    print(
+        f"\n{args.rows} x {args.features} train rows, {args.test_rows} test rows, {args.trees} trees "
+        f"of depth {args.depth}, {args.repeats} rounds (median)"
+    )
     med = {k: [statistics.median(x[i] for x in v) for i in range(4)] for k, v in results.items()}
     print(f"{'contender':14s} {'fit s':>8s} {'rows/s':>12s} {'AUC':>7s} {'acc':>7s}")
     for k, (fit_s, pred_s, auc, acc) in med.items():
         print(f"{k:14s} {fit_s:8.2f} {args.test_rows / pred_s:12,.0f} {auc:7.4f} {acc:7.4f}")
-    print("both ours: sampling=disjoint (each tree on 1/16 of the rows); sparkml_dist: "
-          "max_features='sqrt' (as both forests), sparkml_dist_f: max_features=0.3")
+    print(
+        "both ours: sampling=disjoint (each tree on 1/16 of the rows); sparkml_dist: "
+        "max_features='sqrt' (as both forests), sparkml_dist_f: max_features=0.3"
+    )
     for ours_name in ("sparkml_dist", "sparkml_dist_f"):
         o = med[ours_name]
         for k in ("mllib_rf", "sklearn_rf"):
             m = med[k]
-            print(f"{ours_name}/{k}: train time {o[0] / m[0]:.3f}x, transform throughput "
-                  f"{(m[1] / o[1]):.2f}x, AUC diff {o[2] - m[2]:+.4f}")
+            print(
+                f"{ours_name}/{k}: train time {o[0] / m[0]:.3f}x, transform throughput "
+                f"{(m[1] / o[1]):.2f}x, AUC diff {o[2] - m[2]:+.4f}"
+            )
     spark.stop()
 
 

@@ -13,7 +13,8 @@
 
 Contenders are interleaved (the order rotates every round); the load average is recorded.
 
-    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500] [--sections noop,mlp,data,ckpt,hvd_noop,hvd_mlp]
+    python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500]
+                                      [--sections noop,mlp,data,ckpt,hvd_noop,hvd_mlp]
 """
 
 from __future__ import annotations
@@ -49,8 +50,13 @@ def _mlp_problem(rank):
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    net = torch.nn.Sequential(torch.nn.Linear(50, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256),
-                              torch.nn.ReLU(), torch.nn.Linear(256, 2))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(50, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 2),
+    )
     g = torch.Generator().manual_seed(rank)
     X = torch.randn(4096, 50, generator=g)
     return net, X, (X[:, 0] > 0).long(), g
@@ -100,8 +106,8 @@ def mlp_throughput(steps=300, batch=256, warmup=20, ckpt_every=0):
 
 
 def hvd_noop():
-    import torch
     import horovod.torch as hvd
+    import torch
 
     hvd.init()
     return hvd.allreduce(torch.ones(1), op=hvd.Sum, name="noop").item()
@@ -109,13 +115,14 @@ def hvd_noop():
 
 def hvd_mlp_throughput(steps=300, batch=256, warmup=20):
     """Samples/s of rank 0's loop: the MLP of (b) with hvd.DistributedOptimizer instead of DDP."""
-    import torch
     import horovod.torch as hvd
+    import torch
 
     hvd.init()
     net, X, y, g = _mlp_problem(hvd.rank())
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(net.parameters(), lr=0.01),
-                                   named_parameters=net.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(net.parameters(), lr=0.01), named_parameters=net.named_parameters()
+    )
     hvd.broadcast_parameters(net.state_dict(), root_rank=0)
     seconds = _timed_loop(net, opt, X, y, g, steps, batch, warmup, hvd.barrier)
     return steps * batch * hvd.size() / seconds
@@ -159,14 +166,17 @@ def ours_load(cols):
 def td_load(cols, rows_per_rank):
     import numpy as np
     import torch
-
     from pyspark.ml.torch.distributor import _get_spark_partition_data_loader
 
     base = _status_mb("VmRSS")
     _reset_peak()
     loader = _get_spark_partition_data_loader(rows_per_rank, 10_000, num_workers=0)
-    parts = [torch.stack([torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b], dim=1)
-             if isinstance(b, (list, tuple)) else b for b in loader]
+    parts = [
+        torch.stack([torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b], dim=1)
+        if isinstance(b, (list, tuple))
+        else b
+        for b in loader
+    ]
     X = torch.cat(parts)
     return {"rows": X.shape[0], "peak_growth_mb": _status_mb("VmHWM") - base}
 
@@ -190,8 +200,12 @@ def torchrun(fn: str, steps: int):
     with open(script, "w") as fh:
         fh.write(TORCHRUN_SCRIPT.format(here=HERE, fn=f"({call})"))
     t = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                          "--nproc_per_node=2", script], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", script],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     wall = time.perf_counter() - t
     value = float(out.stdout.split("RESULT", 1)[1].split()[0])
     return wall, value
@@ -211,10 +225,15 @@ def main() -> None:
     from sparkml_dist.runner import BarrierRunner
     from sparkml_dist.session import get_session
 
-    spark = get_session("local[2]", conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
-                        conf={"spark.driver.memory": "6g",
-                              "spark.executorEnv.PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")},
-                        app_name="bench_runner")
+    spark = get_session(
+        "local[2]",
+        conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
+        conf={
+            "spark.driver.memory": "6g",
+            "spark.executorEnv.PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        },
+        app_name="bench_runner",
+    )
     spark.sparkContext.setLogLevel("ERROR")
     os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
     quiet = dict(log_ranks="none")
@@ -238,10 +257,16 @@ def main() -> None:
     ckpt_dir = tempfile.mkdtemp(prefix="bench_ckpt_")
     ckpt_contenders = {
         "no_checkpoint": lambda: timed(lambda: BarrierRunner(2, **quiet).run(mlp_throughput, args.steps)),
-        "every_100_steps": lambda: timed(lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
-            mlp_throughput, args.steps, ckpt_every=100)),
-        "every_10_steps": lambda: timed(lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
-            mlp_throughput, args.steps, ckpt_every=10)),
+        "every_100_steps": lambda: timed(
+            lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
+                mlp_throughput, args.steps, ckpt_every=100
+            )
+        ),
+        "every_10_steps": lambda: timed(
+            lambda: BarrierRunner(2, checkpoint_dir=ckpt_dir, **quiet).run(
+                mlp_throughput, args.steps, ckpt_every=10
+            )
+        ),
     }
     from sparkml_dist.horovod import HorovodRunner
 
@@ -265,23 +290,35 @@ def main() -> None:
         from pyspark.sql import functions as F
 
         spark.range(args.rows, numPartitions=8).select(
-            *[(F.rand(i) * 2 - 1).alias(c) for i, c in enumerate(cols)]).write.parquet(data_path)
+            *[(F.rand(i) * 2 - 1).alias(c) for i, c in enumerate(cols)]
+        ).write.parquet(data_path)
     df = spark.read.parquet(data_path) if "data" in sections else None
     rows_per_rank = args.rows // 2
     data_contenders = {
-        "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run_with_data(df, ours_load, cols,
-                                                                                       return_all=True)),
-        "sparkml_dist_spark": lambda: timed(lambda: BarrierRunner(2, read_files=False, **quiet).run_with_data(
-            df, ours_load, cols, return_all=True)),
-        "torch_distributor": lambda: timed(lambda: td()._train_on_dataframe(
-            _td_all_ranks, df.repartition(2), cols, rows_per_rank)),
+        "sparkml_dist": lambda: timed(
+            lambda: BarrierRunner(2, **quiet).run_with_data(df, ours_load, cols, return_all=True)
+        ),
+        "sparkml_dist_spark": lambda: timed(
+            lambda: BarrierRunner(2, read_files=False, **quiet).run_with_data(
+                df, ours_load, cols, return_all=True
+            )
+        ),
+        "torch_distributor": lambda: timed(
+            lambda: td()._train_on_dataframe(_td_all_ranks, df.repartition(2), cols, rows_per_rank)
+        ),
         # the same launches without data: subtracted to give the feeding time alone
         "sparkml_dist_launch": lambda: timed(lambda: BarrierRunner(2, **quiet).run(import_torch)),
         "torch_distributor_launch": lambda: timed(lambda: td().run(import_torch)),
     }
     results = {s: {} for s in sections}
-    all_contenders = {"noop": noop_contenders, "mlp": mlp_contenders, "data": data_contenders,
-                      "ckpt": ckpt_contenders, "hvd_noop": hvd_noop_contenders, "hvd_mlp": hvd_mlp_contenders}
+    all_contenders = {
+        "noop": noop_contenders,
+        "mlp": mlp_contenders,
+        "data": data_contenders,
+        "ckpt": ckpt_contenders,
+        "hvd_noop": hvd_noop_contenders,
+        "hvd_mlp": hvd_mlp_contenders,
+    }
     for section in ("noop", "hvd_noop"):  # untimed warm-up: Python workers, page cache
         if section in sections:
             for fn in all_contenders[section].values():
@@ -290,12 +327,15 @@ def main() -> None:
         for section in sections:
             contenders = all_contenders[section]
             names = list(contenders)
-            names = names[r % len(names):] + names[:r % len(names)]
+            names = names[r % len(names) :] + names[: r % len(names)]
             for name in names:
                 load = os.getloadavg()[0]
                 wall, value = contenders[name]()
                 results[section].setdefault(name, []).append((wall, value))
-                print(f"round {r} {section:5s} {name:18s} load {load:4.2f} wall {wall:7.2f}s  {value}", flush=True)
+                print(
+                    f"round {r} {section:5s} {name:18s} load {load:4.2f} wall {wall:7.2f}s  {value}",
+                    flush=True,
+                )
 
     med = lambda xs: statistics.median(xs)  # noqa: E731
     if "noop" in results:
@@ -303,22 +343,29 @@ def main() -> None:
         noop_w = {k: med([w for w, _ in v]) for k, v in results["noop"].items()}
         for k, w in noop_w.items():
             print(f"  {k:18s} {w:7.2f}s")
-        print(f"  ours/torch_distributor {noop_w['sparkml_dist'] / noop_w['torch_distributor']:.3f}x, "
-              f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x")
+        print(
+            f"  ours/torch_distributor {noop_w['sparkml_dist'] / noop_w['torch_distributor']:.3f}x, "
+            f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x"
+        )
     if "mlp" in results:
         print("(b) DDP MLP samples/s (rank 0's training loop)")
         sps = {k: med([v for _, v in vals]) for k, vals in results["mlp"].items()}
         for k, v in sps.items():
             print(f"  {k:18s} {v:12,.0f}")
-        print(f"  ours/torchrun {sps['sparkml_dist'] / sps['torchrun']:.3f}x, "
-              f"ours/torch_distributor {sps['sparkml_dist'] / sps['torch_distributor']:.3f}x")
+        print(
+            f"  ours/torchrun {sps['sparkml_dist'] / sps['torchrun']:.3f}x, "
+            f"ours/torch_distributor {sps['sparkml_dist'] / sps['torch_distributor']:.3f}x"
+        )
     if "ckpt" in results:
         print("(d) checkpoint overhead on the DDP MLP (ours), samples/s")
         sps = {k: med([v for _, v in vals]) for k, vals in results["ckpt"].items()}
         for k, v in sps.items():
             print(f"  {k:18s} {v:12,.0f}  overhead {1 - v / sps['no_checkpoint']:+.1%}")
     if "hvd_noop" in results:
-        print(f"(e) Horovod no-op job (hvd.init + one allreduce), median wall seconds over {args.repeats} rounds")
+        print(
+            "(e) Horovod no-op job (hvd.init + one allreduce), median wall seconds over "
+            f"{args.repeats} rounds"
+        )
         w = {k: med([x for x, _ in v]) for k, v in results["hvd_noop"].items()}
         for k, x in w.items():
             print(f"  {k:18s} {x:7.2f}s")
@@ -337,9 +384,11 @@ def main() -> None:
         td_feed = data_w["torch_distributor"] - data_w["torch_distributor_launch"]
         for k in ("sparkml_dist", "sparkml_dist_spark"):
             feed = data_w[k] - data_w["sparkml_dist_launch"]
-            print(f"  {k}: end to end {data_w['torch_distributor'] / data_w[k]:.1f}x faster than "
-                  f"torch_distributor; feeding alone (minus each one's launch) {feed:.2f}s vs "
-                  f"{td_feed:.2f}s = {td_feed / feed:.1f}x")
+            print(
+                f"  {k}: end to end {data_w['torch_distributor'] / data_w[k]:.1f}x faster than "
+                f"torch_distributor; feeding alone (minus each one's launch) {feed:.2f}s vs "
+                f"{td_feed:.2f}s = {td_feed / feed:.1f}x"
+            )
             ratio = max(r["peak_growth_mb"] / r["shard_mb"] for r in results["data"][k][-1][1])
             print(f"  {k}: peak rank memory growth / shard size = {ratio:.2f}")
     spark.stop()

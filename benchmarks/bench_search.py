@@ -19,8 +19,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-GRID = {"n_estimators": [10, 30, 60], "max_depth": [4, 8, 12, None],
-        "max_features": ["sqrt", 0.2, 0.4, 0.6]}
+GRID = {"n_estimators": [10, 30, 60], "max_depth": [4, 8, 12, None], "max_features": ["sqrt", 0.2, 0.4, 0.6]}
 
 
 def main() -> None:
@@ -35,8 +34,13 @@ def main() -> None:
     from sparkml_dist.search import ParallelSearchCV
     from sparkml_dist.session import get_session
 
-    spark = get_session("local[2]", conf_file=os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "conf", "spark-local.yaml"), app_name="bench_search")
+    spark = get_session(
+        "local[2]",
+        conf_file=os.path.join(
+            os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "conf", "spark-local.yaml"
+        ),
+        app_name="bench_search",
+    )
     spark.sparkContext.setLogLevel("ERROR")
     X, y = load_digits(return_X_y=True)
     est = RandomForestClassifier(random_state=0)

@@ -1,7 +1,7 @@
 """An ordinary torch.distributed DDP script: runs unchanged under torchrun or `sparkml-dist run`.
 
-    torchrun --nproc_per_node=2 examples/ddp_train.py --steps 20
-    sparkml-dist run --np 2 --master "local[2]" examples/ddp_train.py -- --steps 20
+torchrun --nproc_per_node=2 examples/ddp_train.py --steps 20
+sparkml-dist run --np 2 --master "local[2]" examples/ddp_train.py -- --steps 20
 """
 
 import argparse
@@ -19,7 +19,7 @@ def main() -> None:
     model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 1))
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     g = torch.Generator().manual_seed(dist.get_rank())
-    for step in range(args.steps):
+    for _ in range(args.steps):
         X = torch.randn(64, 8, generator=g)
         loss = ((model(X).squeeze(1) - X.sum(1)) ** 2).mean()
         opt.zero_grad()

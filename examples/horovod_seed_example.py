@@ -16,9 +16,9 @@ hr = HorovodRunner(np=2)
 
 def train():
     # Perform your training here..
+    import horovod.torch as hvd
     import numpy as np
     import torch
-    import horovod.torch as hvd
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -35,8 +35,9 @@ def train():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     X, y = load_digits(return_X_y=True)
-    x_train, x_test, y_train, y_test = train_test_split((X / 16.0).astype(np.float32), y,
-                                                        test_size=0.25, random_state=0)
+    x_train, x_test, y_train, y_test = train_test_split(
+        (X / 16.0).astype(np.float32), y, test_size=0.25, random_state=0
+    )
     x_train, y_train = torch.from_numpy(x_train), torch.from_numpy(y_train)
     x_test, y_test = torch.from_numpy(x_test), torch.from_numpy(y_test)
 
@@ -53,7 +54,7 @@ def train():
         model.train()
         order = torch.randperm(len(x_train), generator=generator)
         for i in range(0, len(order), batch_size):
-            batch = order[i:i + batch_size]
+            batch = order[i : i + batch_size]
             opt.zero_grad()
             loss = loss_fn(model(x_train[batch]), y_train[batch])
             loss.backward()
@@ -64,8 +65,8 @@ def train():
     with torch.no_grad():
         out = model(x_test)
         score = [loss_fn(out, y_test).item(), (out.argmax(1) == y_test).float().mean().item()]
-    print('Test loss:', score[0])
-    print('Test accuracy:', score[1])
+    print("Test loss:", score[0])
+    print("Test accuracy:", score[1])
     return score
 
 

@@ -1,7 +1,7 @@
 """An ordinary Horovod script: runs unchanged under horovodrun or `sparkml-dist run --backend horovod`.
 
-    horovodrun -np 2 python examples/hvd_train.py --steps 20
-    sparkml-dist run --backend horovod --np 2 --master "local[2]" examples/hvd_train.py -- --steps 20
+horovodrun -np 2 python examples/hvd_train.py --steps 20
+sparkml-dist run --backend horovod --np 2 --master "local[2]" examples/hvd_train.py -- --steps 20
 """
 
 import argparse
@@ -17,11 +17,12 @@ def main() -> None:
     hvd.init()
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters())
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD(model.parameters(), lr=0.05), named_parameters=model.named_parameters()
+    )
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     g = torch.Generator().manual_seed(hvd.rank())
-    for step in range(args.steps):
+    for _ in range(args.steps):
         X = torch.randn(64, 8, generator=g)
         loss = ((model(X).squeeze(1) - X.sum(1)) ** 2).mean()
         opt.zero_grad()

@@ -1,63 +1,88 @@
 """Writes notebooks/02_barrier_training.ipynb (kept as code so reviews see plain diffs)."""
+
 from nbwrite import write
 
 cells = [
-    ("md", "# Data-parallel PyTorch on Spark with `BarrierRunner`\n\nAn MLP on scikit-learn's digits, "
-           "trained with DistributedDataParallel on 2 ranks. Each rank reads its own shard of a Spark "
-           "DataFrame; rank 0 returns the weights and the loss curve."),
-    ("code", "import os, sys\nos.environ.setdefault('PYSPARK_PYTHON', sys.executable)\n"
-             "from pyspark.sql import SparkSession\n"
-             "spark = (SparkSession.builder.master('local[2]').appName('02_barrier_training')\n"
-             "         .config('spark.ui.enabled', 'false').config('spark.sql.shuffle.partitions', '4')\n"
-             "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures', '1')\n"
-             "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.interval', '1s')\n"
-             "         .getOrCreate())"),
-    ("code", "import numpy as np\nfrom sklearn.datasets import load_digits\n"
-             "from sklearn.model_selection import train_test_split\n"
-             "X, y = load_digits(return_X_y=True)\nX = X / 16.0\n"
-             "X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)\n"
-             "train_df = spark.createDataFrame([(x.tolist(), int(t)) for x, t in zip(X_train, y_train)],\n"
-             "                                 'features array<double>, label long')\n"
-             "print(train_df.count(), 'training rows')"),
-    ("md", "## The training function\nIt runs in its own process on every rank. `init_process_group()` "
-           "picks gloo (CPU) or NCCL (GPU); `shard().dataloader(...)` gives every rank the same number "
-           "of batches per epoch, so DDP never waits on a rank that ran out of data."),
-    ("code", "def train(epochs=30, lr=0.05):\n"
-             "    import torch, torch.distributed as dist\n"
-             "    from sparkml_dist.runner import context, init_process_group, shard\n"
-             "    init_process_group()\n"
-             "    torch.manual_seed(0)\n"
-             "    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))\n"
-             "    model = torch.nn.parallel.DistributedDataParallel(net)\n"
-             "    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)\n"
-             "    loader = shard().dataloader(32, ['features', 'label'], shuffle=True, seed=0)\n"
-             "    losses = []\n"
-             "    for epoch in range(epochs):\n"
-             "        total = torch.zeros(2)\n"
-             "        for xb, yb in loader:\n"
-             "            loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
-             "            opt.zero_grad(); loss.backward(); opt.step()\n"
-             "            total += torch.tensor([loss.item() * len(yb), len(yb)])\n"
-             "        dist.all_reduce(total)\n"
-             "        losses.append((total[0] / total[1]).item())\n"
-             "        if context().rank == 0 and epoch % 10 == 0:\n"
-             "            print(f'epoch {epoch}: loss {losses[-1]:.4f}')\n"
-             "    return {'state': {k: v.clone() for k, v in net.state_dict().items()}, 'losses': losses}"),
-    ("code", "from sparkml_dist.runner import BarrierRunner\n"
-             "result = BarrierRunner(np=2, timeout=600).run_with_data(train_df, train, epochs=30)\n"
-             "print('final training loss', round(result['losses'][-1], 4))"),
+    (
+        "md",
+        "# Data-parallel PyTorch on Spark with `BarrierRunner`\n\nAn MLP on scikit-learn's digits, "
+        "trained with DistributedDataParallel on 2 ranks. Each rank reads its own shard of a Spark "
+        "DataFrame; rank 0 returns the weights and the loss curve.",
+    ),
+    (
+        "code",
+        "import os, sys\nos.environ.setdefault('PYSPARK_PYTHON', sys.executable)\n"
+        "from pyspark.sql import SparkSession\n"
+        "spark = (SparkSession.builder.master('local[2]').appName('02_barrier_training')\n"
+        "         .config('spark.ui.enabled', 'false').config('spark.sql.shuffle.partitions', '4')\n"
+        "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures', '1')\n"
+        "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.interval', '1s')\n"
+        "         .getOrCreate())",
+    ),
+    (
+        "code",
+        "import numpy as np\nfrom sklearn.datasets import load_digits\n"
+        "from sklearn.model_selection import train_test_split\n"
+        "X, y = load_digits(return_X_y=True)\nX = X / 16.0\n"
+        "X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.25, random_state=0)\n"
+        "train_df = spark.createDataFrame([(x.tolist(), int(t)) for x, t in zip(X_train, y_train)],\n"
+        "                                 'features array<double>, label long')\n"
+        "print(train_df.count(), 'training rows')",
+    ),
+    (
+        "md",
+        "## The training function\nIt runs in its own process on every rank. `init_process_group()` "
+        "picks gloo (CPU) or NCCL (GPU); `shard().dataloader(...)` gives every rank the same number "
+        "of batches per epoch, so DDP never waits on a rank that ran out of data.",
+    ),
+    (
+        "code",
+        "def train(epochs=30, lr=0.05):\n"
+        "    import torch, torch.distributed as dist\n"
+        "    from sparkml_dist.runner import context, init_process_group, shard\n"
+        "    init_process_group()\n"
+        "    torch.manual_seed(0)\n"
+        "    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))\n"
+        "    model = torch.nn.parallel.DistributedDataParallel(net)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)\n"
+        "    loader = shard().dataloader(32, ['features', 'label'], shuffle=True, seed=0)\n"
+        "    losses = []\n"
+        "    for epoch in range(epochs):\n"
+        "        total = torch.zeros(2)\n"
+        "        for xb, yb in loader:\n"
+        "            loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
+        "            opt.zero_grad(); loss.backward(); opt.step()\n"
+        "            total += torch.tensor([loss.item() * len(yb), len(yb)])\n"
+        "        dist.all_reduce(total)\n"
+        "        losses.append((total[0] / total[1]).item())\n"
+        "        if context().rank == 0 and epoch % 10 == 0:\n"
+        "            print(f'epoch {epoch}: loss {losses[-1]:.4f}')\n"
+        "    return {'state': {k: v.clone() for k, v in net.state_dict().items()}, 'losses': losses}",
+    ),
+    (
+        "code",
+        "from sparkml_dist.runner import BarrierRunner\n"
+        "result = BarrierRunner(np=2, timeout=600).run_with_data(train_df, train, epochs=30)\n"
+        "print('final training loss', round(result['losses'][-1], 4))",
+    ),
     ("md", "## Loss curve and test accuracy"),
-    ("code", "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
-             "%matplotlib inline\n"
-             "plt.plot(result['losses'])\nplt.xlabel('epoch'); plt.ylabel('training loss (all ranks)')\n"
-             "plt.title('DDP on 2 Spark barrier tasks'); plt.show()"),
-    ("code", "import torch\n"
-             "net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))\n"
-             "net.load_state_dict(result['state'])\n"
-             "with torch.no_grad():\n"
-             "    pred = net(torch.tensor(X_test, dtype=torch.float32)).argmax(1).numpy()\n"
-             "accuracy = (pred == y_test).mean()\nprint(f'test accuracy {accuracy:.3f}')\n"
-             "assert accuracy > 0.9, accuracy\nassert result['losses'][-1] < result['losses'][0]"),
+    (
+        "code",
+        "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+        "%matplotlib inline\n"
+        "plt.plot(result['losses'])\nplt.xlabel('epoch'); plt.ylabel('training loss (all ranks)')\n"
+        "plt.title('DDP on 2 Spark barrier tasks'); plt.show()",
+    ),
+    (
+        "code",
+        "import torch\n"
+        "net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))\n"
+        "net.load_state_dict(result['state'])\n"
+        "with torch.no_grad():\n"
+        "    pred = net(torch.tensor(X_test, dtype=torch.float32)).argmax(1).numpy()\n"
+        "accuracy = (pred == y_test).mean()\nprint(f'test accuracy {accuracy:.3f}')\n"
+        "assert accuracy > 0.9, accuracy\nassert result['losses'][-1] < result['losses'][0]",
+    ),
     ("code", "spark.stop()"),
 ]
 write(cells, "02_barrier_training.ipynb")

@@ -1,4 +1,5 @@
 """Shared by the make_*.py scripts: write a list of ("md" | "code", source) cells as a notebook."""
+
 import os
 
 import nbformat as nbf
