@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
-from pyspark.ml.param import Param, Params, TypeConverters
+from pyspark.ml.param import TypeConverters
 from pyspark.ml.param.shared import HasLabelCol, HasPredictionCol
 
 from .. import launch, partitioning, plan, serialization
@@ -53,7 +53,7 @@ from ._grouped_worker import (
     predict_batch,
     predict_keys,
 )
-from .params import HasEstimatorAndFeatures
+from .params import HasEstimatorAndFeatures, declare
 from .persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
@@ -64,29 +64,15 @@ UNSEEN_POLICIES = ("error", "null")
 
 # --------------------------------------------------------------------------- driver
 class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
-    groupCol = Param(
-        Params._dummy(),
-        "groupCol",
-        "column whose distinct values get one model each",
-        typeConverter=TypeConverters.toString,
-    )
-    minRows = Param(
-        Params._dummy(),
-        "minRows",
-        "fewest rows a key needs to get a model (>= 1)",
-        typeConverter=TypeConverters.toInt,
-    )
-    onSmallGroups = Param(
-        Params._dummy(),
+    groupCol = declare("groupCol", "column whose distinct values get one model each", TypeConverters.toString)
+    minRows = declare("minRows", "fewest rows a key needs to get a model (>= 1)", TypeConverters.toInt)
+    onSmallGroups = declare(
         "onSmallGroups",
         "keys with fewer than minRows rows: error (default) | skip (reported in skippedGroups)",
-        typeConverter=TypeConverters.toString,
+        TypeConverters.toString,
     )
-    unseenKey = Param(
-        Params._dummy(),
-        "unseenKey",
-        "transform of a key without a model: error (default) | null",
-        typeConverter=TypeConverters.toString,
+    unseenKey = declare(
+        "unseenKey", "transform of a key without a model: error (default) | null", TypeConverters.toString
     )
 
     def __init__(self, *args):

@@ -14,20 +14,23 @@ from pyspark.ml.param.shared import (
 )
 
 
+def declare(name: str, doc: str, converter) -> Param:
+    """A class-level pyspark.ml Param (``Params._dummy()`` parent, as pyspark's own shared params)."""
+    return Param(Params._dummy(), name, doc, typeConverter=converter)
+
+
 class HasEstimatorAndFeatures(HasFeaturesCol):
     """What every per-group trainer takes: the estimator to clone and the feature columns."""
 
-    estimator = Param(
-        Params._dummy(),
+    estimator = declare(
         "estimator",
         "scikit-learn-API estimator cloned for each model (bagging default: a decision tree)",
-        typeConverter=None,
+        None,
     )
-    featuresCols = Param(
-        Params._dummy(),
+    featuresCols = declare(
         "featuresCols",
         "numeric feature columns, used instead of featuresCol when set",
-        typeConverter=TypeConverters.toListString,
+        TypeConverters.toListString,
     )
 
     def getEstimator(self):
@@ -38,26 +41,21 @@ class HasEstimatorAndFeatures(HasFeaturesCol):
 
 
 class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed):
-    numModels = Param(
-        Params._dummy(), "numModels", "number of members (groups), >= 1", typeConverter=TypeConverters.toInt
-    )
-    sampling = Param(
-        Params._dummy(),
+    numModels = declare("numModels", "number of members (groups), >= 1", TypeConverters.toInt)
+    sampling = declare(
         "sampling",
         "how rows are split into groups: disjoint | bootstrap | subsample",
-        typeConverter=TypeConverters.toString,
+        TypeConverters.toString,
     )
-    sampleRatio = Param(
-        Params._dummy(),
+    sampleRatio = declare(
         "sampleRatio",
         "share of rows per group in (0, 1] (Poisson rate for bootstrap)",
-        typeConverter=TypeConverters.toFloat,
+        TypeConverters.toFloat,
     )
-    featureRatio = Param(
-        Params._dummy(),
+    featureRatio = declare(
         "featureRatio",
         "share of feature columns drawn per group in (0, 1] (random subspace)",
-        typeConverter=TypeConverters.toFloat,
+        TypeConverters.toFloat,
     )
 
     def __init__(self, *args):
@@ -88,11 +86,10 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
 
 
 class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
-    voting = Param(
-        Params._dummy(),
+    voting = declare(
         "voting",
         "soft (average member probabilities) or hard (majority of member predictions)",
-        typeConverter=TypeConverters.toString,
+        TypeConverters.toString,
     )
 
     def __init__(self, *args):
