@@ -132,7 +132,7 @@ def run_search_job(spark, job: dict) -> dict:
     """Run a ParallelSearchCV described by ``job``; report the best candidate and save results."""
     from pyspark.sql import types as T
 
-    from sparkml_dist import serialization
+    from sparkml_dist import model_formats
     from sparkml_dist.search import ParallelSearchCV
 
     label = job.get("labelCol", "label")
@@ -171,10 +171,11 @@ def run_search_job(spark, job: dict) -> dict:
     if out.get("results_csv"):
         results.to_csv(out["results_csv"], index=False)
         report["results_csv"] = out["results_csv"]
-    if out.get("best_model"):
+    if out.get("best_model"):  # skops (or XGBoost's own format): loading it runs no code
+        fmt, data = model_formats.encode(search.best_estimator_)
         with open(out["best_model"], "wb") as fh:
-            fh.write(serialization.dumps(search.best_estimator_))
-        report["best_model"] = out["best_model"]
+            fh.write(data)
+        report["best_model"], report["best_model_format"] = out["best_model"], fmt
     return report
 
 

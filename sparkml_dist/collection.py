@@ -9,11 +9,9 @@ Executors turn any object into *chunk rows* (:data:`CHUNK_SCHEMA`) tagged
   naming the group, with the executor's traceback;
 * groups that never reported raise :class:`CollectionError` naming them.
 
-For objects too large to collect, :class:`ModelStore` writes them to a directory (a local path or a
-file-system URI such as ``file:///``, ``hdfs://``, ``s3://``): executors write each object under a
-temporary name and rename it, only small metadata rows come back through Spark, and the driver then
-writes ``manifest.json`` (sizes and SHA-256 checksums) last.  Readers see only what the manifest
-lists, so a half-written file is never visible.
+For objects too large to collect, :class:`~sparkml_dist.model_store.ModelStore` writes them to a
+directory (a local path or a file-system URI such as ``file:///``, ``hdfs://``, ``s3://``) in
+formats whose loading runs no code, with a manifest written last (and optionally signed).
 
 Example (driver side)::
 
@@ -23,10 +21,7 @@ Example (driver side)::
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import posixpath
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -162,136 +157,4 @@ def decode(
 
 
 # --------------------------------------------------------------------------- model store
-def _filesystem(uri: str):
-    """(pyarrow FileSystem, path) for a local path or a URI pyarrow understands."""
-    from pyarrow import fs as pafs
-
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), os.path.abspath(uri)
-    if uri.startswith("s3a://") or uri.startswith("s3n://"):
-        uri = "s3://" + uri.split("://", 1)[1]
-    try:
-        return pafs.FileSystem.from_uri(uri)
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
-        raise CollectionError(f"cannot open model store {uri!r}: {exc}") from exc
-
-
-class ModelStore:
-    """A directory of objects with a manifest, for results too large to collect.
-
-    Executors call :meth:`write`; the driver calls :meth:`commit` with what came back, then anyone
-    can :meth:`load`.  Layout::
-
-        <root>/manifest.json                     written last (atomically)
-        <root>/objects/g00003-i0-<attempt>.pkl   one committed file per (group, item)
-        <root>/_tmp/...                          in-flight writes, removed by commit
-
-    Example::
-
-        store = ModelStore("file:///mnt/models/run1")
-        meta = store.write(group=3, item=0, obj=model)      # on an executor
-        store.commit([meta, ...])                           # on the driver
-        model = ModelStore("file:///mnt/models/run1").load(3)
-    """
-
-    MANIFEST = "manifest.json"
-
-    def __init__(self, uri: str) -> None:
-        self.uri = uri
-        self._fs, self._root = _filesystem(uri)
-
-    def __getstate__(self):  # pyarrow file systems are re-opened where the store is used
-        return {"uri": self.uri}
-
-    def __setstate__(self, state):
-        self.__init__(state["uri"])
-
-    def _path(self, *parts: str) -> str:
-        return posixpath.join(self._root, *parts)
-
-    # executor side
-    def write(self, group: int, item: int, obj: Any) -> dict:
-        """Write one object; returns its metadata for :meth:`commit` (send it back via collection)."""
-        data = serialization.dumps(obj)
-        return self.write_bytes(group, item, data)
-
-    def write_bytes(self, group: int, item: int, data: bytes) -> dict:
-        attempt = uuid.uuid4().hex[:12]
-        name = f"g{group:05d}-i{item}-{attempt}.pkl"
-        tmp = self._path("_tmp", name)
-        final = self._path("objects", name)
-        self._fs.create_dir(self._path("_tmp"), recursive=True)
-        self._fs.create_dir(self._path("objects"), recursive=True)
-        with self._fs.open_output_stream(tmp) as out:
-            out.write(data)
-        self._fs.move(tmp, final)
-        return {
-            "group": group,
-            "item": item,
-            "file": f"objects/{name}",
-            "size": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-        }
-
-    # driver side
-    def commit(self, metas: Iterable[dict], extra: Optional[dict] = None) -> dict:
-        """Write the manifest listing one file per (group, item); delete strays of other attempts."""
-        chosen: Dict[Tuple[int, int], dict] = {}
-        for meta in sorted(metas, key=lambda m: (m["group"], m["item"], m["file"])):
-            chosen.setdefault((meta["group"], meta["item"]), meta)
-        manifest = {
-            "format": "sparkml_dist.model_store/1",
-            "objects": [chosen[k] for k in sorted(chosen)],
-            **(extra or {}),
-        }
-        self._fs.create_dir(self._root, recursive=True)
-        tmp = self._path("_tmp", f"manifest-{uuid.uuid4().hex}.json")
-        self._fs.create_dir(self._path("_tmp"), recursive=True)
-        with self._fs.open_output_stream(tmp) as out:
-            out.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
-        self._fs.move(tmp, self._path(self.MANIFEST))
-        keep = {m["file"] for m in manifest["objects"]}
-        self._remove_strays(keep)
-        return manifest
-
-    def _remove_strays(self, keep: set) -> None:
-        from pyarrow import fs as pafs
-
-        for sub in ("objects", "_tmp"):
-            infos = self._fs.get_file_info(pafs.FileSelector(self._path(sub), allow_not_found=True))
-            for info in infos:
-                rel = posixpath.relpath(info.path, self._root)
-                if info.type == pafs.FileType.File and rel not in keep:
-                    self._fs.delete_file(info.path)
-
-    def manifest(self) -> dict:
-        try:
-            with self._fs.open_input_stream(self._path(self.MANIFEST)) as src:
-                return json.loads(src.read().decode())
-        except FileNotFoundError as exc:
-            raise CollectionError(
-                f"no {self.MANIFEST} in model store {self.uri!r}: the write was never committed "
-                "(or this is not a model store)"
-            ) from exc
-
-    def read_bytes(self, meta: dict) -> bytes:
-        with self._fs.open_input_stream(self._path(meta["file"])) as src:
-            data = src.read()
-        if len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
-            raise CollectionError(
-                f"model file {meta['file']!r} in {self.uri!r} does not match its checksum in the "
-                "manifest: it is corrupt or was modified after it was written"
-            )
-        return data
-
-    def load(self, group: int, item: int = 0, *, trusted_modules: Iterable[str] = ()) -> Any:
-        for meta in self.manifest()["objects"]:
-            if meta["group"] == group and meta["item"] == item:
-                return serialization.safe_loads(self.read_bytes(meta), trusted_modules)
-        raise CollectionError(f"model store {self.uri!r} has no object for group {group}, item {item}")
-
-    def load_all(self, *, trusted_modules: Iterable[str] = ()) -> Dict[Tuple[int, int], Any]:
-        return {
-            (m["group"], m["item"]): serialization.safe_loads(self.read_bytes(m), trusted_modules)
-            for m in self.manifest()["objects"]
-        }
+from .model_store import ModelStore  # noqa: E402,F401 - the directory variant of this layer

@@ -5,8 +5,9 @@ See :class:`BaggingClassifier` and :class:`BaggingRegressor` (bagging ensembles)
 """
 
 from .aggregation import Member
-from .estimator import BaggingClassificationModel, BaggingClassifier, BaggingRegressionModel, BaggingRegressor
+from .estimator import BaggingClassifier, BaggingRegressor
 from .grouped import GroupedModel, GroupedTrainer
+from .models import BaggingClassificationModel, BaggingRegressionModel
 
 __all__ = [
     "BaggingClassifier",

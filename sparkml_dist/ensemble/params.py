@@ -1,4 +1,4 @@
-"""pyspark.ml Params shared by the bagging estimators and their models.  [driver]"""
+"""pyspark.ml Params of the ensemble stages: bagging and grouped, estimators and models.  [driver]"""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pyspark.ml.param.shared import (
     HasSeed,
     HasWeightCol,
 )
+
+from ..errors import ConfigurationError
 
 
 def declare(name: str, doc: str, converter) -> Param:
@@ -102,3 +104,62 @@ class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
 
 class _RegressorParams(_BaggingParams):
     pass
+
+
+SMALL_GROUP_POLICIES = ("error", "skip")
+UNSEEN_POLICIES = ("error", "null")
+
+
+class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
+    groupCol = declare("groupCol", "column whose distinct values get one model each", TypeConverters.toString)
+    minRows = declare("minRows", "fewest rows a key needs to get a model (>= 1)", TypeConverters.toInt)
+    onSmallGroups = declare(
+        "onSmallGroups",
+        "keys with fewer than minRows rows: error (default) | skip (reported in skippedGroups)",
+        TypeConverters.toString,
+    )
+    unseenKey = declare(
+        "unseenKey", "transform of a key without a model: error (default) | null", TypeConverters.toString
+    )
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(
+            featuresCol="features",
+            labelCol="label",
+            predictionCol="prediction",
+            featuresCols=[],
+            minRows=1,
+            onSmallGroups="error",
+            unseenKey="error",
+        )
+
+    def getGroupCol(self) -> str:
+        return self.getOrDefault(self.groupCol)
+
+    def getMinRows(self) -> int:
+        return self.getOrDefault(self.minRows)
+
+    def getOnSmallGroups(self) -> str:
+        return self.getOrDefault(self.onSmallGroups)
+
+    def getUnseenKey(self) -> str:
+        return self.getOrDefault(self.unseenKey)
+
+    def _check_params(self, df) -> None:
+        if not self.isDefined(self.groupCol) or not self.getGroupCol():
+            raise ConfigurationError("groupCol is not set: name the column whose values get one model each")
+        if self.getGroupCol() not in df.columns:
+            raise ConfigurationError(
+                f"groupCol={self.getGroupCol()!r} is not a column; the DataFrame has {df.columns}"
+            )
+        if self.getMinRows() < 1:
+            raise ConfigurationError(f"minRows must be >= 1, got {self.getMinRows()}")
+        if self.getOnSmallGroups() not in SMALL_GROUP_POLICIES:
+            raise ConfigurationError(
+                f"onSmallGroups must be one of {SMALL_GROUP_POLICIES}, got {self.getOnSmallGroups()!r}"
+            )
+        if self.getUnseenKey() not in UNSEEN_POLICIES:
+            raise ConfigurationError(
+                f"unseenKey must be one of {UNSEEN_POLICIES}, got {self.getUnseenKey()!r}"
+            )

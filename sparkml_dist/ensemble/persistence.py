@@ -2,22 +2,35 @@
 
 Layout of a saved stage::
 
-    <path>/metadata/          pyspark.ml metadata (class, uid, JSON params) written by Spark
-    <path>/data/manifest.json the model store's manifest (sizes, SHA-256 checksums)
-    <path>/data/objects/...   group -1: the base estimator; group g >= 0: member g
+    <path>/metadata/            pyspark.ml metadata (class, uid, JSON params) written by Spark
+    <path>/data/manifest.json   the model store's manifest: every file's format, size and SHA-256,
+                                and the SHA-256 of the stage's metadata
+    <path>/data/manifest.sig    HMAC-SHA256 of the manifest, when saved with a signing key
+    <path>/data/objects/...     group -1: the base estimator; group g >= 0: member g's record
+                                (item 0, JSON) and its model (item 1)
 
-It is what ``DefaultParamsWriter`` writes plus a :class:`~sparkml_dist.collection.ModelStore`, so
-a saved ``Pipeline``/``PipelineModel`` holding these stages loads with ``PipelineModel.load``.
-Pickled objects are read with the allowlisting loader (see :mod:`sparkml_dist.serialization`);
-for your own estimator classes set ``SPARKML_DIST_TRUSTED_MODULES`` or call
-``BaggingClassificationModel.read().trusted(["mypackage"]).load(path)``.
+Loading runs no code from the files (see :mod:`sparkml_dist.model_formats`): the stage class is
+looked up in a fixed registry (:data:`STAGES`), member records are JSON, models are read with
+``skops`` against an explicit list of trusted types, or in XGBoost's own format.  A signed model
+is checked against the key in ``SPARKML_DIST_MODEL_KEY`` (or ``.signed_with(key)``).  Models saved
+by sparkml_dist 0.1 (pickles) load only with ``.allow_pickle()``.
+
+Example::
+
+    model.write().overwrite().signed_with(key).save(path)
+    BaggingClassificationModel.read().trusted_types(["mypkg.MyEstimator"]).load(path)
+    BaggingClassificationModel.read().allow_pickle().load(old_path)   # an old model you trust
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
 import posixpath
-from typing import Iterable
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
+import numpy as np
 from pyspark.ml.util import (
     DefaultParamsReader,
     DefaultParamsWriter,
@@ -27,23 +40,96 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from .. import collection, serialization
-from ..errors import ConfigurationError
+from .. import model_store
+from ..model_formats import UnsafeModelError
 
 _ESTIMATOR_GROUP = -1
+_RECORD, _MODEL = 0, 1
+
+# the only classes a saved stage may name: its metadata selects one of these, never an import path
+_ENSEMBLE = "sparkml_dist.ensemble"
+STAGES = {
+    f"{_ENSEMBLE}.{module}.{name}": (f"{_ENSEMBLE}.{home}", name)
+    for module, home, names in (
+        ("estimator", "estimator", ("BaggingClassifier", "BaggingRegressor")),
+        ("models", "models", ("BaggingClassificationModel", "BaggingRegressionModel")),
+        ("estimator", "models", ("BaggingClassificationModel", "BaggingRegressionModel")),  # saved by 0.1
+        ("grouped", "grouped", ("GroupedTrainer", "GroupedModel")),
+    )
+    for name in names
+}
 
 
 def _data_dir(path: str) -> str:
     return posixpath.join(path, "data")
 
 
+def metadata_digest(metadata: dict) -> str:
+    """SHA-256 of what a load restores from the metadata (class, uid, params, sparkml_dist state)."""
+    keys = ("class", "uid", "paramMap", "defaultParamMap", "sparkml_dist")
+    canonical = json.dumps({k: metadata.get(k) for k in keys}, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------- member records
+def _member_record(m: Any) -> Tuple[dict, Any]:
+    """(the JSON record of a member, its model)."""
+    from .aggregation import Member
+
+    if isinstance(m, Member):
+        classes = None if m.classes is None else [int(c) for c in m.classes]
+        return {
+            "kind": "member",
+            "group": int(m.group),
+            "features": [int(f) for f in m.features],
+            "classes": classes,
+            "n_rows": int(m.n_rows),
+            "constant": bool(m.constant),
+        }, m.model
+    return {"kind": "key_model", "group": int(m.group), "key": m.key, "rows": int(m.rows)}, m.model
+
+
+def _member_from(record: dict, model: Any) -> Any:
+    from ._grouped_worker import KeyModel
+    from .aggregation import Member
+
+    if record.get("kind") == "member":
+        classes = record["classes"]
+        return Member(
+            int(record["group"]),
+            model,
+            np.asarray(record["features"], dtype=np.int64),
+            None if classes is None else np.asarray(classes, dtype=np.int64),
+            int(record["n_rows"]),
+            bool(record["constant"]),
+        )
+    if record.get("kind") == "key_model":
+        return KeyModel(int(record["group"]), record["key"], model, int(record["rows"]))
+    raise UnsafeModelError(f"unknown member record kind {record.get('kind')!r}")
+
+
+# --------------------------------------------------------------------------- writer
 class _StageWriter(MLWriter):
     def __init__(self, instance) -> None:
         super().__init__()
         self.instance = instance
+        self._key: Optional[Union[str, bytes]] = None
+        self._allow_pickle = False
+
+    def signed_with(self, key: Union[str, bytes]) -> "_StageWriter":
+        """Sign the saved model with ``key`` (HMAC-SHA256 over its manifest); default:
+        ``SPARKML_DIST_MODEL_KEY`` when set."""
+        self._key = key
+        return self
+
+    def allow_pickle(self) -> "_StageWriter":
+        """Save members that no safe format can hold as pickles (loading them will need
+        ``allow_pickle`` too)."""
+        self._allow_pickle = True
+        return self
 
     def _handleOverwrite(self, path: str) -> None:  # works on classic and Connect alike
-        fs, root = collection._filesystem(path)
+        fs, root = model_store.filesystem(path)
         from pyarrow import fs as pafs
 
         if fs.get_file_info(root).type != pafs.FileType.NotFound:
@@ -54,52 +140,89 @@ class _StageWriter(MLWriter):
         params = {p.name: v for p, v in inst._paramMap.items() if p.name != "estimator"}
         extra = {"sparkml_dist": inst._persisted_state()}
         DefaultParamsWriter.saveMetadata(inst, path, self.sparkSession, extraMetadata=extra, paramMap=params)
-        store = collection.ModelStore(_data_dir(path))
+        digest = metadata_digest(DefaultParamsReader.loadMetadata(path, self.sparkSession))
+        store = model_store.ModelStore(_data_dir(path), key=self._key)
+        write = lambda g, i, obj: store.write(g, i, obj, allow_pickle=self._allow_pickle)  # noqa: E731
         metas = []
-        est = inst.getEstimator()
-        if est is not None:
-            metas.append(store.write_bytes(_ESTIMATOR_GROUP, 0, serialization.dumps(est)))
+        if inst.getEstimator() is not None:
+            metas.append(write(_ESTIMATOR_GROUP, 0, inst.getEstimator()))
         for m in getattr(inst, "_members", []):
-            metas.append(store.write_bytes(m.group, 0, serialization.dumps(m)))
-        store.commit(metas)
+            record, model = _member_record(m)
+            metas += [write(record["group"], _RECORD, record), write(record["group"], _MODEL, model)]
+        store.commit(metas, extra={"metadata_sha256": digest})
 
 
+# --------------------------------------------------------------------------- reader
 class _StageReader(MLReader):
     def __init__(self, cls) -> None:
         super().__init__()
         self.cls = cls
-        self._trusted: tuple = ()
+        self._trusted: Tuple[str, ...] = ()
+        self._allow_pickle = False
+        self._key: Optional[Union[str, bytes]] = None
 
-    def trusted(self, modules: Iterable[str]) -> "_StageReader":
-        """Also allow classes from these top-level modules when unpickling members."""
-        self._trusted = tuple(modules)
+    def trusted_types(self, types: Iterable[str]) -> "_StageReader":
+        """Also construct these types (fully qualified names, e.g. ``"mypkg.models.MyEstimator"``)
+        when loading members with skops; see :mod:`sparkml_dist.model_formats`."""
+        self._trusted = tuple(types)
+        return self
+
+    def allow_pickle(self) -> "_StageReader":
+        """Load members stored as pickles (models saved by sparkml_dist 0.1, or with
+        ``write().allow_pickle()``). A pickle runs code when loaded: only for files you trust."""
+        self._allow_pickle = True
+        return self
+
+    def signed_with(self, key: Union[str, bytes]) -> "_StageReader":
+        """Refuse the model unless it is signed with ``key`` (default ``SPARKML_DIST_MODEL_KEY``)."""
+        self._key = key
         return self
 
     def load(self, path: str):
         metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
-        cls_name = metadata["class"]
-        module, _, name = cls_name.rpartition(".")
-        if not module.startswith("sparkml_dist."):
-            raise ConfigurationError(f"{path!r} holds a {cls_name}, not a sparkml_dist stage")
-        import importlib
-
-        py_type = getattr(importlib.import_module(module), name)
-        instance = py_type()
+        cls_name = metadata.get("class")
+        if cls_name not in STAGES:
+            raise UnsafeModelError(
+                f"{path!r} names stage class {cls_name!r}, which is not a sparkml_dist "
+                f"stage; it can be loaded only as one of {sorted(STAGES)}"
+            )
+        module, name = STAGES[cls_name]
+        store = model_store.ModelStore(_data_dir(path), key=self._key)
+        manifest = store.manifest()
+        if manifest.get("metadata_sha256") not in (None, metadata_digest(metadata)):
+            raise UnsafeModelError(
+                f"the metadata of {path!r} does not match its manifest: it was "
+                "modified after the model was saved"
+            )
+        if store.signed and manifest.get("metadata_sha256") is None:
+            raise UnsafeModelError(f"{path!r} is signed but its manifest does not cover its metadata")
+        objects = store.load_all(trusted_types=self._trusted, allow_pickle=self._allow_pickle)
+        instance = getattr(importlib.import_module(module), name)()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        objects = collection.ModelStore(_data_dir(path)).load_all(trusted_modules=self._trusted)
         if (_ESTIMATOR_GROUP, 0) in objects:
             instance._set(estimator=objects.pop((_ESTIMATOR_GROUP, 0)))
-        instance._restore_state(metadata.get("sparkml_dist", {}), [objects[k] for k in sorted(objects)])
+        instance._restore_state(metadata.get("sparkml_dist", {}), _members(objects, manifest))
         return instance
 
 
+def _members(objects: Dict[Tuple[int, int], Any], manifest: dict) -> List[Any]:
+    """Members from (record, model) pairs; a store of sparkml_dist 0.1 held pickled members."""
+    if manifest.get("format") == model_store.ModelStore.FORMAT_V1:
+        return [objects[k] for k in sorted(objects)]
+    groups = sorted({g for g, _ in objects})
+    missing = [g for g in groups if (g, _RECORD) not in objects or (g, _MODEL) not in objects]
+    if missing:
+        raise UnsafeModelError(f"members {missing} lack their record or model in the saved model")
+    return [_member_from(objects[(g, _RECORD)], objects[(g, _MODEL)]) for g in groups]
+
+
 class StageReadWrite(MLWritable, MLReadable):
-    """Mixin: ``write()``/``save()`` and ``read()``/``load()`` for sparkml_dist stages: params as pyspark.ml
-    metadata, the estimator and members in a model store, and the stage's own state (see
+    """Mixin: ``write()``/``save()`` and ``read()``/``load()`` for sparkml_dist stages: params as
+    pyspark.ml metadata, the estimator and members in a model store, and the stage's own state (see
     ``_persisted_state`` / ``_restore_state``)."""
 
-    def write(self) -> MLWriter:
+    def write(self) -> _StageWriter:
         return _StageWriter(self)
 
     @classmethod

@@ -32,6 +32,7 @@ import io
 import json
 import os
 import posixpath
+import re
 import uuid
 from typing import Any, Optional
 
@@ -39,6 +40,7 @@ from ..errors import CollectionError, ConfigurationError
 from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 
 LATEST = "LATEST"
+_CHECKPOINT_FILE = re.compile(r"step-\d{12}\.pt")  # what save() names; LATEST may name nothing else
 DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benchmarks/bench_runner.py)
 
 
@@ -49,7 +51,7 @@ def due(step: int, every: int = DEFAULT_EVERY) -> bool:
 
 def _location(directory: Optional[str] = None):
     """(pyarrow filesystem, root path) of the checkpoint directory."""
-    from .. import collection
+    from .. import model_store
 
     where = directory or os.environ.get(DIR_ENV)
     if not where:
@@ -57,7 +59,7 @@ def _location(directory: Optional[str] = None):
             "no checkpoint directory: pass checkpoint_dir=... to BarrierRunner "
             "(a local path, or an s3://, gs://, hdfs:// URI)"
         )
-    fs, root = collection._filesystem(where)
+    fs, root = model_store.filesystem(where)
     return fs, root
 
 
@@ -133,7 +135,10 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     meta = _latest(fs, root)
     if meta is None:
         return None
-    path = posixpath.join(root, meta["file"])
+    from ..model_store import checked_name
+
+    name = checked_name(meta.get("file"), _CHECKPOINT_FILE, f"the LATEST record of {root}")
+    path = posixpath.join(root, name)
     with fs.open_input_stream(path) as fh:
         blob = fh.read()
     if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:

@@ -62,12 +62,12 @@ def test_search_job_on_bundled_data_matches_scikit_learn(tmp_path):
     from sklearn.model_selection import GridSearchCV
     from sklearn.tree import DecisionTreeClassifier
 
-    from sparkml_dist import serialization
+    from sparkml_dist import model_formats
 
     job = yaml.safe_load(open(os.path.join(ROOT, "conf", "search_example.yaml")))
     job["estimator"] = {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"random_state": 0}}
     job["param_grid"] = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 3]}
-    job["output"] = {"results_csv": str(tmp_path / "results.csv"), "best_model": str(tmp_path / "best.pkl")}
+    job["output"] = {"results_csv": str(tmp_path / "results.csv"), "best_model": str(tmp_path / "best.skops")}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
     report = _run("search", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
     X, y = load_digits(return_X_y=True)
@@ -77,5 +77,5 @@ def test_search_job_on_bundled_data_matches_scikit_learn(tmp_path):
     assert report["candidates"] == 6 and report["fits"] == 18
     assert report["best_params"] == ref.best_params_ and report["best_score"] == ref.best_score_
     assert len(pd.read_csv(tmp_path / "results.csv")) == 6
-    best = serialization.loads((tmp_path / "best.pkl").read_bytes())
+    best = model_formats.decode(report["best_model_format"], (tmp_path / "best.skops").read_bytes())
     assert (best.predict(X) == ref.best_estimator_.predict(X)).all()

@@ -1,0 +1,135 @@
+"""BaggingClassificationModel / BaggingRegressionModel: the fitted members, predicting.  [driver]
+
+``transform`` scores whole Arrow batches on the executors (:func:`sparkml_dist.ensemble._worker.
+predict_arrow`); ``predict`` / ``predict_proba`` give the same numbers locally, through the same
+:mod:`sparkml_dist.ensemble.aggregation`.  Models save and load like any pyspark.ml stage
+(:mod:`sparkml_dist.ensemble.persistence`).
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pyspark.ml import Model
+from pyspark.sql import functions as F
+
+from .. import serialization
+from ..errors import ConfigurationError
+from . import _worker, validation
+from .aggregation import Member, mean_prediction, probabilities, vote
+from .params import _ClassifierParams, _RegressorParams
+from .persistence import StageReadWrite
+
+
+class _BaggingModel(Model, StageReadWrite):
+    _is_classifier = False
+
+    def __init__(
+        self,
+        members: Optional[List[Member]] = None,
+        n_features: int = 0,
+        classes: Optional[Sequence[float]] = None,
+    ):
+        super().__init__()
+        self._members = list(members or [])
+        self._n_features = int(n_features)
+        self._classes = tuple(float(c) for c in classes) if classes is not None else None
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def models(self) -> List[Member]:
+        """The fitted members: ``member.model`` and ``member.features`` (column indices)."""
+        return list(self._members)
+
+    @property
+    def numFeatures(self) -> int:
+        return self._n_features
+
+    @property
+    def groupSizes(self) -> List[int]:
+        """Rows each member was trained on (bootstrap copies included)."""
+        return [m.n_rows for m in self._members]
+
+    # ------------------------------------------------------------------ local prediction
+    def _local_X(self, X) -> np.ndarray:
+        cols = self.getFeaturesCols()
+        if hasattr(X, "columns") and cols and all(c in X.columns for c in cols):
+            X = X[cols]
+        arr = np.asarray(X, dtype=np.float64)
+        if arr.ndim != 2 or arr.shape[1] != self._n_features:
+            raise ConfigurationError(f"X has shape {arr.shape}; expected (n_rows, {self._n_features}).")
+        return arr
+
+    def _predict_spec(self) -> _worker.PredictSpec:
+        blob = serialization.dumps(self._members)
+        return _worker.PredictSpec(
+            blob=blob,
+            digest=serialization.digest(blob),
+            is_classifier=self._is_classifier,
+            n_classes=len(self._classes or ()),
+            classes=self._classes or (),
+            voting=self.getVoting() if self._is_classifier else "",
+            n_features=self._n_features,
+            features_col=self.getFeaturesCol(),
+        )
+
+    # ------------------------------------------------------------------ Spark transform
+    def _transform(self, dataset):
+        spec = self._predict_spec()
+        feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
+        if self._is_classifier:
+            out_type = "struct<prediction: double, probability: array<double>, raw: array<double>>"
+        else:
+            out_type = "struct<prediction: double>"
+
+        def predict(features: pa.Array) -> pa.Array:
+            return _worker.predict_arrow(features, spec)
+
+        udf = F.arrow_udf(predict, out_type)
+        tmp = "__sd_prediction"
+        out = dataset.withColumn(tmp, udf(feats))
+        outputs = {self.getPredictionCol(): F.col(f"{tmp}.prediction")}
+        if self._is_classifier:
+            from pyspark.ml.functions import array_to_vector
+
+            outputs[self.getProbabilityCol()] = array_to_vector(F.col(f"{tmp}.probability"))
+            outputs[self.getRawPredictionCol()] = array_to_vector(F.col(f"{tmp}.raw"))
+        outputs = {name: col for name, col in outputs.items() if name}
+        return out.withColumns(outputs).drop(tmp)
+
+
+class BaggingClassificationModel(_BaggingModel, _ClassifierParams):
+    """A fitted :class:`BaggingClassifier`."""
+
+    _is_classifier = True
+
+    @property
+    def classes(self) -> tuple:
+        """The label values, in the order of the probability vector."""
+        return self._classes
+
+    @property
+    def numClasses(self) -> int:
+        return len(self._classes)
+
+    def predict_raw(self, X) -> np.ndarray:
+        return vote(self._members, self._local_X(X), len(self._classes), self.getVoting())
+
+    def predict_proba(self, X) -> np.ndarray:
+        """Class probabilities for a local numpy array / pandas DataFrame (as ``transform``)."""
+        return probabilities(self.predict_raw(X))
+
+    def predict(self, X) -> np.ndarray:
+        """Predicted labels for a local numpy array / pandas DataFrame (as ``transform``)."""
+        raw = self.predict_raw(X)
+        return np.asarray(self._classes)[raw.argmax(axis=1)]
+
+
+class BaggingRegressionModel(_BaggingModel, _RegressorParams):
+    """A fitted :class:`BaggingRegressor`."""
+
+    def predict(self, X) -> np.ndarray:
+        """Mean of the members' predictions for a local numpy array / pandas DataFrame."""
+        return mean_prediction(self._members, self._local_X(X))

@@ -1,0 +1,246 @@
+"""ModelStore: a directory of objects with a manifest, for results too large to collect.  [both]
+
+Executors :meth:`~ModelStore.write` objects (each under a temporary name, then renamed); only
+small metadata rows come back through Spark, and the driver :meth:`~ModelStore.commit`\\ s the
+manifest last, so readers never see a half-written file.  Layout::
+
+    <root>/manifest.json                        written last (atomically): each object's format,
+                                                file, size and SHA-256
+    <root>/manifest.sig                         HMAC-SHA256 of manifest.json, when signed
+    <root>/objects/g00003-i0-<attempt>.skops    one committed file per (group, item)
+    <root>/_tmp/...                             in-flight writes, removed by commit
+
+Loading runs no code: each object is read in the format the manifest records
+(:mod:`sparkml_dist.model_formats`); pickles are refused unless ``allow_pickle=True``.  File names
+from the manifest must be plain names under ``objects/``.  With a signing key (``key=`` or the
+environment variable ``SPARKML_DIST_MODEL_KEY``) ``commit`` signs the manifest and loading refuses
+a store whose signature is missing or wrong: the SHA-256 sums in the manifest then make every file
+tamper-evident, not only corruption-evident.
+
+Example::
+
+    store = ModelStore("file:///mnt/models/run1")
+    meta = store.write(group=3, item=0, obj=model)      # on an executor
+    store.commit([meta, ...])                           # on the driver
+    model = ModelStore("file:///mnt/models/run1").load(3)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import posixpath
+import re
+import uuid
+from typing import Any, Dict, Iterable, Optional, Tuple, Union
+
+import pyarrow as pa
+
+from . import model_formats
+from .errors import CollectionError
+from .model_formats import UnsafeModelError
+
+KEY_ENV = "SPARKML_DIST_MODEL_KEY"
+_FILE = re.compile(r"objects/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
+_EXTENSIONS = {
+    "json": "json",
+    "skops": "skops",
+    "xgboost": "ubj",
+    "safetensors": "safetensors",
+    "pickle": "pkl",
+}
+
+
+def filesystem(uri: str):
+    """(pyarrow FileSystem, path) for a local path or a URI pyarrow understands."""
+    from pyarrow import fs as pafs
+
+    if "://" not in uri:
+        return pafs.LocalFileSystem(), os.path.abspath(uri)
+    if uri.startswith("s3a://") or uri.startswith("s3n://"):
+        uri = "s3://" + uri.split("://", 1)[1]
+    try:
+        return pafs.FileSystem.from_uri(uri)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
+        raise CollectionError(f"cannot open model store {uri!r}: {exc}") from exc
+
+
+def _key_bytes(key: Optional[Union[str, bytes]]) -> Optional[bytes]:
+    key = key if key is not None else os.environ.get(KEY_ENV) or None
+    return key.encode() if isinstance(key, str) else key
+
+
+def checked_name(name: Any, pattern: "re.Pattern[str]", where: str) -> str:
+    """``name`` read from a file, refused unless it is a plain name matching ``pattern`` (no ``..``,
+    no absolute path, no other directory)."""
+    if not isinstance(name, str) or not pattern.fullmatch(name) or ".." in name:
+        raise UnsafeModelError(
+            f"{where} names the file {name!r}, which is not a plain file name inside "
+            "its directory; refusing to read it"
+        )
+    return name
+
+
+class ModelStore:
+    """A directory of objects with a manifest (see the module docstring).
+
+    ``key``: sign on commit and verify on load (bytes or str); default ``SPARKML_DIST_MODEL_KEY``.
+    """
+
+    MANIFEST = "manifest.json"
+    SIGNATURE = "manifest.sig"
+    FORMAT = "sparkml_dist.model_store/2"
+    FORMAT_V1 = "sparkml_dist.model_store/1"  # sparkml_dist 0.1: pickles, no formats recorded
+
+    def __init__(self, uri: str, *, key: Optional[Union[str, bytes]] = None) -> None:
+        self.uri = uri
+        self._key = key
+        self._fs, self._root = filesystem(uri)
+        self.signed = False  # set by manifest(): the manifest carried a signature that verified
+
+    def __getstate__(self):  # pyarrow file systems are re-opened where the store is used
+        return {"uri": self.uri}  # the key never travels to executors: they do not sign
+
+    def __setstate__(self, state):
+        self.__init__(state["uri"])
+
+    def _path(self, *parts: str) -> str:
+        return posixpath.join(self._root, *parts)
+
+    def _put(self, path: str, data: bytes) -> None:
+        """Write ``data`` under a temporary name, then move it to ``path``."""
+        tmp = self._path("_tmp", f"{uuid.uuid4().hex}.part")
+        self._fs.create_dir(self._path("_tmp"), recursive=True)
+        with self._fs.open_output_stream(tmp) as out:
+            out.write(data)
+        self._fs.move(tmp, path)
+
+    # ------------------------------------------------------------------ executor side
+    def write(self, group: int, item: int, obj: Any, *, allow_pickle: bool = False) -> dict:
+        """Write one object in a format whose loading runs no code; returns its metadata for
+        :meth:`commit` (send it back via collection). ``allow_pickle``: pickle what no safe format
+        can hold (loading it will need ``allow_pickle`` too)."""
+        fmt, data = model_formats.encode(obj, allow_pickle=allow_pickle)
+        return self.write_bytes(group, item, data, fmt=fmt)
+
+    def write_bytes(self, group: int, item: int, data: bytes, *, fmt: str = "pickle") -> dict:
+        """Write bytes already in format ``fmt`` (one of :mod:`sparkml_dist.model_formats`')."""
+        name = f"g{group:05d}-i{item}-{uuid.uuid4().hex[:12]}.{_EXTENSIONS.get(fmt, 'bin')}"
+        self._fs.create_dir(self._path("objects"), recursive=True)
+        self._put(self._path("objects", name), data)
+        return {
+            "group": group,
+            "item": item,
+            "file": f"objects/{name}",
+            "format": fmt,
+            "size": len(data),
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+
+    # ------------------------------------------------------------------ driver side
+    def commit(self, metas: Iterable[dict], extra: Optional[dict] = None) -> dict:
+        """Write the manifest listing one file per (group, item) (signed when there is a key);
+        delete strays of other attempts."""
+        chosen: Dict[Tuple[int, int], dict] = {}
+        for meta in sorted(metas, key=lambda m: (m["group"], m["item"], m["file"])):
+            chosen.setdefault((meta["group"], meta["item"]), meta)
+        manifest = {"format": self.FORMAT, "objects": [chosen[k] for k in sorted(chosen)], **(extra or {})}
+        self._fs.create_dir(self._root, recursive=True)
+        body = json.dumps(manifest, indent=1, sort_keys=True).encode()
+        key = _key_bytes(self._key)
+        if key is not None:
+            mac = hmac.new(key, body, hashlib.sha256).hexdigest()
+            self._put(self._path(self.SIGNATURE), json.dumps({"alg": "HMAC-SHA256", "mac": mac}).encode())
+        self._put(self._path(self.MANIFEST), body)
+        self._remove_strays({m["file"] for m in manifest["objects"]})
+        return manifest
+
+    def _remove_strays(self, keep: set) -> None:
+        from pyarrow import fs as pafs
+
+        for sub in ("objects", "_tmp"):
+            infos = self._fs.get_file_info(pafs.FileSelector(self._path(sub), allow_not_found=True))
+            for info in infos:
+                rel = posixpath.relpath(info.path, self._root)
+                if info.type == pafs.FileType.File and rel not in keep:
+                    self._fs.delete_file(info.path)
+
+    def _read(self, name: str) -> Optional[bytes]:
+        try:
+            with self._fs.open_input_stream(self._path(name)) as src:
+                return src.read()
+        except FileNotFoundError:
+            return None
+
+    def manifest(self) -> dict:
+        """The committed manifest, its signature verified when there is a key."""
+        body = self._read(self.MANIFEST)
+        if body is None:
+            raise CollectionError(
+                f"no {self.MANIFEST} in model store {self.uri!r}: the write was never committed "
+                "(or this is not a model store)"
+            )
+        self.signed = self._verify(body)
+        manifest = json.loads(body.decode())
+        for meta in manifest.get("objects", []):
+            checked_name(meta.get("file"), _FILE, f"the manifest of {self.uri!r}")
+        return manifest
+
+    def _verify(self, body: bytes) -> bool:
+        key, sig = _key_bytes(self._key), self._read(self.SIGNATURE)
+        if key is None:
+            return False
+        if sig is None:
+            raise UnsafeModelError(
+                f"model store {self.uri!r} is not signed, and a signing key is set "
+                f"({KEY_ENV} or key=): refusing to load it"
+            )
+        try:
+            mac = json.loads(sig.decode())["mac"]
+        except (ValueError, KeyError, TypeError):
+            mac = ""
+        if not hmac.compare_digest(str(mac), hmac.new(key, body, hashlib.sha256).hexdigest()):
+            raise UnsafeModelError(
+                f"the signature of model store {self.uri!r} does not match its manifest "
+                "under the signing key: it was modified or signed with another key"
+            )
+        return True
+
+    def read_bytes(self, meta: dict) -> bytes:
+        name = checked_name(meta.get("file"), _FILE, f"the manifest of {self.uri!r}")
+        data = self._read(name)
+        if data is None or len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+            raise CollectionError(
+                f"model file {name!r} in {self.uri!r} does not match its checksum in the "
+                "manifest: it is corrupt or was modified after it was written"
+            )
+        return data
+
+    def _decode(self, meta: dict, trusted_types: Iterable[str], allow_pickle: bool) -> Any:
+        what = f"{meta['file']!r} of model store {self.uri!r}"
+        return model_formats.decode(
+            meta.get("format"),
+            self.read_bytes(meta),
+            trusted=trusted_types,
+            allow_pickle=allow_pickle,
+            what=what,
+        )
+
+    def load(
+        self, group: int, item: int = 0, *, trusted_types: Iterable[str] = (), allow_pickle: bool = False
+    ) -> Any:
+        """One object; ``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.model_formats`."""
+        for meta in self.manifest()["objects"]:
+            if meta["group"] == group and meta["item"] == item:
+                return self._decode(meta, trusted_types, allow_pickle)
+        raise CollectionError(f"model store {self.uri!r} has no object for group {group}, item {item}")
+
+    def load_all(
+        self, *, trusted_types: Iterable[str] = (), allow_pickle: bool = False
+    ) -> Dict[Tuple[int, int], Any]:
+        return {
+            (m["group"], m["item"]): self._decode(m, trusted_types, allow_pickle)
+            for m in self.manifest()["objects"]
+        }

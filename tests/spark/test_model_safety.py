@@ -1,0 +1,187 @@
+"""Saved models load without running code, through every load entry point (FAULTS #20)."""
+
+import glob
+import json
+import os
+
+import numpy as np
+import pytest
+from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.feature import VectorAssembler
+from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
+from sklearn.tree import DecisionTreeClassifier
+
+from sparkml_dist import model_store, serialization
+from sparkml_dist.ensemble import (
+    BaggingClassificationModel,
+    BaggingClassifier,
+    BaggingRegressionModel,
+    BaggingRegressor,
+    GroupedModel,
+    GroupedTrainer,
+)
+from sparkml_dist.model_formats import UnsafeModelError
+from tests.support import hostile
+
+COLS = ["a", "b", "c"]
+
+
+@pytest.fixture(scope="module")
+def data(spark):
+    import pandas as pd
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(240, 3))
+    pdf = pd.DataFrame(X, columns=COLS).assign(
+        label=(X[:, 0] + X[:, 1] > 0).astype(float), y=X @ [1.0, -2.0, 0.5], store=np.repeat(["n", "s"], 120)
+    )
+    return X, spark.createDataFrame(pdf)
+
+
+def _save(model, path):
+    model.write().overwrite().save(path)
+    return path
+
+
+def test_every_saved_model_type_round_trips_with_identical_predictions(data, tmp_path):
+    from xgboost import XGBClassifier
+
+    X, df = data
+    classifiers = {
+        "xgboost": XGBClassifier(n_estimators=5, max_depth=3),
+        "hist_gradient_boosting": HistGradientBoostingClassifier(max_iter=10),
+    }
+    for name, est in classifiers.items():
+        model = BaggingClassifier(estimator=est, numModels=2, featuresCols=COLS, seed=1).fit(df)
+        loaded = BaggingClassificationModel.load(_save(model, str(tmp_path / name)))
+        assert np.array_equal(loaded.predict_proba(X), model.predict_proba(X)), name
+    reg = BaggingRegressor(
+        estimator=HistGradientBoostingRegressor(max_iter=10), numModels=2, featuresCols=COLS, labelCol="y"
+    ).fit(df)
+    loaded = BaggingRegressionModel.load(_save(reg, str(tmp_path / "reg")))
+    assert np.array_equal(loaded.predict(X), reg.predict(X))
+    grouped = GroupedTrainer(
+        estimator=DecisionTreeClassifier(max_depth=3), groupCol="store", featuresCols=COLS, labelCol="label"
+    ).fit(df)
+    loaded = GroupedModel.load(_save(grouped, str(tmp_path / "grouped")))
+    keys = df.select("store").toPandas().store
+    assert np.array_equal(loaded.predict(X, keys), grouped.predict(X, keys))
+    files = glob.glob(str(tmp_path / "*" / "data" / "objects" / "*"))
+    assert files and not [f for f in files if f.endswith(".pkl")]  # no pickle anywhere
+
+
+@pytest.fixture()
+def saved(data, tmp_path):
+    """A bagging model, a grouped model and a pipeline holding a bagging model, saved."""
+    _, df = data
+    bag = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS)
+    pipe = Pipeline(
+        stages=[
+            VectorAssembler(inputCols=COLS, outputCol="features"),
+            BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=2),
+        ]
+    )
+    grouped = GroupedTrainer(
+        estimator=DecisionTreeClassifier(max_depth=3), groupCol="store", featuresCols=COLS, labelCol="label"
+    )
+    return {
+        "bagging": (_save(bag.fit(df), str(tmp_path / "bag")), BaggingClassificationModel.load),
+        "grouped": (_save(grouped.fit(df), str(tmp_path / "grouped")), GroupedModel.load),
+        "pipeline": (_save(pipe.fit(df), str(tmp_path / "pipe")), PipelineModel.load),
+    }
+
+
+def _store_dir(path):
+    """The model store of a saved stage (inside a pipeline: its bagging stage)."""
+    stages = sorted(glob.glob(os.path.join(path, "stages", "*")))
+    return os.path.join(stages[-1] if stages else path, "data")
+
+
+def test_hostile_members_are_refused_by_every_load_entry_point(saved, tmp_path):
+    marker = str(tmp_path / "pwned")
+    payloads = hostile.corpus(marker)
+    for entry, (path, load) in saved.items():
+        store_dir = _store_dir(path)
+        original = open(os.path.join(store_dir, "manifest.json")).read()
+        for name, (fmt, data) in payloads.items():
+            hostile.plant(store_dir, 1, 1, fmt, data)  # member 1's model
+            with pytest.raises(Exception) as info:
+                load(path)
+            assert "UnsafeModelError" in type(info.value).__name__ + str(info.value), (entry, name)
+            assert not os.path.exists(marker), f"{entry}: {name} ran code"
+            open(os.path.join(store_dir, "manifest.json"), "w").write(original)
+
+
+def test_metadata_naming_another_class_is_refused_without_importing_it(saved):
+    path, _ = saved["bagging"]
+    _edit_metadata(path, lambda m: m.update({"class": "sparkml_dist.runner._rank.run"}))
+    with pytest.raises(UnsafeModelError, match="not a sparkml_dist stage"):
+        BaggingClassificationModel.load(path)
+
+
+def _edit_metadata(path, change):
+    """Rewrite a saved stage's metadata with ``change(dict)`` (and drop Spark's .crc files, as an
+    attacker editing the directory would)."""
+    (meta_file,) = glob.glob(os.path.join(path, "metadata", "part-*"))
+    metadata = json.loads(open(meta_file).read())
+    change(metadata)
+    open(meta_file, "w").write(json.dumps(metadata))
+    for crc in glob.glob(os.path.join(path, "metadata", ".*.crc")):
+        os.remove(crc)
+
+
+def _flip_one_byte(store_dir):
+    """Change one byte of the last object and fix its checksum, as an attacker without the key would."""
+    last = json.loads(open(os.path.join(store_dir, "manifest.json")).read())["objects"][-1]
+    data = bytearray(open(os.path.join(store_dir, last["file"]), "rb").read())
+    data[len(data) // 2] ^= 1
+    hostile.plant(store_dir, last["group"], last["item"], last["format"], bytes(data))
+
+
+def test_signed_model_refuses_a_changed_byte_and_unsigned_loads_without_a_key(data, tmp_path, monkeypatch):
+    X, df = data
+    model = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS
+    ).fit(df)
+    signed, signed2 = str(tmp_path / "signed"), str(tmp_path / "signed2")
+    model.write().signed_with("team key").save(signed)
+    model.write().signed_with("team key").save(signed2)
+    loaded = BaggingClassificationModel.read().signed_with("team key").load(signed)
+    assert np.array_equal(loaded.predict_proba(X), model.predict_proba(X))
+    monkeypatch.setenv(model_store.KEY_ENV, "team key")
+    assert np.array_equal(BaggingClassificationModel.load(signed).predict_proba(X), model.predict_proba(X))
+    _flip_one_byte(os.path.join(signed, "data"))
+    with pytest.raises(UnsafeModelError, match="signature"):
+        BaggingClassificationModel.load(signed)
+    _edit_metadata(signed2, lambda m: m["defaultParamMap"].update(voting="hard"))  # params are covered too
+    with pytest.raises(UnsafeModelError, match="metadata .* does not match"):
+        BaggingClassificationModel.load(signed2)
+    monkeypatch.delenv(model_store.KEY_ENV)
+    unsigned = _save(model, str(tmp_path / "unsigned"))  # no key anywhere: not signed
+    assert np.array_equal(BaggingClassificationModel.load(unsigned).predict_proba(X), model.predict_proba(X))
+    monkeypatch.setenv(model_store.KEY_ENV, "team key")
+    with pytest.raises(UnsafeModelError, match="not signed"):
+        BaggingClassificationModel.load(unsigned)
+
+
+def test_a_model_saved_by_the_previous_release_loads_only_through_allow_pickle(data, tmp_path):
+    X, df = data
+    model = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS
+    ).fit(df)
+    path = _save(model, str(tmp_path / "old"))
+    store_dir = os.path.join(path, "data")
+    store = model_store.ModelStore(store_dir)  # rewrite the data as sparkml_dist 0.1 did: pickles
+    metas = [store.write_bytes(-1, 0, serialization.dumps(model.getEstimator()))]
+    metas += [store.write_bytes(m.group, 0, serialization.dumps(m)) for m in model.models]
+    for meta in metas:
+        meta.pop("format")
+    manifest = store.commit(metas)
+    manifest["format"] = model_store.ModelStore.FORMAT_V1
+    open(os.path.join(store_dir, "manifest.json"), "w").write(json.dumps(manifest))
+    with pytest.raises(UnsafeModelError, match=r"older release.*allow_pickle\(\)"):
+        BaggingClassificationModel.load(path)
+    old = BaggingClassificationModel.read().allow_pickle().load(path)
+    assert np.array_equal(old.predict_proba(X), model.predict_proba(X))
+    converted = _save(old, str(tmp_path / "converted"))  # saved again: safe formats, loads by default
+    assert np.array_equal(BaggingClassificationModel.load(converted).predict_proba(X), model.predict_proba(X))
