@@ -51,7 +51,7 @@ def serve_rendezvous(listen_fd: int, slots: Sequence[dict]):
             self.socket.close()
             self.socket = socket.socket(fileno=listen_fd)
             self.server_address = self.socket.getsockname()
-            self.server_name, self.server_port = "0.0.0.0", self.server_address[1]
+            self.server_name, self.server_port = self.server_address[:2]
 
         def server_activate(self) -> None:
             pass

@@ -159,7 +159,7 @@ class _RankTask:
         """
         spec, listener, port = self.spec, None, 0
         env = {
-            **os.environ,
+            **protocol.without_spark_secrets(os.environ),
             **dict(spec.env),
             "RANK": str(self.rank),
             "WORLD_SIZE": str(spec.world_size),
@@ -174,7 +174,7 @@ class _RankTask:
         try:
             if self.rank == 0:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.bind(("0.0.0.0", 0))
+                listener.bind((network.host_address(), 0))  # the address the peers are given
                 listener.listen(1024)
                 port = listener.getsockname()[1]
                 env[protocol.STORE_FD_ENV] = str(listener.fileno())

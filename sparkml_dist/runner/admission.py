@@ -72,13 +72,23 @@ def payload(main: Callable, args, kwargs, want_result: bool = True) -> bytes:
 
 
 def check_cluster(
-    spark, world: int, *, use_gpu: bool, allow_unencrypted: bool, model_bytes: Optional[int], wait_s: float
+    spark,
+    world: int,
+    *,
+    use_gpu: bool,
+    allow_unencrypted: bool,
+    allow_unauthenticated: bool,
+    model_bytes: Optional[int],
+    wait_s: float,
 ) -> None:
     """Refuse a run the cluster cannot hold; ``wait_s``: how long to wait for executors to register."""
     conf = _spark_env.conf_of(spark)
-    warning = check_encryption(conf, allow_unencrypted)
-    if warning:
-        log.warning("%s", warning)
+    for warning in (
+        check_encryption(conf, allow_unencrypted),
+        check_authentication(conf, allow_unauthenticated),
+    ):
+        if warning:
+            log.warning("%s", warning)
     master = _spark_env.master_of(spark)
     if model_bytes:
         plan.plan_concurrency(spark, model_bytes)  # raises when one model cannot fit a worker
@@ -165,6 +175,28 @@ def check_encryption(conf: Conf, allow_unencrypted: bool) -> Optional[str]:
             "unencrypted collective traffic on this network."
         )
     return text + "; running anyway because allow_unencrypted=True."
+
+
+def check_authentication(conf: Conf, allow_unauthenticated: bool) -> Optional[str]:
+    """Refuse a cluster with ``spark.authenticate=true`` unless opted in: the ranks' rendezvous store
+    and gloo/NCCL connections accept any peer that reaches their ports (torch.distributed and Horovod
+    have no authentication), which such a cluster's operator did not ask for.
+
+    Returns a warning text when the user opted in, None when the cluster does not authenticate.
+    """
+    if (conf("spark.authenticate", "false") or "false").lower() != "true":
+        return None
+    text = (
+        "this cluster authenticates its connections (spark.authenticate=true), but the ranks' "
+        "rendezvous store and collective connections (torch.distributed / Horovod) accept any peer "
+        "that can reach their ports; only the log channel to the driver is authenticated"
+    )
+    if not allow_unauthenticated:
+        raise ConfigurationError(
+            f"{text}. Refusing to start; pass allow_unauthenticated=True to BarrierRunner to accept "
+            "unauthenticated rank-to-rank connections on this network."
+        )
+    return text + "; running anyway because allow_unauthenticated=True."
 
 
 def gpu_profile(spark, use_gpu: bool):

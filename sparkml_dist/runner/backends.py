@@ -116,9 +116,9 @@ def _host_store(world_size: int, fd: int):
     import torch.distributed as dist
 
     with socket.socket(fileno=os.dup(fd)) as s:
-        port = s.getsockname()[1]
+        host, port = s.getsockname()[:2]  # the address the task bound: the one peers are given
     return dist.TCPStore(
-        "0.0.0.0",
+        host,
         port,
         world_size,
         is_master=True,

@@ -3,10 +3,16 @@
 The driver runs a :class:`LogServer`; each barrier task connects with a :class:`LogClient`.
 
 Handshake: the server sends a random 32-byte nonce, the client answers
-``HMAC-SHA256(secret, nonce)``; a wrong or late answer closes the connection and is logged.  After
-that, frames are a 4-byte big-endian length and a UTF-8 JSON object (never a pickle); a frame over
-:data:`MAX_FRAME` bytes closes the connection.  The secret travels inside the task spec (through
-Spark's own authenticated channel), never on a command line.
+``HMAC-SHA256(secret, nonce)``; a wrong or late answer (after :data:`HANDSHAKE_TIMEOUT` seconds)
+closes the connection and is logged.  After that, frames are a 4-byte big-endian length and a
+UTF-8 JSON object (never a pickle); a frame over :data:`MAX_FRAME` bytes closes the connection.
+The secret travels inside the task spec (through Spark's own authenticated channel), never on a
+command line.
+
+The server is one thread and a selector: a connection costs a socket and a few bytes of state
+until it has proven it knows the secret, and at most :data:`MAX_UNAUTHENTICATED` such connections
+wait at once (more are closed on accept).  It listens on the address the ranks are given, not on
+every interface.
 """
 
 from __future__ import annotations
@@ -15,17 +21,20 @@ import hmac
 import json
 import logging
 import os
+import selectors
 import socket
 import struct
 import threading
+import time
 from hashlib import sha256
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, Optional
 
 log = logging.getLogger(__name__)
 
 MAX_FRAME = 1 << 20
 NONCE = 32
 HANDSHAKE_TIMEOUT = 5.0
+MAX_UNAUTHENTICATED = 64
 
 
 def new_secret() -> bytes:
@@ -42,77 +51,161 @@ def _recv_exact(sock: socket.socket, n: int) -> bytes:
     return bytes(buf)
 
 
-class LogServer:
-    """Accepts authenticated rank connections and hands each message to ``on_message(dict)``."""
+class _Conn:
+    """What the server keeps per connection: the nonce until authenticated, then a frame buffer."""
 
-    def __init__(self, secret: bytes, on_message: Callable[[dict], None], host: str = "0.0.0.0") -> None:
+    __slots__ = ("sock", "addr", "nonce", "deadline", "buf")
+
+    def __init__(self, sock: socket.socket, addr, nonce: bytes, deadline: float) -> None:
+        self.sock, self.addr, self.nonce, self.deadline = sock, addr, nonce, deadline
+        self.buf = bytearray()
+
+    @property
+    def authenticated(self) -> bool:
+        return self.nonce is None
+
+
+class LogServer:
+    """Accepts authenticated rank connections and hands each message to ``on_message(dict)``.
+
+    ``host``: the address to listen on (the one the ranks are told); a host name is resolved.
+    """
+
+    def __init__(self, secret: bytes, on_message: Callable[[dict], None], host: str = "127.0.0.1") -> None:
         self._secret = secret
         self._on_message = on_message
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self._sock.bind((host, 0))
-        self._sock.listen(64)
+        self._sock.bind((socket.gethostbyname(host), 0))
+        self._sock.listen(128)
+        self._sock.setblocking(False)
+        self.address = self._sock.getsockname()[0]
         self.port = self._sock.getsockname()[1]
         self.rejected = 0
+        self._conns: Dict[int, _Conn] = {}
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self._sock, selectors.EVENT_READ)
         self._closed = threading.Event()
-        self._conns: List[socket.socket] = []
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._accept_loop, name="sparkml_dist-logs", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="sparkml_dist-logs", daemon=True)
         self._thread.start()
 
-    def _accept_loop(self) -> None:
+    @property
+    def unauthenticated(self) -> int:
+        return sum(1 for c in list(self._conns.values()) if not c.authenticated)
+
+    def _loop(self) -> None:
         while not self._closed.is_set():
             try:
-                conn, addr = self._sock.accept()
+                events = self._selector.select(timeout=0.2)
+            except (OSError, ValueError):  # closed under us
+                return
+            for key, _ in events:
+                if key.fileobj is self._sock:
+                    self._accept()
+                else:
+                    self._read(self._conns.get(key.fd))
+            self._expire(time.monotonic())
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, addr = self._sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
                 return
-            threading.Thread(target=self._serve, args=(conn, addr), daemon=True).start()
-
-    def _serve(self, conn: socket.socket, addr: Tuple[str, int]) -> None:
-        with self._lock:
-            self._conns.append(conn)
-        try:
+            if self.unauthenticated >= MAX_UNAUTHENTICATED:
+                self._reject(sock, addr, "too many connections waiting to authenticate")
+                continue
             nonce = os.urandom(NONCE)
-            conn.settimeout(HANDSHAKE_TIMEOUT)
-            conn.sendall(nonce)
-            answer = _recv_exact(conn, 32)
-            if not hmac.compare_digest(answer, hmac.new(self._secret, nonce, sha256).digest()):
-                self.rejected += 1
-                log.warning(
-                    "log channel: dropped a connection from %s:%s that does not know the run's secret", *addr
-                )
-                return
-            conn.settimeout(None)
-            while True:
-                (length,) = struct.unpack(">I", _recv_exact(conn, 4))
-                if length > MAX_FRAME:
-                    self.rejected += 1
-                    log.warning(
-                        "log channel: dropped %s:%s after a %d-byte frame (limit %d)",
-                        *addr,
-                        length,
-                        MAX_FRAME,
-                    )
-                    return
-                message = json.loads(_recv_exact(conn, length).decode("utf-8"))
-                if isinstance(message, dict):
-                    self._on_message(message)
-        except (ConnectionError, OSError, ValueError, socket.timeout):
+            try:
+                sock.setblocking(False)
+                sock.send(nonce)  # 32 bytes into an empty socket buffer: never partial
+            except OSError:
+                sock.close()
+                continue
+            conn = _Conn(sock, addr, nonce, time.monotonic() + HANDSHAKE_TIMEOUT)
+            self._conns[sock.fileno()] = conn
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def _read(self, conn: Optional[_Conn]) -> None:
+        if conn is None:
             return
-        finally:
-            conn.close()
+        want = NONCE - len(conn.buf) if not conn.authenticated else 1 << 16
+        try:
+            data = conn.sock.recv(want)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop(conn)
+            return
+        conn.buf += data
+        if not conn.authenticated:
+            if len(conn.buf) < NONCE:
+                return
+            expected = hmac.new(self._secret, conn.nonce, sha256).digest()
+            if not hmac.compare_digest(bytes(conn.buf[:NONCE]), expected):
+                self._drop(conn, "does not know the run's secret")
+                return
+            conn.nonce, conn.buf = None, conn.buf[NONCE:]
+        self._frames(conn)
+
+    def _frames(self, conn: _Conn) -> None:
+        while len(conn.buf) >= 4:
+            (length,) = struct.unpack(">I", conn.buf[:4])
+            if length > MAX_FRAME:
+                self._drop(conn, f"sent a {length}-byte frame (limit {MAX_FRAME})")
+                return
+            if len(conn.buf) < 4 + length:
+                return
+            body, conn.buf = bytes(conn.buf[4 : 4 + length]), conn.buf[4 + length :]
+            try:
+                message = json.loads(body.decode("utf-8"))
+            except ValueError:
+                self._drop(conn, "sent a frame that is not JSON")
+                return
+            if isinstance(message, dict):
+                self._on_message(message)
+
+    def _expire(self, now: float) -> None:
+        for conn in [c for c in self._conns.values() if not c.authenticated and c.deadline < now]:
+            self._drop(conn, f"did not authenticate within {HANDSHAKE_TIMEOUT:.0f}s")
+
+    def _reject(self, sock: socket.socket, addr, why: str) -> None:
+        self.rejected += 1
+        log.warning("log channel: dropped a connection from %s:%s that %s", addr[0], addr[1], why)
+        sock.close()
+
+    def _drop(self, conn: _Conn, why: Optional[str] = None) -> None:
+        self._conns.pop(conn.sock.fileno(), None)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        if why is None:
+            conn.sock.close()
+        else:
+            self._reject(conn.sock, conn.addr, why)
 
     def close(self) -> None:
         self._closed.set()
-        try:
-            self._sock.close()
-        finally:
-            with self._lock:
-                for c in self._conns:
-                    try:
-                        c.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
+        self._thread.join(2.0)
+        for conn in list(self._conns.values()):
+            self._drop(conn)
+        self._selector.close()
+        self._sock.close()
+
+
+def listen(secret: bytes, on_message: Callable[[dict], None], host: str) -> LogServer:
+    """A :class:`LogServer` on ``host`` (the address the ranks are given); on every interface, with
+    a warning, when this machine cannot bind that address (a NAT'd or misconfigured driver host)."""
+    try:
+        return LogServer(secret, on_message, host)
+    except OSError as exc:
+        log.warning("log channel: cannot listen on %s (%s); listening on every interface instead", host, exc)
+        return LogServer(secret, on_message, "0.0.0.0")
 
 
 class LogClient:

@@ -1,13 +1,22 @@
-"""This host's address as other ranks reach it, and the interface holding it.  [anywhere]"""
+"""This host's address as other ranks reach it, and the interface holding it.  [anywhere]
+
+Every listener of a run (the driver's log server, rank 0's rendezvous store) binds the address its
+clients are given, not every interface: ``SPARK_LOCAL_IP`` when set (Spark's own setting for the
+address a host binds), else the address of the interface that routes outwards.
+"""
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Optional
 
 
 def host_address() -> str:
-    """An address of this host other ranks can reach (the one used to reach the outside)."""
+    """An address of this host other ranks can reach: ``SPARK_LOCAL_IP`` when set, else the one
+    used to reach the outside (loopback when there is none)."""
+    if os.environ.get("SPARK_LOCAL_IP"):
+        return os.environ["SPARK_LOCAL_IP"]
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.connect(("10.255.255.255", 1))  # no packet is sent for a UDP connect

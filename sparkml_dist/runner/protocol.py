@@ -67,6 +67,31 @@ FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "fa
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
 
+# Spark's own credentials in an executor's (or the driver's) environment: a rank process runs user
+# code and needs none of them, so it never inherits them.
+SPARK_SECRET_VARS = (
+    "_SPARK_AUTH_SECRET",
+    "SPARK_AUTHENTICATE_SECRET",
+    "PYSPARK_GATEWAY_SECRET",
+    "PYTHON_WORKER_FACTORY_SECRET",
+    "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+)
+
+
+def without_spark_secrets(environ) -> Dict[str, str]:
+    """``environ`` less :data:`SPARK_SECRET_VARS` and any other ``SPARK*``/``PYSPARK*``/``_SPARK*``
+    variable naming a secret, token or password (the user's own variables, e.g. cloud storage
+    credentials a checkpoint needs, stay)."""
+
+    def spark_secret(name: str) -> bool:
+        up = name.upper()
+        return name in SPARK_SECRET_VARS or (
+            up.lstrip("_").startswith(("SPARK", "PYSPARK"))
+            and any(w in up for w in ("SECRET", "TOKEN", "PASSWORD"))
+        )
+
+    return {k: v for k, v in environ.items() if not spark_secret(k)}
+
 
 def event(name: str, **fields) -> str:
     """One control-pipe line."""

@@ -29,12 +29,12 @@ import logging
 import os
 import sys
 import uuid
-from typing import Any, Callable, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .. import _spark_env, collection
 from ..errors import ConfigurationError, WorkerError
 from . import _task, admission, backends, failures, launchers, sharding
-from .channel import LogServer, new_secret
+from .channel import listen, new_secret
 from .launchers import Deadline
 
 log = logging.getLogger(__name__)
@@ -61,6 +61,9 @@ class BarrierRunner:
             defaults to ``timeout`` or torch's 30 minutes.
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
+        allow_unauthenticated: run on a cluster with ``spark.authenticate=true`` even though the
+            ranks' rendezvous and collective connections are not authenticated (see the README's
+            Security section).
         max_restarts: after a rank, task or executor fails, start the run again (a new barrier job
             and rendezvous) up to this many times; the function resumes from the latest checkpoint
             if it loads one. A failure that repeats identically (same rank, exit code and last
@@ -90,6 +93,7 @@ class BarrierRunner:
         timeout: Optional[float] = None,
         collective_timeout: Optional[float] = None,
         allow_unencrypted: bool = False,
+        allow_unauthenticated: bool = False,
         max_restarts: int = 0,
         checkpoint_dir: Optional[str] = None,
         model_bytes: Optional[int] = None,
@@ -128,6 +132,7 @@ class BarrierRunner:
         self.timeout = timeout
         self.collective_timeout = collective_timeout or timeout or 1800.0
         self.allow_unencrypted = allow_unencrypted
+        self.allow_unauthenticated = allow_unauthenticated
         self.read_files = bool(read_files)
         self.model_bytes = model_bytes
         self.checkpoint_dir = checkpoint_dir
@@ -172,6 +177,7 @@ class BarrierRunner:
                 self.world_size,
                 use_gpu=self.use_gpu,
                 allow_unencrypted=self.allow_unencrypted,
+                allow_unauthenticated=self.allow_unauthenticated,
                 model_bytes=self.model_bytes,
                 wait_s=self.start_timeout or 60.0,
             )
@@ -217,7 +223,7 @@ class BarrierRunner:
         self,
         spark,
         run_id: str,
-        port: int,
+        channel: Tuple[str, int],
         secret: bytes,
         payload: bytes,
         has_data: bool,
@@ -237,7 +243,7 @@ class BarrierRunner:
             backend=self.backend,
             use_gpu=self.use_gpu,
             log_ranks=self.log_ranks,
-            channel=(_spark_env.driver_host(spark), port),
+            channel=channel,
             secret=secret,
             start_timeout=self.start_timeout,
             collective_timeout=float(self.collective_timeout),
@@ -255,9 +261,12 @@ class BarrierRunner:
         run_id = uuid.uuid4().hex[:12]
         monitor = failures.Monitor(self.world_size, self._sink, self._backend)
         secret = new_secret()
-        server = LogServer(secret, monitor.on_message)
+        host = _spark_env.driver_host(spark)
+        server = listen(secret, monitor.on_message, host)
         try:
-            spec = self._task_spec(spark, run_id, server.port, secret, payload, has_data, split, return_all)
+            spec = self._task_spec(
+                spark, run_id, (host, server.port), secret, payload, has_data, split, return_all
+            )
             if self.np > 0:
                 profile = admission.gpu_profile(spark, self.use_gpu)
                 table = launchers.launch_spark(spark, data_df, spec, monitor, deadline, profile)

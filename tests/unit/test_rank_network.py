@@ -1,0 +1,104 @@
+"""The rank network lets no one in: bound listeners, pre-auth limits, no Spark secrets in ranks."""
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+
+from sparkml_dist import ConfigurationError
+from sparkml_dist.runner import BarrierRunner, admission, channel
+from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
+
+
+def _wait(cond, within=10.0):
+    deadline = time.time() + within
+    while not cond() and time.time() < deadline:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_unauthenticated_connections_are_bounded_cost_no_thread_and_expire(monkeypatch):
+    monkeypatch.setattr(channel, "HANDSHAKE_TIMEOUT", 1.0)
+    got, secret = [], new_secret()
+    server = LogServer(secret, got.append, host="127.0.0.1")
+    threads_before = threading.active_count()
+    idle = []
+    try:
+        for _ in range(channel.MAX_UNAUTHENTICATED + 10):  # connect, never answer the challenge
+            idle.append(socket.create_connection(("127.0.0.1", server.port)))
+        assert _wait(lambda: server.rejected >= 10)  # the ones over the bound were closed on accept
+        assert server.unauthenticated <= channel.MAX_UNAUTHENTICATED
+        assert threading.active_count() <= threads_before  # one server thread, whatever connects
+        assert _wait(lambda: server.unauthenticated == 0, within=5)  # the rest expire unanswered
+        client = LogClient("127.0.0.1", server.port, secret)  # a rank still gets in afterwards
+        client.send({"type": "line", "rank": 0, "text": "hello"})
+        assert _wait(lambda: got == [{"type": "line", "rank": 0, "text": "hello"}])
+        client.close()
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+
+
+def test_log_server_listens_on_the_given_address_only(caplog):
+    server = LogServer(new_secret(), lambda m: None, host="127.0.0.1")
+    assert server.address == "127.0.0.1"
+    server.close()
+    with caplog.at_level(logging.WARNING):
+        fallback = channel.listen(new_secret(), lambda m: None, "203.0.113.7")  # not an address of ours
+    assert fallback.address == "0.0.0.0" and "listening on every interface" in caplog.text
+    fallback.close()
+
+
+def _rank_view():
+    """In a rank: the listening address of rank 0's store and the environment it sees."""
+    import os
+
+    import psutil
+
+    port = int(os.environ["MASTER_PORT"])
+    listening = sorted(
+        {
+            c.laddr.ip
+            for c in psutil.Process().net_connections("tcp")
+            if c.status == "LISTEN" and c.laddr.port == port
+        }
+    )
+    keys = (
+        "SPARK_AUTHENTICATE_SECRET",
+        "_SPARK_AUTH_SECRET",
+        "PYSPARK_GATEWAY_SECRET",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+        "SPARKML_DIST_TEST_OWN_VAR",
+        "MASTER_ADDR",
+    )
+    return {"store": listening, "env": {k: os.environ.get(k) for k in keys}}
+
+
+def test_ranks_bind_the_advertised_address_and_inherit_no_spark_secret(monkeypatch):
+    monkeypatch.setenv("SPARK_LOCAL_IP", "127.0.0.1")
+    for name in (
+        "SPARK_AUTHENTICATE_SECRET",
+        "_SPARK_AUTH_SECRET",
+        "PYSPARK_GATEWAY_SECRET",
+        "SPARK_CONNECT_AUTHENTICATE_TOKEN",
+    ):
+        monkeypatch.setenv(name, "s3cr3t")
+    monkeypatch.setenv("SPARKML_DIST_TEST_OWN_VAR", "kept")
+    view = BarrierRunner(-2, timeout=120).run(_rank_view)
+    assert view["store"] == ["127.0.0.1"]  # rank 0's store: the address peers are given, nothing else
+    assert view["env"]["MASTER_ADDR"] == "127.0.0.1"
+    assert view["env"]["SPARKML_DIST_TEST_OWN_VAR"] == "kept"
+    assert all(
+        view["env"][k] is None for k in view["env"] if k not in ("SPARKML_DIST_TEST_OWN_VAR", "MASTER_ADDR")
+    )
+
+
+def test_authenticated_cluster_is_refused_unless_opted_in():
+    conf = lambda d: lambda k, default=None: d.get(k, default)  # noqa: E731
+    assert admission.check_authentication(conf({}), False) is None
+    with pytest.raises(ConfigurationError, match=r"spark.authenticate=true.*allow_unauthenticated=True"):
+        admission.check_authentication(conf({"spark.authenticate": "true"}), False)
+    assert "running anyway" in admission.check_authentication(conf({"spark.authenticate": "true"}), True)
