@@ -246,7 +246,7 @@ def _run_script(spark, args) -> int:
     return 0
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkml-dist", description=__doc__.split("\n")[0])
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -284,7 +284,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             p.add_argument("--use-gpu", action="store_true")
             p.add_argument("script", help="the training script (read here, shipped to the ranks)")
             p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
 
     from sparkml_dist.session import get_session

@@ -188,23 +188,26 @@ def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
             for g in range(meta.num_row_groups)
             if meta.row_group(g).num_rows > 0
         ]
+    return _cut(tuple(columns), expected, units, num_parts), ""
+
+
+def _cut(
+    columns: Tuple[str, ...], schema: pa.Schema, units: List[Tuple[str, int, int]], num_parts: int
+) -> ParquetSplit:
+    """The row sequence of ``units`` (file, row group, rows) cut into ``num_parts`` contiguous ranges
+    whose sizes differ by at most one row."""
     total = sum(n for _, _, n in units)
     bounds = [r * total // num_parts for r in range(num_parts + 1)]
     parts: List[List[Slice]] = [[] for _ in range(num_parts)]
     offset = 0
-    for uri, g, n in units:  # cut the row sequence at the bounds
+    for uri, g, n in units:
         for r in range(num_parts):
             lo, hi = max(bounds[r], offset), min(bounds[r + 1], offset + n)
             if lo < hi:
                 parts[r].append(Slice(uri, g, lo - offset, hi - offset))
         offset += n
-    split = ParquetSplit(
-        tuple(columns),
-        expected,
-        tuple(tuple(p) for p in parts),
-        tuple(bounds[r + 1] - bounds[r] for r in range(num_parts)),
-    )
-    return split, ""
+    rows = tuple(bounds[r + 1] - bounds[r] for r in range(num_parts))
+    return ParquetSplit(columns, schema, tuple(tuple(p) for p in parts), rows)
 
 
 # --------------------------------------------------------------------------- executors

@@ -110,23 +110,21 @@ class _BaggingEstimator(Estimator, StageReadWrite):
                 f"estimator={est!r} cannot be pickled to send to executors: {type(exc).__name__}: {exc}"
             ) from exc
 
-    def _fit(self, dataset):
-        spec = self._split_spec()
-        est = self._resolved_estimator()
-        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
-        blob = self._check_estimator(est, bool(weight_col))
-        feats_col, feats_cols = self.getFeaturesCol(), self.getFeaturesCols()
+    def _prepare(self, dataset, weight_col: str):
+        """The features, label (and weight) columns as fit reads them, and the columns rows are keyed by."""
         cols = [
-            validation.features_column(dataset, feats_col, feats_cols).alias(_worker.FEATURES),
+            validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols()).alias(
+                _worker.FEATURES
+            ),
             validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(_worker.LABEL),
         ]
         if weight_col:
             cols.append(validation.numeric_column(dataset, weight_col, "weightCol").alias(_worker.WEIGHT))
-        prepared = dataset.select(*cols)
         key_cols = [_worker.FEATURES, _worker.LABEL] + ([_worker.WEIGHT] if weight_col else [])
-        grouped = partitioning.assign_groups(prepared, spec, key_cols)
+        return dataset.select(*cols), key_cols
 
-        spark = launch.session_of(dataset)
+    def _check_groups(self, spark, dataset, grouped, spec, est, weight_col: str) -> dict:
+        """One job sizes the groups and validates the data; returns check_data's findings."""
         with launch.job_scope(spark, "sparkml_dist: sizing groups"):
             stats = partitioning.group_stats(
                 grouped, spec.num_groups, validation.data_aggregates(self._is_classifier, bool(weight_col))
@@ -136,17 +134,16 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         info = validation.check_data(
             stats,
             dataset,
-            features_col=feats_col,
-            features_cols=feats_cols,
+            features_col=self.getFeaturesCol(),
+            features_cols=self.getFeaturesCols(),
             label_col=self.getLabelCol(),
             weight_col=weight_col,
             allow_nan=validation.estimator_allows_nan(est),
             is_classifier=self._is_classifier,
             counts_copies=spec.sampling != "disjoint",
         )
-        n_features = info["n_features"]
-        subsets = partitioning.feature_subsets(n_features, spec)
-        widest = max(len(s) for s in subsets)
+        info["subsets"] = partitioning.feature_subsets(info["n_features"], spec)
+        widest = max(len(s) for s in info["subsets"])
         partitioning.check_groups(
             stats,
             spec,
@@ -154,14 +151,24 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             budget_bytes=_spark_env.task_memory_budget(spark),
         )
         log.info("%s: %s", type(self).__name__, stats.summary())
+        return info
 
+    def _fit(self, dataset):
+        spec = self._split_spec()
+        est = self._resolved_estimator()
+        weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
+        blob = self._check_estimator(est, bool(weight_col))
+        prepared, key_cols = self._prepare(dataset, weight_col)
+        grouped = partitioning.assign_groups(prepared, spec, key_cols)
+        spark = launch.session_of(dataset)
+        info = self._check_groups(spark, dataset, grouped, spec, est, weight_col)
         fit_spec = _worker.FitSpec(
             estimator_blob=blob,
             is_classifier=self._is_classifier,
             classes=info["classes"] or (),
-            feature_subsets=tuple(tuple(int(i) for i in s) for s in subsets),
+            feature_subsets=tuple(tuple(int(i) for i in s) for s in info["subsets"]),
             seeds=tuple(partitioning.group_seeds(spec)),
-            n_features=n_features,
+            n_features=info["n_features"],
             has_weight=bool(weight_col),
         )
         results = launch.run_on_groups(
@@ -172,7 +179,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             description=f"sparkml_dist: fitting {spec.num_groups} models",
         )
         members = [results[(g, 0)] for g in range(spec.num_groups)]
-        model = self._model_class()(members=members, n_features=n_features, classes=info["classes"])
+        model = self._model_class()(members=members, n_features=info["n_features"], classes=info["classes"])
         model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
         return self._copyValues(model)
 

@@ -175,6 +175,11 @@ def check_data(
             f"weightCol={weight_col!r}: {total('bad_weights')} {rows} have a "
             "null, NaN, infinite or negative weight."
         )
+    return _shape_and_classes(list(ex), fname, label_col, is_classifier)
+
+
+def _shape_and_classes(ex: list, fname: str, label_col: str, is_classifier: bool) -> dict:
+    """Every vector the same non-zero length; a classifier's label at least two classes."""
     lo = min(int(e["min_len"]) for e in ex)
     hi = max(int(e["max_len"]) for e in ex)
     if lo != hi:

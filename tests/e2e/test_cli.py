@@ -47,7 +47,11 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(tmp_path):
     assert report["metrics"]["accuracy"] > 0.85 and report["metrics"]["auc"] > 0.9
     assert (tmp_path / "model" / "metadata").is_dir()
     manifest = json.loads((tmp_path / "model" / "data" / "manifest.json").read_text())
-    assert sorted(o["group"] for o in manifest["objects"]) == [-1, 0, 1, 2]
+    # the base estimator, then each member's record (item 0) and model (item 1), none a pickle
+    assert sorted((o["group"], o["item"]) for o in manifest["objects"]) == [(-1, 0)] + [
+        (g, i) for g in range(3) for i in (0, 1)
+    ]
+    assert "pickle" not in {o["format"] for o in manifest["objects"]}
 
 
 @only_local
