@@ -190,7 +190,7 @@ def decode(
     fmt: Optional[str],
     data: bytes,
     *,
-    trusted: Iterable[str] = (),
+    trusted_types: Iterable[str] = (),
     allow_pickle: bool = False,
     what: str = "model file",
 ) -> Any:
@@ -207,7 +207,7 @@ def decode(
 
         return load(data)
     if fmt == "skops":
-        return _skops_load(data, trusted, what)
+        return _skops_load(data, trusted_types, what)
     if fmt in ("pickle", None):
         if not allow_pickle:
             old = " (written before sparkml_dist recorded formats: an older release)" if fmt is None else ""

@@ -223,7 +223,7 @@ class ModelStore:
         return model_formats.decode(
             meta.get("format"),
             self.read_bytes(meta),
-            trusted=trusted_types,
+            trusted_types=trusted_types,
             allow_pickle=allow_pickle,
             what=what,
         )

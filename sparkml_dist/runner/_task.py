@@ -29,7 +29,7 @@ from .. import collection, parquet_split
 from . import backends, network, protocol, rendezvous
 from ._rank_process import RankProcess, exit_text
 from .channel import LogClient
-from .protocol import RankFailure, parse_failure  # noqa: F401 - re-exported for the driver
+from .protocol import RankFailure
 
 
 @dataclass(frozen=True)

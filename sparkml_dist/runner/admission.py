@@ -129,7 +129,7 @@ def check_slots(np_: int, master: str, conf: Conf, live_slots: Optional[int] = N
     dyn = (conf("spark.dynamicAllocation.enabled", "false") or "false").lower() == "true"
     if dyn:
         cap = conf("spark.dynamicAllocation.maxExecutors", None)
-        cores = int(conf("spark.executor.cores", "1") or 1) // int(conf("spark.task.cpus", "1") or 1)
+        cores = int(conf("spark.executor.cores", "1") or 1) // _spark_env.task_cpus(conf)
         hint = (
             "barrier stages need every task running at once, which dynamic allocation cannot "
             "promise; set spark.dynamicAllocation.enabled=false"

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError, serialization
-from sparkml_dist.runner import _task, admission, rendezvous
+from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
 from sparkml_dist.runner.data import Shard
 
@@ -223,9 +223,9 @@ def test_result_larger_than_max_result_size_is_refused_with_a_pointer_to_storage
     from tests.support.runner_helpers import big_result
 
     out, errors = _run_gang(_spec(big_result, 5000, world=1, max_result=1000))
-    assert isinstance(errors[0], _task.RankFailure)
+    assert isinstance(errors[0], protocol.RankFailure)
     assert "more than the driver accepts" in str(errors[0]) and "ModelStore" in str(errors[0])
-    assert _task.parse_failure(str(errors[0]))["rank"] == 0
+    assert protocol.parse_failure(str(errors[0]))["rank"] == 0
 
 
 def test_root_cause_is_the_failure_not_its_symptoms():
