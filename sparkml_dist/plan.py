@@ -104,18 +104,41 @@ def _numeric_values(obj: Any, seen: Optional[set] = None) -> int:
 
 
 def model_bytes(
-    model: Any, *, precision: str = "fp32", backprop: bool = False, batch_size: int = 1, steps: int = 1
+    model: Any,
+    *,
+    precision: str = "fp32",
+    backprop: bool = False,
+    batch_size: int = 1,
+    steps: int = 1,
+    stages: int = 1,
 ) -> int:
     """The seeds' memory formula: parameters x bytes per parameter x (2 if backprop) x batch x steps.
 
     ``model``: a parameter count, an ``nn.Module`` or a fitted estimator (see :func:`parameter_count`).
+    ``stages``: the model is split into this many pipeline stages (:mod:`sparkml_dist.parallel`);
+    the bytes are those of the largest stage (its layers' parameters, split as evenly as
+    ``balance="memory"`` would), i.e. what one rank holds.
     """
     if precision not in BYTES_PER_PARAM:
         raise ConfigurationError(f"precision must be one of {sorted(BYTES_PER_PARAM)}, got {precision!r}")
     for name, value in (("batch_size", batch_size), ("steps", steps)):
         if not isinstance(value, (int, np.integer)) or value < 1:
             raise ConfigurationError(f"{name} must be an integer >= 1, got {value!r}")
-    return parameter_count(model) * BYTES_PER_PARAM[precision] * (2 if backprop else 1) * batch_size * steps
+    if not isinstance(stages, (int, np.integer)) or stages < 1:
+        raise ConfigurationError(f"stages must be an integer >= 1, got {stages!r}")
+    count = parameter_count(model) if stages == 1 else _largest_stage_count(model, int(stages))
+    return count * BYTES_PER_PARAM[precision] * (2 if backprop else 1) * batch_size * steps
+
+
+def _largest_stage_count(model: Any, stages: int) -> int:
+    from .parallel.split import largest_stage
+
+    if isinstance(model, (int, np.integer)) and not isinstance(model, bool):
+        return -(-parameter_count(model) // stages)  # an even split, rounded up
+    from .parallel.blocks import blocks_of
+
+    per_layer = [parameter_count(b) for b in blocks_of(model).modules]
+    return int(largest_stage(per_layer, stages))
 
 
 def estimator_bytes(fitted: Any) -> int:
