@@ -25,7 +25,8 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def memory_costs(blocks: Blocks, example: torch.Tensor, microbatches: int) -> List[float]:
     costs = []
-    h = example
+    meta = any(p.is_meta for b in blocks.modules for p in b.parameters())
+    h = example.to("meta") if meta else example  # shapes are all it needs
     with torch.no_grad():
         for block in blocks.modules:
             h = block(h)

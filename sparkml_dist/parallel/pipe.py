@@ -11,205 +11,18 @@ pipeline rank ``r % pp_ranks``; stage ``s`` lives on pipeline rank ``s % pp_rank
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
 
 from ..errors import CollectionError, ConfigurationError
-from . import costs as _costs
-from .blocks import Blocks, blocks_of, check_forward, on_meta, stage_examples
-from .split import check_counts, partition, ranges, stage_sums
+from . import wiring
+from .blocks import blocks_of, check_forward, on_meta, stage_examples
+from .layout import check_layout
+from .split import ranges
 from .transfer import recv_tree, send_tree
-
-SCHEDULE_NAMES = ("simple", "interleaved")
-BALANCE_NAMES = ("compute", "memory")
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Who holds what: replicas x pipeline ranks, and the stages of this rank."""
-
-    world: int
-    rank: int
-    replicas: int
-    pp_ranks: int
-    stages: int
-
-    @property
-    def replica(self) -> int:
-        return self.rank // self.pp_ranks
-
-    @property
-    def pp_rank(self) -> int:
-        return self.rank % self.pp_ranks
-
-    @property
-    def local_stages(self) -> List[int]:
-        return list(range(self.pp_rank, self.stages, self.pp_ranks))
-
-    def global_rank(self, replica: int, pp_rank: int) -> int:
-        return replica * self.pp_ranks + pp_rank
-
-
-def _int(name: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _world() -> Tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    if "WORLD_SIZE" in os.environ and "RANK" in os.environ:
-        return int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    raise ConfigurationError(
-        "pipeline() runs on every rank of a distributed job: call it inside a function run by "
-        "BarrierRunner (or under torchrun), where RANK and WORLD_SIZE are set"
-    )
-
-
-def check_layout(
-    *, blocks: Blocks, stages, microbatches, example_input, schedule, balance, data_parallel
-) -> Layout:
-    """Every argument checked before any collective: a ConfigurationError names the parameter."""
-    stages = _int("stages", stages)
-    microbatches = _int("microbatches", microbatches)
-    data_parallel = _int("data_parallel", data_parallel)
-    if schedule not in SCHEDULE_NAMES:
-        raise ConfigurationError(f"schedule must be one of {SCHEDULE_NAMES}, got {schedule!r}")
-    if isinstance(balance, str):
-        if balance not in BALANCE_NAMES:
-            raise ConfigurationError(
-                f"balance must be one of {BALANCE_NAMES} or a list of layer counts, got {balance!r}"
-            )
-    else:
-        check_counts(balance, stages, len(blocks))
-    if not isinstance(example_input, torch.Tensor) or example_input.dim() < 1:
-        raise ConfigurationError("example_input must be a tensor shaped like one mini-batch (batch, ...)")
-    batch = example_input.shape[0]
-    if batch % microbatches:
-        raise ConfigurationError(
-            f"microbatches={microbatches} must divide the mini-batch ({batch} rows in example_input): "
-            "every micro-batch has the same size"
-        )
-    if stages > len(blocks):
-        raise ConfigurationError(f"stages={stages} is more than the model's {len(blocks)} layers")
-    world, rank = _world()
-    if world % data_parallel:
-        raise ConfigurationError(f"data_parallel={data_parallel} must divide the world size ({world} ranks)")
-    pp = world // data_parallel
-    if stages % pp:
-        raise ConfigurationError(
-            f"stages={stages} must be a multiple of the pipeline ranks: world size {world} / "
-            f"data_parallel {data_parallel} = {pp} (one stage per rank: stages={pp}; "
-            f"interleaved: {2 * pp}, {3 * pp}, ...)"
-        )
-    per_rank = stages // pp
-    if schedule == "interleaved" and per_rank == 1 and microbatches < stages:
-        raise ConfigurationError(
-            f"microbatches={microbatches} must be >= stages ({stages}) for the 1F1B schedule"
-        )
-    if schedule == "interleaved" and per_rank > 1 and microbatches % max(1, microbatches // pp):
-        raise ConfigurationError(
-            f"microbatches={microbatches}: interleaved 1F1B needs a multiple of {max(1, microbatches // pp)} "
-            f"here (microbatches < {pp} pipeline ranks or a multiple of it work)"
-        )
-    return Layout(world, rank, data_parallel, pp, stages)
-
-
-def _ensure_process_group() -> None:
-    if dist.is_initialized():
-        return
-    from ..runner import protocol
-    from ..runner.context import init_process_group
-
-    if protocol.RUN_ENV in os.environ:
-        init_process_group()
-    else:
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-
-
-def _default_device() -> torch.device:
-    from ..runner import protocol
-
-    if protocol.RUN_ENV in os.environ:
-        from ..runner.context import context
-
-        return torch.device(context().device)
-    return torch.device("cpu")
-
-
-def _choose_split(blocks, balance, layout, micro, microbatches, device) -> Tuple[List[int], List[float]]:
-    """Rank 0 measures and cuts; every rank receives the same counts and per-stage costs."""
-    n_stages = layout.stages
-    packed = torch.zeros(2 * n_stages, dtype=torch.float64, device=device)
-    if layout.rank == 0:
-        if isinstance(balance, str):
-            measure = _costs.compute_costs if balance == "compute" else None
-            costs = (
-                measure(blocks, micro, device)
-                if measure
-                else _costs.memory_costs(blocks, micro, microbatches)
-            )
-            counts = partition(costs, n_stages)
-        else:
-            counts, costs = list(balance), [1.0] * len(blocks)
-        packed[:n_stages] = torch.tensor(counts, dtype=torch.float64)
-        packed[n_stages:] = torch.tensor(stage_sums(costs, counts), dtype=torch.float64)
-    dist.broadcast(packed, src=0)
-    packed = packed.cpu()
-    return [int(c) for c in packed[:n_stages]], [float(c) for c in packed[n_stages:]]
-
-
-def _describe(layout: Layout, spans, costs, balance, schedule) -> str:
-    unit = {"compute": "ms", "memory": "MiB"}.get(balance if isinstance(balance, str) else "", "layers")
-    scale = {"ms": 1e3, "MiB": 1 / 2**20, "layers": 1.0}[unit]
-    per_rank = layout.stages // layout.pp_ranks
-    kind = {
-        ("simple", False): "GPipe",
-        ("simple", True): "looped GPipe",
-        ("interleaved", False): "1F1B",
-        ("interleaved", True): "interleaved 1F1B",
-    }[(schedule, per_rank > 1)]
-    parts = ", ".join(
-        f"stage {s} layers {a}-{b - 1} ({c * scale:.3g} {unit})"
-        for s, ((a, b), c) in enumerate(zip(spans, costs))
-    )
-    return (
-        f"pipeline: {spans[-1][1]} layers in {layout.stages} stages on {layout.pp_ranks} rank(s) x "
-        f"{layout.replicas} replica(s), {kind}, balance "
-        f"{balance if isinstance(balance, str) else 'given'}: {parts}"
-    )
-
-
-def _materialise(block: torch.nn.Module, device: torch.device) -> torch.nn.Module:
-    if not on_meta(block):
-        return block.to(device)
-    block = block.to_empty(device=device)
-    for m in block.modules():
-        if callable(getattr(m, "reset_parameters", None)):
-            m.reset_parameters()
-    return block
-
-
-class _EvalMode:
-    """Blocks in eval mode for a while (shape and cost probes must not move BatchNorm statistics)."""
-
-    def __init__(self, modules):
-        self.modules = list(modules)
-
-    def __enter__(self):
-        self.modes = [m.training for m in self.modules]
-        for m in self.modules:
-            m.eval()
-
-    def __exit__(self, *exc):
-        for m, mode in zip(self.modules, self.modes):
-            m.train(mode)
 
 
 def pipeline(
@@ -235,16 +48,16 @@ def pipeline(
         balance=balance,
         data_parallel=data_parallel,
     )
-    _ensure_process_group()
-    device = torch.device(device) if device is not None else _default_device()
+    wiring.ensure_process_group()
+    device = torch.device(device) if device is not None else wiring.default_device()
     from torch.distributed.device_mesh import init_device_mesh
 
     mesh = init_device_mesh(device.type, (layout.replicas, layout.pp_ranks), mesh_dim_names=("dp", "pp"))
     micro = example_input[: example_input.shape[0] // microbatches]
     meta = on_meta(model)
-    with _EvalMode(blocks.modules):
+    with wiring.EvalMode(blocks.modules):
         check_forward(model, blocks, micro)
-        counts, stage_costs = _choose_split(blocks, balance, layout, micro, microbatches, device)
+        counts, stage_costs = wiring.choose_split(blocks, balance, layout, micro, microbatches, device)
         spans = ranges(counts)
         examples, final = stage_examples(
             blocks, spans, micro.to("meta") if meta else micro, layout.local_stages
@@ -252,7 +65,7 @@ def pipeline(
     if layout.rank == 0:
         from ..runner.context import log_to_driver
 
-        log_to_driver(_describe(layout, spans, stage_costs, balance, schedule))
+        log_to_driver(wiring.describe(layout, spans, stage_costs, balance, schedule))
     full_keys = list(model.state_dict(keep_vars=True).keys())
     return Pipeline(
         blocks,
@@ -306,8 +119,13 @@ class Pipeline:
         self._pp_group, self._dp_group = mesh.get_group("pp"), mesh.get_group("dp")
         local = [i for s in self.stages_here for i in range(*spans[s])]
         for i in local:
-            _materialise(blocks.modules[i], device)
+            wiring.materialise(blocks.modules[i], device)
         self._local = blocks.container(local)  # the original model's layout, this rank's blocks only
+        if self.replicas > 1:  # replicas start equal, as DDP makes them (a meta model's init differs)
+            src = layout.global_rank(0, layout.pp_rank)
+            with torch.no_grad():
+                for t in self._local.state_dict().values():
+                    dist.broadcast(t, src=src, group=self._dp_group)
         self._stage_modules = {s: blocks.container(range(*spans[s])) for s in self.stages_here}
         self._examples, self._final = examples, final
         self._microbatches = microbatches

@@ -38,17 +38,35 @@ def train_unsplit(steps, rows, lr=0.05):
 
 
 def train_pipeline(
-    steps, rows, stages, schedule, balance="compute", data_parallel=1, microbatches=4, lr=0.05
+    steps,
+    rows,
+    stages,
+    schedule,
+    balance="compute",
+    data_parallel=1,
+    microbatches=4,
+    lr=0.05,
+    meta=False,
+    load_reference=True,
 ):
-    """``rows`` per step over all replicas; replica d trains on its slice of each mini-batch."""
+    """``rows`` per step over all replicas; replica d trains on its slice of each mini-batch.
+    ``meta``: the model is built on the meta device (no memory), each rank materialises its
+    stages, then loads the reference weights with ``load_state_dict``."""
     import torch
 
     from sparkml_dist.parallel import pipeline
 
     per_replica = rows // data_parallel
     X0, _ = batch(0, per_replica)
+    if meta:
+        with torch.device("meta"):
+            model = build_model()
+        if not load_reference:  # each rank's own random init, as careless code would do
+            torch.manual_seed(1000 + int(os.environ["RANK"]))
+    else:
+        model = build_model()
     pipe = pipeline(
-        build_model(),
+        model,
         stages=stages,
         microbatches=microbatches,
         loss_fn=torch.nn.functional.cross_entropy,
@@ -57,6 +75,8 @@ def train_pipeline(
         balance=balance,
         data_parallel=data_parallel,
     )
+    if meta and load_reference:
+        pipe.load_state_dict(build_model().state_dict())
     opt = torch.optim.SGD(pipe.parameters(), lr=lr, momentum=0.9)
     losses = []
     for step in range(steps):
@@ -73,6 +93,7 @@ def train_pipeline(
         "state": pipe.full_state_dict(),
         "predict": pipe.predict(X),
         "params_here": sum(p.numel() for p in pipe.parameters()),
+        "local": {k: v.detach().clone() for k, v in pipe.named_parameters()},
     }
 
 

@@ -70,6 +70,27 @@ def test_pipeline_trains_exactly_like_one_process(unsplit, np_, stages, schedule
     assert_no_rank_left()
 
 
+@pytest.mark.parametrize("balance, np_, replicas", [("memory", 2, 1), ("compute", 4, 2)])
+def test_a_model_built_on_the_meta_device_is_materialised_stage_by_stage(unsplit, balance, np_, replicas):
+    state, losses, _ = unsplit
+    out = BarrierRunner(-np_, timeout=180).run(
+        ph.train_pipeline, STEPS, ROWS, 2, "interleaved", balance=balance, data_parallel=replicas, meta=True
+    )
+    assert max_diff(state, out["state"]) <= 1e-5
+    assert out["losses"] == pytest.approx(losses, abs=1e-5)
+
+
+def test_replicas_start_from_the_same_weights_whatever_each_rank_initialised():
+    # a meta model is initialised by each rank on its own (reset_parameters): replicas must agree
+    out = BarrierRunner(-4, timeout=180).run(
+        ph.train_pipeline, 2, ROWS, 2, "simple", data_parallel=2, meta=True, load_reference=False,
+        return_all=True,
+    )  # fmt: skip
+    for r in (0, 1):  # pipeline rank r of replica 0 and of replica 1 hold the same stage
+        mine, twin = out[r]["local"], out[r + 2]["local"]
+        assert list(mine) == list(twin) and all(torch.equal(mine[k], twin[k]) for k in mine)
+
+
 def test_memory_balance_puts_the_heavy_layers_apart():
     # a wide layer and many thin ones: memory balance isolates the wide one
     assert partition([100, 1, 1, 1, 1, 1, 1, 1], 2) == [1, 7]
