@@ -64,6 +64,7 @@ bench: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_search.py
+	$(BIN)/python benchmarks/bench_parallel.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info spark-warehouse metastore_db derby.log

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -78,3 +79,38 @@ def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
     assert [r["rank"] for r in out] == [0, 1]
     assert sorted(r["cuda_visible"] for r in out) == ["0", "1"]  # one distinct GPU per rank
     assert all(r["device"] == "cuda:0" for r in out)
+
+
+@only_local
+def test_cli_runs_the_pipeline_parallel_example_on_barrier_tasks():
+    proc = _py(
+        "-m",
+        "sparkml_dist",
+        "run",
+        "--np",
+        "2",
+        "--master",
+        "local[2]",
+        "examples/pipeline_train.py",
+        "--",
+        "--steps",
+        "40",
+        "--schedule",
+        "simple",
+        "--balance",
+        "memory",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "[rank 0] pipeline: 16 layers in 2 stages on 2 rank(s)" in proc.stdout
+    final, first = (
+        float(v) for v in re.search(r"final loss ([\d.]+) \(first ([\d.]+)\)", proc.stdout).groups()
+    )
+    assert final < first / 2
+
+
+@only_local
+def test_cli_runs_the_fsdp2_example_on_local_ranks():
+    proc = _py("-m", "sparkml_dist", "run", "--np", "-2", "examples/fsdp_train.py", "--", "--steps", "5")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    held, total = (int(v) for v in re.search(r"rank 0 holds (\d+) of (\d+) parameters", proc.stdout).groups())
+    assert held < total and abs(2 * held - total) < total // 10  # about half of every tensor
