@@ -48,7 +48,7 @@ test-unit: $(HVD_STAMP)
 	$(PYTEST) tests/unit
 
 test-local: $(HVD_STAMP)
-	SPARKML_DIST_TEST_MASTER="local[2]" $(PYTEST) tests/unit tests/spark tests/e2e
+	SPARKML_DIST_TEST_MASTER="local[2]" $(PYTEST) tests/unit tests/spark tests/e2e tests/gpu
 
 test-connect: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="connect:local[2]" $(PYTEST) tests/spark

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 from .errors import ConfigurationError
 
@@ -121,6 +121,19 @@ def schedules_gpus(conf: Conf) -> bool:
     return any(
         conf(k, None) for k in ("spark.executor.resource.gpu.amount", "spark.driver.resource.gpu.amount")
     )
+
+
+def driver_gpus(spark) -> Optional[List[str]]:
+    """The GPU addresses Spark gave the driver (``spark.driver.resource.gpu.*``), or None when it
+    gave none or they cannot be read (Spark Connect has no SparkContext)."""
+    if spark is None or is_connect(spark):
+        return None
+    try:
+        info = spark.sparkContext.resources.get("gpu")
+    except Exception:  # noqa: BLE001 - a context without resource support: nothing assigned
+        return None
+    addresses = list(getattr(info, "addresses", None) or [])
+    return addresses or None
 
 
 # --------------------------------------------------------------------------- memory

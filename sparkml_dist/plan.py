@@ -191,3 +191,41 @@ def plan_concurrency(
     return ConcurrencyPlan(
         int(bytes_per_model), int(per_exec), c.slots_per_executor, c.executors, max(1, concurrency), c
     )
+
+
+# --------------------------------------------------------------------------- GPUs
+GPU_MEMORY_CONF = "spark.sparkml_dist.gpu.memory"  # e.g. "80g": the memory of one executor GPU
+
+
+def gpu_bytes(spark=None, gpus=None) -> Optional[tuple]:
+    """(bytes of the smallest GPU a rank may get, where that figure comes from), or None if unknown.
+
+    ``spark.sparkml_dist.gpu.memory`` when set (executors' GPUs cannot be asked from the driver);
+    else, for ranks on this machine, ``torch.cuda.mem_get_info`` of each of ``gpus`` (entries of
+    ``CUDA_VISIBLE_DEVICES`` order; default: every visible device).
+    """
+    text = spark.conf.get(GPU_MEMORY_CONF, None) if spark is not None else None
+    if text:
+        from ._spark_env import parse_bytes
+
+        return parse_bytes(str(text)), GPU_MEMORY_CONF
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    indices = range(len(gpus)) if gpus else range(torch.cuda.device_count())
+    totals = [torch.cuda.mem_get_info(i)[1] for i in indices]
+    return (min(totals), "torch.cuda.mem_get_info") if totals else None
+
+
+def check_fits_gpu(bytes_per_rank: int, gpu: Optional[tuple]) -> None:
+    """Refuse a model whose one-rank share cannot fit one GPU (``gpu`` from :func:`gpu_bytes`)."""
+    if gpu is None or bytes_per_rank <= gpu[0]:
+        return
+    raise InsufficientResourcesError(
+        f"one rank's model needs about {bytes_per_rank / 2**30:.2f} GiB but a GPU has "
+        f"{gpu[0] / 2**30:.2f} GiB ({gpu[1]}). Split it (sparkml_dist.parallel.pipeline, FSDP2's "
+        "fully_shard; model_bytes(..., stages=k) sizes one stage), lower the precision or the batch."
+    )

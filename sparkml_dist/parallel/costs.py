@@ -1,8 +1,9 @@
 """What each layer costs, to balance pipeline stages.  [rank process]
 
 * ``compute``: the median of 3 timed forward+backward passes of the layer on one micro-batch
-  (after one warm-up), in seconds; gradients go to ``torch.autograd.grad``, so the model's own
-  ``.grad`` fields are left untouched.  A layer on the meta device is timed on a materialised copy.
+  (after one warm-up), in seconds, on the device the stage will run on; gradients go to
+  ``torch.autograd.grad``, so the model's own ``.grad`` fields are left untouched.  A layer that is
+  elsewhere (the CPU, the meta device) is timed on a copy there, one layer at a time.
 * ``memory``: bytes the layer holds while training: its parameters and their gradients, its
   buffers, and its output kept for backward for every micro-batch of the mini-batch.
 """
@@ -36,6 +37,16 @@ def memory_costs(blocks: Blocks, example: torch.Tensor, microbatches: int) -> Li
     return costs
 
 
+def _on(block: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """The block itself where it lives on ``device``, else a copy there (one block at a time)."""
+    tensors = list(block.parameters()) + list(block.buffers())
+    if not tensors:
+        return block
+    if tensors[0].is_meta:
+        return copy.deepcopy(block).to_empty(device=device)
+    return block if tensors[0].device == device else copy.deepcopy(block).to(device)
+
+
 def compute_costs(
     blocks: Blocks, example: torch.Tensor, device: torch.device, repeats: int = 3
 ) -> List[float]:
@@ -43,8 +54,7 @@ def compute_costs(
     h = example.to(device) if not example.is_meta else torch.zeros(example.shape, dtype=example.dtype)
     h = h.to(device)
     for block in blocks.modules:
-        if any(p.is_meta for p in block.parameters()):
-            block = copy.deepcopy(block).to_empty(device=device)
+        block = _on(block, device)
         times = []
         for r in range(repeats + 1):
             x = h.detach().requires_grad_(h.is_floating_point())

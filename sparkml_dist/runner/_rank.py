@@ -8,7 +8,8 @@ and message it exchanges with the task is in :mod:`sparkml_dist.runner.protocol`
 2. prepare the backend (:mod:`sparkml_dist.runner.backends`): imports, and on rank 0 the
    rendezvous store on the listening socket its task passed down;
 3. read the start message (the rendezvous environment) from stdin and join: the backend reports
-   reaching the rendezvous when the function calls ``init_process_group`` (or ``hvd.init``);
+   reaching the rendezvous when the function connects to the store (any c10d path) or calls
+   ``init_process_group`` (or ``hvd.init``);
 4. map the shard, load ``(main, args, kwargs)``, call it, write the result for the task;
 5. run the ``atexit`` handlers and leave with ``os._exit`` (as ``multiprocessing`` children do):
    tearing down an interpreter that holds torch and a process group costs ~0.7 s otherwise.
@@ -56,6 +57,20 @@ def send_log(text: str) -> bool:
     return True
 
 
+def _once(fn):
+    """``fn`` run by the first of several callers only (a store watcher and a function hook)."""
+    lock, done = threading.Lock(), []
+
+    def call() -> None:
+        with lock:
+            if done:
+                return
+            done.append(True)
+        fn()
+
+    return call
+
+
 def main() -> int:
     global CTRL
     _die_with_parent()
@@ -70,7 +85,7 @@ def main() -> int:
     if message is None:
         return 1  # the task went away before the rendezvous
     os.environ.update(message["env"])
-    state = backend.join(state, rank, message, store_fd, lambda: ctrl.send(protocol.EVENT_RENDEZVOUS))
+    state = backend.join(state, rank, message, store_fd, _once(lambda: ctrl.send(protocol.EVENT_RENDEZVOUS)))
 
     from .. import serialization
     from . import data

@@ -1,7 +1,9 @@
-"""One barrier task: start the rank process, feed it, rendezvous, watch it.  [executor]
+"""One barrier task: start its rank process(es), feed them, rendezvous, watch them.  [executor]
 
 ``barrier_task(batches, spec)`` is the ``mapInArrow(..., barrier=True)`` function.  The same
-:func:`supervise` also runs on the driver in threads for ``np < 0`` (with a thread-based gang).
+:func:`supervise` also runs on the driver in threads for ``np < 0`` (with a thread-based gang,
+:mod:`.gangs`).  A task runs one rank, or one per GPU it holds (``spec.ranks_per_task``: task
+``t`` runs ranks ``t*k ... t*k+k-1``, the first failure stopping its siblings).
 What the task and its rank process exchange is in :mod:`sparkml_dist.runner.protocol`.
 
 Failure semantics: when the rank process exits non-zero, dies of a signal, or does not reach the
@@ -26,7 +28,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 import pyarrow as pa
 
 from .. import collection, parquet_split
-from . import backends, network, protocol, rendezvous
+from . import backends, network, protocol, rendezvous, shard_files
 from ._rank_process import RankProcess, exit_text
 from .channel import LogClient
 from .protocol import RankFailure
@@ -51,79 +53,26 @@ class TaskSpec:
     max_result_bytes: int
     env: Tuple[Tuple[str, str], ...] = ()
     file_split: Optional[parquet_split.ParquetSplit] = None  # shards read from Parquet files
-
-
-class SparkGang:
-    """The barrier task context as the supervisor sees it."""
-
-    def __init__(self) -> None:
-        from pyspark import BarrierTaskContext
-
-        self._ctx = BarrierTaskContext.get()
-        self.rank = self._ctx.partitionId()
-
-    def allgather(self, message: str) -> List[str]:
-        return list(self._ctx.allGather(message))
-
-    def resources(self) -> dict:
-        return self._ctx.resources()
-
-
-class ThreadGang:
-    """A gang of threads on one machine: for ``np < 0`` and for tests without Spark."""
-
-    def __init__(self, size: int, timeout: Optional[float] = None) -> None:
-        self._barrier = threading.Barrier(size, timeout=timeout)
-        self._slots: List[Optional[str]] = [None] * size
-
-    def member(self, rank: int) -> "_ThreadMember":
-        return _ThreadMember(self, rank)
-
-
-class _ThreadMember:
-    def __init__(self, gang: ThreadGang, rank: int) -> None:
-        self._gang, self.rank = gang, rank
-
-    def allgather(self, message: str) -> List[str]:
-        self._gang._slots[self.rank] = message
-        self._gang._barrier.wait()
-        out = list(self._gang._slots)
-        self._gang._barrier.wait()
-        return out
-
-    def abort(self) -> None:
-        self._gang._barrier.abort()
-
-    def resources(self) -> dict:
-        return {}
-
-
-def _write_shard(batches: Iterable[pa.RecordBatch], path: str) -> int:
-    """Stream the task's batches into an Arrow IPC file (an empty file of no columns for none);
-    returns the row count."""
-    rows, writer = 0, None
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_file(path, batch.schema)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:
-        pa.ipc.new_file(path, pa.schema([])).close()
-    return rows
+    local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
+    ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
 
 
 class _RankTask:
     """One rank under one task: each method is one step of :func:`supervise`."""
 
-    def __init__(self, gang, spec: TaskSpec, cancel: Optional[threading.Event]) -> None:
-        self.gang, self.spec, self.rank, self.cancel = gang, spec, gang.rank, cancel
+    def __init__(self, gang, spec: TaskSpec, cancel: Optional[threading.Event], member: int = 0) -> None:
+        k = spec.ranks_per_task
+        self.gang, self.spec, self.cancel = gang, spec, cancel
+        self.rank = gang.rank * k + member  # task t runs ranks t*k ... t*k+k-1
         self.backend = backends.get(spec.backend)
         self.started = time.monotonic()
-        self.gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, self.rank)
+        self.silent = False  # a sibling rank failed first: this one's stop is not a failure to report
+        if spec.local_gpus is not None:
+            self.gpus = [spec.local_gpus[self.rank]]
+        else:
+            self.gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, self.rank)
+            if k > 1 and self.gpus is not None:
+                self.gpus = rendezvous.member_gpu(self.gpus, member, k, self.rank)
         base = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)
         self.client: Optional[LogClient] = None
@@ -142,7 +91,8 @@ class _RankTask:
             "tail": self.process.lines() if self.process else [],
             "failed_at": time.time(),
         }
-        self._report(protocol.FRAME_FAILED, **detail)
+        if not self.silent:
+            self._report(protocol.FRAME_FAILED, **detail)
         return RankFailure(detail)
 
     def _report(self, frame: str, **fields) -> None:
@@ -192,34 +142,13 @@ class _RankTask:
         self.process.watch(forward=self.rank in spec.log_ranks, client=self.client)
         return port
 
-    def feed(self, batches: Iterable[pa.RecordBatch]) -> Dict[str, str]:
-        """Write the shard and the function into the work directory; the shard's environment."""
-        spec, env = self.spec, {}
-        if not spec.has_data or spec.file_split is not None:
-            for _ in batches:  # drain the placeholder rows, so Spark can reuse this Python worker
-                pass
-        if spec.has_data:
-            path = os.path.join(self.workdir, protocol.SHARD_FILE)
-            source = batches if spec.file_split is None else parquet_split.read(spec.file_split, self.rank)
-            self.rows = _write_shard(source, path)
-            env[protocol.SHARD_ENV] = path
-        with open(os.path.join(self.workdir, protocol.FN_FILE), "wb") as fh:
-            fh.write(spec.payload)
-        return env
-
-    def exchange(self, port: int, shard_env: Dict[str, str]) -> None:
-        """All-gather the peers' addresses and shard sizes; send the rank its start message."""
-        me = protocol.announce(network.host_address(), port, self.rows, self.gpus)
-        peers = protocol.peers(self.gang.allgather(me))
-        env, extra = self.backend.rank_env(self.rank, peers, self.gpus, self.spec.collective_timeout)
-        env.update(shard_env)
-        env[protocol.SHARD_SIZES_ENV] = json.dumps([p["rows"] for p in peers])
-        self.process.send_start(protocol.start_message(env, **extra))
-
     def await_rendezvous(self) -> None:
         """Wait until the rank joins the rendezvous (or ends); fail it after ``start_timeout``."""
         spec = self.spec
-        deadline = self.started + spec.start_timeout if spec.start_timeout else None
+        # one rank has no peer to wait for: a function that never distributes (one process on
+        # several GPUs) is not a rank stuck before the rendezvous
+        bounded = spec.start_timeout and spec.world_size > 1
+        deadline = self.started + spec.start_timeout if bounded else None
         ev = self.process.wait_event(protocol.EVENT_RENDEZVOUS, deadline, self.cancelled)
         if ev is None and self.process.running and not self.cancelled():
             self.process.kill()
@@ -266,25 +195,118 @@ class _RankTask:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def _feed(members: List[_RankTask], batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
+    """Write each rank's shard and the function into its work directory; each shard's environment."""
+    spec = members[0].spec
+    if not spec.has_data or spec.file_split is not None:
+        for _ in batches:  # drain the placeholder rows, so Spark can reuse this Python worker
+            pass
+    envs: List[Dict[str, str]] = [{} for _ in members]
+    if spec.has_data:
+        paths = [os.path.join(m.workdir, protocol.SHARD_FILE) for m in members]
+        if spec.file_split is not None:  # each rank reads its own row ranges from the files
+            read = parquet_split.read
+            rows = [shard_files.write_shard(read(spec.file_split, m.rank), p) for m, p in zip(members, paths)]
+        elif len(members) == 1:
+            rows = [shard_files.write_shard(batches, paths[0])]
+        else:
+            rows = shard_files.write_routed(batches, paths, members[0].rank)
+        for m, path, n, env in zip(members, paths, rows, envs):
+            m.rows = n
+            env[protocol.SHARD_ENV] = path
+    for m in members:
+        with open(os.path.join(m.workdir, protocol.FN_FILE), "wb") as fh:
+            fh.write(spec.payload)
+    return envs
+
+
+def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, str]]) -> None:
+    """All-gather every rank's address and shard size (one message per task, listing its ranks);
+    send each rank its start message."""
+    spec, gang = members[0].spec, members[0].gang
+    host = network.host_address()
+    mine = "[" + ",".join(protocol.announce(host, p, m.rows, m.gpus) for m, p in zip(members, ports)) + "]"
+    peers = protocol.peers(gang.allgather(mine))
+    sizes = json.dumps([p["rows"] for p in peers])
+    for m, shard_env in zip(members, envs):
+        env, extra = m.backend.rank_env(m.rank, peers, m.gpus, spec.collective_timeout)
+        env.update(shard_env)
+        env[protocol.SHARD_SIZES_ENV] = sizes
+        m.process.send_start(protocol.start_message(env, **extra))
+
+
+class _Either:
+    """Set when either event is (``b`` may be None): a rank stops on a cancel or a sibling's failure."""
+
+    def __init__(self, a: threading.Event, b: Optional[threading.Event]) -> None:
+        self.a, self.b = a, b
+
+    def is_set(self) -> bool:
+        return self.a.is_set() or (self.b is not None and self.b.is_set())
+
+    def wait(self, timeout: float) -> bool:
+        end = time.monotonic() + timeout
+        while not self.is_set() and time.monotonic() < end:
+            time.sleep(0.02)
+        return self.is_set()
+
+
+def _await(members: List[_RankTask], cancel: Optional[threading.Event]) -> None:
+    """Every rank reaches the rendezvous and exits 0; the first failure stops the task's other ranks."""
+    if len(members) == 1:
+        members[0].await_rendezvous()
+        members[0].await_exit()
+        return
+    stop, lock, errors = threading.Event(), threading.Lock(), []
+
+    def one(m: _RankTask) -> None:
+        try:
+            m.await_rendezvous()
+            m.await_exit()
+        except BaseException as exc:  # the first one is the task's failure; the rest are its echo
+            with lock:
+                if not errors:
+                    errors.append(exc)
+                    for other in members:
+                        other.silent = other is not m
+            stop.set()
+
+    for m in members:
+        m.cancel = _Either(stop, cancel)
+    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
 def supervise(
     gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec, cancel: Optional[threading.Event] = None
 ) -> Iterator[pa.RecordBatch]:
-    """Run one rank under this task; yields its result as chunk rows (rank 0, or all).
+    """Run this task's ranks (one, or one per GPU it holds); yields their results as chunk rows
+    (rank 0's, or every rank's).
 
-    ``cancel`` (local mode) stops the rank when set; under Spark the task itself is killed.
+    ``cancel`` (local mode) stops the ranks when set; under Spark the task itself is killed.
     """
-    task = _RankTask(gang, spec, cancel)
+    members: List[_RankTask] = []
     try:
-        port = task.start()
-        shard_env = task.feed(batches)
-        task.exchange(port, shard_env)
-        task.await_rendezvous()
-        task.await_exit()
-        yield from task.result()
+        for j in range(spec.ranks_per_task):
+            members.append(_RankTask(gang, spec, cancel, j))
+        ports = [m.start() for m in members]
+        envs = _feed(members, batches)
+        _exchange(members, ports, envs)
+        _await(members, cancel)
+        for m in members:
+            yield from m.result()
     finally:
-        task.cleanup()
+        for m in members:
+            m.cleanup()
 
 
 def barrier_task(batches: Iterable[pa.RecordBatch], spec: TaskSpec) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow(barrier=True) function: one rank per partition."""
+    """The mapInArrow(barrier=True) function: one task per partition, running its rank(s)."""
+    from .gangs import SparkGang
+
     yield from supervise(SparkGang(), batches, spec)

@@ -8,6 +8,7 @@ Every refusal names the setting or argument to change.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from typing import Callable, Optional
@@ -15,6 +16,7 @@ from typing import Callable, Optional
 from .. import _spark_env, plan, serialization
 from .._spark_env import Conf
 from ..errors import ConfigurationError, InsufficientResourcesError
+from . import rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +94,10 @@ def check_cluster(
     master = _spark_env.master_of(spark)
     if model_bytes:
         plan.plan_concurrency(spark, model_bytes)  # raises when one model cannot fit a worker
+        if use_gpu:
+            plan.check_fits_gpu(model_bytes, plan.gpu_bytes(spark))
     check_slots(world, master, conf, _live_slots(spark, master, world, wait_s))
-    if use_gpu and not _spark_env.schedules_gpus(conf):
+    if use_gpu and not _spark_env.is_local(master) and not _spark_env.schedules_gpus(conf):
         raise InsufficientResourcesError(
             "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
             "spark.task.resource.gpu.amount and spark.executor.resource.gpu.discoveryScript "
@@ -207,7 +211,60 @@ def gpu_profile(spark, use_gpu: bool):
     """
     if not use_gpu or spark.conf.get("spark.task.resource.gpu.amount", None):
         return None
+    if _spark_env.is_local(_spark_env.master_of(spark)):
+        return None  # local mode schedules no task resources: the ranks get the driver's GPUs
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
     cpus = _spark_env.task_cpus(_spark_env.conf_of(spark))
     return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", 1)).build
+
+
+def local_gpus(spark, world: int, use_gpu: bool, local_processes: bool) -> Optional[tuple]:
+    """The GPU of each rank when the ranks run on the driver's machine, else None.
+
+    Local processes (``np < 0``) and local Spark masters (``local[N]``, where Spark assigns no
+    GPU to tasks) take one GPU each, in order, from the driver's GPUs: Spark's
+    ``spark.driver.resource.gpu.*`` when configured, else ``CUDA_VISIBLE_DEVICES`` / every device.
+    """
+    if not use_gpu:
+        return None
+    if not local_processes and not _spark_env.is_local(_spark_env.master_of(spark)):
+        return None
+    gpus = _spark_env.driver_gpus(spark) if spark is not None else None
+    source = "spark.driver.resource.gpu"
+    if gpus is None:
+        gpus = rendezvous.visible_gpus()
+        source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "torch.cuda"
+    if world > len(gpus):
+        raise InsufficientResourcesError(
+            f"use_gpu=True runs one rank per GPU: {world} ranks need {world} GPUs, but this machine "
+            f"shows {len(gpus)} ({source}: {gpus or 'none'}). Lower np to {len(gpus) or 'a CPU run'} "
+            "or set use_gpu=False."
+        )
+    return tuple(gpus[:world])
+
+
+def ranks_per_task(spark, np_: int, use_gpu: bool) -> int:
+    """How many ranks each barrier task runs: one per GPU it holds (``spark.task.resource.gpu.amount``
+    whole and >= 2 on a cluster), else 1.  ``np`` counts ranks, as on Databricks; it must then be a
+    multiple of that amount."""
+    if np_ <= 0 or not use_gpu or _spark_env.is_local(_spark_env.master_of(spark)):
+        return 1
+    amount = _spark_env.conf_of(spark)("spark.task.resource.gpu.amount", None)
+    try:
+        k = float(amount) if amount is not None else 1.0
+    except ValueError:
+        return 1
+    if k < 2:
+        return 1
+    if k != int(k):
+        raise ConfigurationError(
+            f"spark.task.resource.gpu.amount={amount}: a task holding more than one GPU holds a whole "
+            "number of them; the runner runs one rank per GPU"
+        )
+    if np_ % int(k):
+        raise ConfigurationError(
+            f"np={np_} ranks cannot fill tasks of {int(k)} GPUs (spark.task.resource.gpu.amount="
+            f"{amount}): np counts ranks, one per GPU; use a multiple of {int(k)}"
+        )
+    return int(k)

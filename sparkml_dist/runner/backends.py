@@ -7,8 +7,9 @@ tests a backend's name:
   :attr:`~Backend.peer_lost` (output that only says another rank went away);
 * barrier task: :meth:`~Backend.rank_env`, the rendezvous environment and the GPUs a rank sees;
 * rank process: :meth:`~Backend.prepare` (imports, and rank 0's rendezvous store, before the start
-  message) and :meth:`~Backend.join` (after it: serve what needs the placements, and hook the call
-  that counts as reaching the rendezvous).
+  message) and :meth:`~Backend.join` (after it: serve what needs the placements, and watch for
+  what counts as reaching the rendezvous: a connection to the store for torch, ``hvd.init()``
+  for Horovod).
 
 Example::
 
@@ -105,6 +106,12 @@ class TorchBackend(Backend):
     def join(self, state, rank, message, store_fd, reached):
         import torch.distributed as dist
 
+        from . import store_watch
+
+        # joining the store is reaching the rendezvous, whichever c10d path connects to it
+        # (init_process_group, init_device_mesh, rpc.init_rpc, a launcher); the hook is the
+        # fallback where /proc cannot be watched
+        store_watch.watch(int(os.environ["MASTER_PORT"]), reached)
         report_first_call([dist], "init_process_group", reached)
         return state
 

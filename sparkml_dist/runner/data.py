@@ -162,16 +162,18 @@ class Shard:
         target = dtype or np.result_type(*[self._dtype(c) for c in names])
         return _fill(self._batches(), names, self.num_rows, [target], stack=True)[0]
 
-    def to_torch(self, columns: Columns = None, dtype=None):
+    def to_torch(self, columns: Columns = None, dtype=None, device=None):
         """A tensor of the columns: floating data as ``dtype`` (default float32), integers as int64.
 
-        Filled straight from the shard file: the peak is the tensor plus one batch.
+        Filled straight from the shard file: the peak is the tensor plus one batch.  ``device``
+        (e.g. ``context().device``): where the tensor goes, with a non-blocking copy.
         """
         import torch
 
         names = self._names(columns)
         target = np.result_type(*[self._dtype(c, dtype, for_torch=True) for c in names])
-        return torch.from_numpy(_fill(self._batches(), names, self.num_rows, [target], stack=True)[0])
+        tensor = torch.from_numpy(_fill(self._batches(), names, self.num_rows, [target], stack=True)[0])
+        return tensor if device is None else tensor.to(device, non_blocking=True)
 
     def steps_per_epoch(self, batch_size: int, drop_last: bool = False) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""
@@ -185,8 +187,15 @@ class Shard:
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
+        device=None,
+        pin_memory: bool = False,
     ) -> "ShardLoader":
-        """Batches of tensors, one per column: a list column gives (b, d), a scalar column (b,)."""
+        """Batches of tensors, one per column: a list column gives (b, d), a scalar column (b,).
+
+        ``device`` (e.g. ``context().device``): each batch is copied there without blocking the
+        host; ``pin_memory=True`` stages GPU-bound batches in page-locked memory first, so the
+        copy overlaps the previous step's compute.
+        """
         if batch_size < 1:
             raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
         if self.num_rows == 0:
@@ -204,7 +213,12 @@ class Shard:
             [self._dtype(c, for_torch=True) for c in names],
             stack=False,
         )
-        return ShardLoader(self, [torch.from_numpy(a) for a in arrays], batch_size, shuffle, seed, drop_last)
+        loader = ShardLoader(
+            self, [torch.from_numpy(a) for a in arrays], batch_size, shuffle, seed, drop_last
+        )
+        loader.device = None if device is None else torch.device(device)
+        loader.pin_memory = bool(pin_memory) and loader.device is not None and loader.device.type == "cuda"
+        return loader
 
 
 class ShardLoader:
@@ -222,6 +236,8 @@ class ShardLoader:
         self.rows = shard.num_rows
         self.rank = shard.rank
         self.epoch = 0
+        self.device = None  # set by Shard.dataloader
+        self.pin_memory = False
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -245,7 +261,13 @@ class ShardLoader:
         self.epoch += 1
         for s in range(self.steps):
             sel = idx[s * self.batch_size : (s + 1) * self.batch_size]
-            yield tuple(t[sel] for t in self._tensors)
+            batch = tuple(t[sel] for t in self._tensors)
+            if self.device is not None:
+                batch = tuple(
+                    (b.pin_memory() if self.pin_memory else b).to(self.device, non_blocking=True)
+                    for b in batch
+                )
+            yield batch
 
 
 _SHARD: Optional[Shard] = None

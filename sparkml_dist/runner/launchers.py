@@ -18,6 +18,7 @@ from .. import collection, launch
 from ..errors import RunTimeoutError
 from . import _task
 from .failures import FAILURE_GRACE_S, Monitor, translate
+from .gangs import ThreadGang
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,8 @@ def wait(
 
 def launch_spark(spark, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline, profile=None):
     """``np`` barrier tasks over ``data_df`` (rank r's shard in partition r), or over placeholders."""
-    world = spec.world_size
-    df = data_df if data_df is not None else spark.range(0, world, 1, world)
+    tasks = spec.world_size // spec.ranks_per_task
+    df = data_df if data_df is not None else spark.range(0, tasks, 1, tasks)
     out = launch.map_groups(df, _task.barrier_task, spec, barrier=True, catch_errors=False, profile=profile)
     job = launch.JobTag(spark, f"run-{spec.run_id}")
     done, box, errors = threading.Event(), [], []
@@ -108,7 +109,7 @@ def launch_local(data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Dead
     import pyarrow as pa
 
     world = spec.world_size
-    gang, shards = _task.ThreadGang(world), _local_shards(data_df, world)
+    gang, shards = ThreadGang(world), _local_shards(data_df, world)
     done, errors, outputs = threading.Event(), [], [[] for _ in range(world)]
     cancel = threading.Event()
 

@@ -112,7 +112,13 @@ def announce(host: str, port: int, rows: int, gpus: Optional[Sequence[str]]) -> 
 
 
 def peers(messages: Sequence[str]) -> List[dict]:
-    return [json.loads(m) for m in messages]
+    """Every rank's announcement in rank order, from the tasks' messages (each one announcement,
+    or a list of them for a task running several ranks)."""
+    out: List[dict] = []
+    for m in messages:
+        value = json.loads(m)
+        out.extend(value if isinstance(value, list) else [value])
+    return out
 
 
 def start_message(env: Dict[str, str], **extra) -> bytes:

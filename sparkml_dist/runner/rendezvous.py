@@ -7,7 +7,8 @@ directly.  What differs per backend is in :mod:`sparkml_dist.runner.backends`.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import os
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import InsufficientResourcesError
 
@@ -59,3 +60,36 @@ def task_gpus(resources: Dict[str, object], use_gpu: bool, rank: int) -> Optiona
             "discovery script (spark.executor.resource.gpu.discoveryScript), or set use_gpu=False."
         )
     return addresses
+
+
+def member_gpu(task_gpus: Sequence[str], member: int, per_task: int, rank: int) -> List[str]:
+    """The one GPU of the ``member``-th rank of a task that runs a rank per GPU it holds."""
+    if len(task_gpus) < per_task:
+        raise InsufficientResourcesError(
+            f"the task of rank {rank} runs {per_task} ranks, one per GPU, but Spark assigned it "
+            f"{len(task_gpus)} GPU(s) ({', '.join(task_gpus)})"
+        )
+    return [task_gpus[member]]
+
+
+def visible_gpus(environ: Optional[Mapping[str, str]] = None) -> List[str]:
+    """The GPUs this process may use, as ``CUDA_VISIBLE_DEVICES`` entries.
+
+    ``CUDA_VISIBLE_DEVICES`` when set (read as CUDA does: up to the first ``-1`` or empty entry;
+    indices or ``GPU-<uuid>`` names), else every device torch sees (none without a CUDA torch).
+    """
+    environ = os.environ if environ is None else environ
+    listed = environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        out = []
+        for entry in listed.split(","):
+            entry = entry.strip()
+            if not entry or entry == "-1":
+                break
+            out.append(entry)
+        return out
+    try:
+        import torch
+    except ImportError:
+        return []
+    return [str(i) for i in range(torch.cuda.device_count())]

@@ -49,13 +49,18 @@ class BarrierRunner:
         backend: "torch" (torch.distributed: gloo on CPU, NCCL on GPU) or "horovod" (the
             function calls ``hvd.init()``; Horovod's Gloo rendezvous is served by rank 0's
             process, no mpirun or ssh; needs Horovod, see ``make horovod``).
-        use_gpu: pin each rank to the GPU(s) Spark assigned to its task and use NCCL. With
+        use_gpu: pin each rank to its GPU and use NCCL: on a cluster, the GPU(s) Spark assigned
+            to its task; with ``np < 0`` or a local master (``local[N]``, where Spark assigns
+            tasks none), one of the driver's GPUs each (``spark.driver.resource.gpu.*``, else
+            ``CUDA_VISIBLE_DEVICES``/every device), more ranks than GPUs being an error. With
             "horovod", a rank sees its host's task GPUs in local-rank order, so the usual
             ``torch.cuda.set_device(hvd.local_rank())`` selects the GPU Spark assigned it.
         log_ranks: whose stdout/stderr stream to the driver: "0" (default), "all", "none",
             a rank or a list of ranks. Lines are prefixed with ``[rank r]``.
-        start_timeout: seconds for every rank to reach the rendezvous (its call of
-            ``init_process_group`` or ``hvd.init()``, or the end of the function); None waits forever.
+        start_timeout: seconds for every rank to reach the rendezvous (joining the store, by any
+            c10d path: ``init_process_group``, ``init_device_mesh``, ``rpc.init_rpc``...; or
+            ``hvd.init()``; or the end of the function); not applied to a single rank, which has
+            no peer to wait for; None waits forever.
         timeout: wall-clock seconds for the whole run (restarts included); None waits forever.
         collective_timeout: seconds a collective may block (``init_process_group`` default);
             defaults to ``timeout`` or torch's 30 minutes.
@@ -72,7 +77,9 @@ class BarrierRunner:
             an s3://, gs://, hdfs:// URI reachable from every executor).
         model_bytes: memory one rank's model needs (e.g. ``sparkml_dist.plan.model_bytes(net,
             backprop=True, batch_size=64)``); a run whose model cannot fit in an executor's
-            Python memory is refused before launching (see :mod:`sparkml_dist.plan`).
+            Python memory, or with ``use_gpu`` in one GPU (``torch.cuda.mem_get_info`` for ranks
+            on this machine, ``spark.sparkml_dist.gpu.memory`` for executors), is refused before
+            launching (see :mod:`sparkml_dist.plan`).
         read_files: when ``df`` given to :meth:`run_with_data` is a plain scan of Parquet files
             (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), each
             task reads its rows straight from the files with pyarrow (contiguous, balanced row
@@ -140,6 +147,7 @@ class BarrierRunner:
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
+        self._per_task = 1  # ranks per barrier task: one per GPU the task holds
 
     # ------------------------------------------------------------------ public API
     def run(self, main: Callable, *args, return_all: bool = False, **kwargs):
@@ -171,10 +179,15 @@ class BarrierRunner:
         )
 
     def _check_cluster(self, spark) -> None:
+        if self.np < 0 and self.use_gpu and self.model_bytes:
+            from .. import plan
+
+            gpus = admission.local_gpus(None, self.world_size, True, True)
+            plan.check_fits_gpu(self.model_bytes, plan.gpu_bytes(None, gpus))
         if self.np > 0:
             admission.check_cluster(
                 spark,
-                self.world_size,
+                self.world_size // self._per_task,  # barrier tasks (a task runs a rank per GPU)
                 use_gpu=self.use_gpu,
                 allow_unencrypted=self.allow_unencrypted,
                 allow_unauthenticated=self.allow_unauthenticated,
@@ -185,11 +198,12 @@ class BarrierRunner:
     def _run(self, df, main, args, kwargs, return_all: bool):
         spark = self._session(df)
         payload = admission.payload(main, args, kwargs)
+        self._per_task = admission.ranks_per_task(spark, self.np, self.use_gpu)
         self._check_cluster(spark)
         deadline = Deadline.after(self.timeout)  # the whole run's, restarts included
         split = sharding.file_split(df, self.world_size) if df is not None and self.read_files else None
         data_df = (
-            sharding.spark_shards(df, self.world_size, self._seed)
+            sharding.spark_shards(df, self.world_size, self._seed, self._per_task)
             if df is not None and split is None
             else None
         )
@@ -252,6 +266,8 @@ class BarrierRunner:
             return_all=return_all,
             env=env,
             max_result_bytes=_spark_env.max_result_bytes(spark),
+            local_gpus=admission.local_gpus(spark, self.world_size, self.use_gpu, self.np < 0),
+            ranks_per_task=self._per_task,
         )
 
     def _attempt(

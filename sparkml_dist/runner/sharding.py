@@ -46,9 +46,14 @@ def file_split(df, world: int) -> Optional[parquet_split.ParquetSplit]:
     return split
 
 
-def spark_shards(df, world: int, seed: int = 0):
+def spark_shards(df, world: int, seed: int = 0, per_task: int = 1):
     """``df`` as ``world`` partitions, partition r holding rank r's shard (lazy but for one cheap
-    check). The ranks exchange their row counts at the rendezvous."""
+    check). The ranks exchange their row counts at the rendezvous.
+
+    ``per_task`` > 1 (a task runs several ranks): ``world / per_task`` partitions, task t holding
+    the shards of ranks ``t*per_task ...`` with each row's rank in ``partitioning.GROUP_COL``, so
+    the shards are the same rows as with one rank per task.
+    """
     cols = df.columns
     small = _ROWS_PER_RANK_TO_HASH * world
     n = df.limit(small).count()
@@ -59,4 +64,9 @@ def spark_shards(df, world: int, seed: int = 0):
     else:
         spec = partitioning.SplitSpec(num_groups=world, seed=seed, names={"num_groups": "np"})
         grouped = partitioning.assign_groups(df, spec, cols)
-    return grouped.select(*cols)
+    if per_task == 1:
+        return grouped.select(*cols)
+    from pyspark.sql import functions as F
+
+    task = (F.col(partitioning.GROUP_COL) / per_task).cast("int")
+    return grouped.select(*cols, partitioning.GROUP_COL).repartitionById(world // per_task, task)

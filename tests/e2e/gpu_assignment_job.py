@@ -1,6 +1,9 @@
-"""Started by test_runner_e2e: a local-cluster Spark whose one executor 'has' two GPUs (a fake
+"""Started by test_runner_e2e: a local-cluster Spark whose executors 'have' two GPUs each (a fake
 discovery script), so the runner's GPU pinning runs for real on a CPU machine.  (Local mode does
-not schedule custom resources; a real executor does.)"""
+not schedule custom resources; a real executor does.)
+
+Modes: "conf" (every task gets one GPU), "profile" (the runner asks one per task), "multi" (two
+executors, tasks holding two GPUs each: four ranks on two tasks, with a DataFrame shard each)."""
 
 import json
 import os
@@ -12,16 +15,29 @@ from sparkml_dist.session import get_session
 
 def where_am_i():
     ctx = context()
-    return {"rank": ctx.rank, "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": ctx.device}
+    return {
+        "rank": ctx.rank,
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": ctx.device,
+        "local": [ctx.local_rank, ctx.local_world_size],
+    }
+
+
+def where_and_what():
+    from sparkml_dist.runner import shard
+
+    return {**where_am_i(), "values": sorted(shard().to_numpy(["x"]).reshape(-1).tolist())}
 
 
 if __name__ == "__main__":
     script, mode = sys.argv[1], sys.argv[2]
     # mode "conf": the cluster gives every task a GPU (spark.task.resource.gpu.amount);
     # mode "profile": it does not, and the runner asks for one per task with a stage-level profile
-    task_amount = {"spark.task.resource.gpu.amount": "1"} if mode == "conf" else {}
+    task_amount = (
+        {"spark.task.resource.gpu.amount": {"conf": "1", "multi": "2"}[mode]} if mode != "profile" else {}
+    )
     spark = get_session(
-        "local-cluster[1,2,1024]",
+        "local-cluster[2,2,1024]" if mode == "multi" else "local-cluster[1,2,1024]",
         conf={
             **task_amount,
             "spark.worker.resource.gpu.amount": "2",
@@ -33,6 +49,15 @@ if __name__ == "__main__":
             "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
         },
     )
-    out = BarrierRunner(2, use_gpu=True, start_timeout=120, timeout=240).run(where_am_i, return_all=True)
+    if mode == "multi":  # np counts ranks (= GPUs): 4 ranks on 2 tasks of 2 GPUs
+        df = spark.range(0, 40, numPartitions=3).selectExpr("cast(id as double) as x")
+        runner = BarrierRunner(4, use_gpu=True, start_timeout=120, timeout=240)
+        out = runner.run_with_data(df, where_and_what, return_all=True)
+        try:
+            BarrierRunner(3, use_gpu=True).run(where_am_i)
+        except ValueError as e:  # ConfigurationError
+            out.append({"np=3": str(e)})
+    else:
+        out = BarrierRunner(2, use_gpu=True, start_timeout=120, timeout=240).run(where_am_i, return_all=True)
     print("RESULT " + json.dumps(out))
     spark.stop()

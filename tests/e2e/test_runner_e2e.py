@@ -82,6 +82,29 @@ def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
 
 
 @only_local
+def test_a_task_holding_two_gpus_runs_two_ranks(tmp_path):
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1"]}\'\n')
+    script.chmod(0o755)
+    proc = _py("tests/e2e/gpu_assignment_job.py", str(script), "multi")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    ranks, refusal = out[:4], out[4]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    # each task's two ranks split its two GPUs; each rank sees one, as cuda:0
+    assert (
+        sorted(r["cuda_visible"] for r in ranks[:2])
+        == ["0", "1"]
+        == sorted(r["cuda_visible"] for r in ranks[2:])
+    )
+    assert all(r["device"] == "cuda:0" for r in ranks)
+    assert [r["local"] for r in ranks] == [[0, 4], [1, 4], [2, 4], [3, 4]]  # one host, four ranks on it
+    values = sorted(v for r in ranks for v in r["values"])
+    assert values == [float(i) for i in range(40)] and min(len(r["values"]) for r in ranks) >= 5
+    assert "np=3 ranks cannot fill tasks of 2 GPUs" in refusal["np=3"]
+
+
+@only_local
 def test_cli_runs_the_pipeline_parallel_example_on_barrier_tasks():
     proc = _py(
         "-m",

@@ -6,7 +6,7 @@ from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import IS_CLUSTER
+from tests.conftest import IS_CLUSTER, IS_STANDALONE
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
 
@@ -39,6 +39,14 @@ def test_shards_do_not_depend_on_input_partitioning(numbers):
     assert [r["values"] for r in a] == [r["values"] for r in b]
 
 
+def test_shards_and_batches_go_to_the_device_asked_for(numbers):
+    df = numbers.withColumn("y", F.col("x") * 2)
+    out = BarrierRunner(2, timeout=180).run_with_data(df, h.shard_on_device, "meta", return_all=True)
+    for r in out:  # "meta" stands in for the rank's GPU: the tensors are moved, pinning is skipped
+        assert r["to_torch"] == "meta" and r["batch"] == ["meta", "meta"] and r["shape"][1] == 2
+    assert sum(r["shape"][0] for r in out) == 1000
+
+
 def test_tiny_data_still_gives_every_rank_rows(spark):
     df = spark.range(0, 3).select(F.col("id").cast("double").alias("x"))
     out = BarrierRunner(2).run_with_data(df, h.shard_summary, 2, return_all=True)
@@ -59,6 +67,26 @@ def test_too_many_ranks_fails_before_launching(spark):
 def test_use_gpu_without_gpus_is_refused_before_launching(spark):
     with pytest.raises(InsufficientResourcesError, match="use_gpu=True"):
         BarrierRunner(2, use_gpu=True).run(h.allreduce_rank_sum)
+
+
+@pytest.mark.skipif(
+    IS_CLUSTER or IS_STANDALONE, reason="local masters only (clusters: the e2e fake discovery test)"
+)
+def test_local_master_gives_each_barrier_task_one_of_the_drivers_gpus(spark, monkeypatch):
+    # local mode schedules no task resources: a single-GPU-box user's `local[*]` must still work
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
+    out = BarrierRunner(2, spark=spark, use_gpu=True, timeout=120).run(h.gpu_view, return_all=True)
+    assert [o["cuda_visible"] for o in out] == ["1", "0"] and {o["device"] for o in out} == {"cuda:0"}
+    assert_no_rank_left()
+    # executors' GPU memory comes from the conf (the driver cannot ask their devices)
+    spark.conf.set("spark.sparkml_dist.gpu.memory", "1g")
+    try:
+        with pytest.raises(
+            InsufficientResourcesError, match=r"a GPU has 1.00 GiB \(spark.sparkml_dist.gpu.memory\)"
+        ):
+            BarrierRunner(2, spark=spark, use_gpu=True, model_bytes=2 << 30).run(h.gpu_view)
+    finally:
+        spark.conf.unset("spark.sparkml_dist.gpu.memory")
 
 
 @pytest.mark.skipif(not IS_CLUSTER, reason="needs executor JVMs to kill: runs in the local-cluster pass")

@@ -150,3 +150,61 @@ def fail_differently(counter_file):
             fh.write(str(n))
         raise RuntimeError(f"lost a disk on attempt {n}")
     return n
+
+
+def start_with_device_mesh(sleep_s):
+    """Distribution started by init_device_mesh (FSDP2 / tensor parallel style), then a long pause:
+    the rank reached the rendezvous when it joined the store, not when it called a hooked name."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh("cpu", (int(os.environ["WORLD_SIZE"]),))
+    time.sleep(sleep_s)
+    t = torch.ones(1)
+    dist.all_reduce(t, group=mesh.get_group())
+    return t.item()
+
+
+def start_with_rpc(sleep_s):
+    """Distribution started by torch.distributed.rpc (its own c10d rendezvous)."""
+    import torch.distributed.rpc as rpc
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rpc.init_rpc(f"worker{rank}", rank=rank, world_size=world)
+    time.sleep(sleep_s)
+    answer = rpc.rpc_sync(f"worker{(rank + 1) % world}", max, args=(rank, 41))
+    rpc.shutdown()
+    return answer
+
+
+def never_distributes(sleep_s):
+    """One process doing its own work (e.g. several GPUs of one machine): no rendezvous at all."""
+    time.sleep(sleep_s)
+    return "alone"
+
+
+def gpu_view():
+    """Which GPU this rank was given (no CUDA needed: only the environment is read)."""
+    from sparkml_dist.runner import context
+
+    ctx = context()
+    return {
+        "rank": ctx.rank,
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": ctx.device,
+        "local_rank": ctx.local_rank,
+        "local_world_size": ctx.local_world_size,
+    }
+
+
+def shard_on_device(device):
+    """Where to_torch and the dataloader put the shard when given ``device`` (meta stands in for a
+    GPU on a CPU machine: the copy happens, the data does not)."""
+    from sparkml_dist.runner import shard
+
+    s = shard()
+    whole = s.to_torch(["x", "y"], device=device)
+    batch = next(iter(s.dataloader(4, ["x", "y"], device=device, pin_memory=True)))
+    shape = list(whole.shape)
+    return {"to_torch": whole.device.type, "batch": [b.device.type for b in batch], "shape": shape}

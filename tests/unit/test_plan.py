@@ -97,3 +97,36 @@ def test_estimate_is_within_a_factor_of_the_measured_peak():
     out = subprocess.run([sys.executable, "-c", MEASURE], capture_output=True, text=True, check=True)
     peak = json.loads(out.stdout.strip().splitlines()[-1])["peak"]
     assert 0.75 <= peak / estimate <= 1.5, (peak, estimate)  # the stated factor: within 1.5x
+
+
+class FakeCuda:
+    """torch.cuda on a machine with GPUs of these sizes (no GPU here: the one thing mocked)."""
+
+    def __init__(self, *totals):
+        self.totals = totals
+
+    def is_available(self):
+        return True
+
+    def device_count(self):
+        return len(self.totals)
+
+    def mem_get_info(self, i):
+        return self.totals[i] // 2, self.totals[i]
+
+
+def test_gpu_memory_refuses_a_rank_share_that_cannot_fit_one_gpu(monkeypatch):
+    import torch
+
+    from sparkml_dist.plan import check_fits_gpu, gpu_bytes
+    from sparkml_dist.runner import BarrierRunner
+
+    monkeypatch.setattr(torch, "cuda", FakeCuda(80 << 30, 40 << 30))
+    assert gpu_bytes() == (40 << 30, "torch.cuda.mem_get_info")  # the smallest GPU a rank may get
+    assert gpu_bytes(gpus=["0"]) == (80 << 30, "torch.cuda.mem_get_info")
+    check_fits_gpu(30 << 30, gpu_bytes())
+    with pytest.raises(InsufficientResourcesError, match=r"needs about 50.00 GiB but a GPU has 40.00 GiB"):
+        check_fits_gpu(50 << 30, gpu_bytes())
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(InsufficientResourcesError, match=r"stages=k"):  # refused before any process starts
+        BarrierRunner(-2, use_gpu=True, model_bytes=50 << 30).run(print)

@@ -2,9 +2,10 @@
 
 import pytest
 
-from sparkml_dist import ConfigurationError
+from sparkml_dist import ConfigurationError, InsufficientResourcesError
 from sparkml_dist.runner import BarrierRunner
-from tests.support.runner_checks import RunnerChecks
+from tests.support import runner_helpers as h
+from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
 
 
 @pytest.fixture
@@ -36,3 +37,54 @@ def test_bad_constructor_arguments():
     ):
         with pytest.raises(ConfigurationError, match=match):
             BarrierRunner(**kwargs)
+
+
+def test_joining_the_store_by_any_c10d_path_counts_as_starting():
+    # init_device_mesh calls init_process_group through its own import: a hook on the name misses it
+    assert BarrierRunner(-2, start_timeout=6, timeout=120).run(h.start_with_device_mesh, 8) == 2.0
+    assert BarrierRunner(-2, start_timeout=6, timeout=120).run(h.start_with_rpc, 8) == 41
+    assert_no_rank_left()
+
+
+def test_a_single_rank_that_never_distributes_is_not_killed_by_start_timeout():
+    assert BarrierRunner(-1, start_timeout=2, timeout=60).run(h.never_distributes, 4) == "alone"
+
+
+def test_local_ranks_take_one_visible_gpu_each(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # a 2-GPU machine, as CUDA would list it
+    out = BarrierRunner(-2, use_gpu=True, timeout=60).run(h.gpu_view, return_all=True)
+    assert [o["cuda_visible"] for o in out] == ["3", "5"]  # rank r pinned to the r-th GPU
+    assert all(o["device"] == "cuda:0" for o in out)
+    assert [(o["local_rank"], o["local_world_size"]) for o in out] == [(0, 2), (1, 2)]
+    with pytest.raises(InsufficientResourcesError, match=r"3 ranks need 3 GPUs, but this machine shows 2"):
+        BarrierRunner(-3, use_gpu=True).run(h.gpu_view)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(InsufficientResourcesError, match=r"shows 0 \(CUDA_VISIBLE_DEVICES: none\)"):
+        BarrierRunner(-1, use_gpu=True).run(h.gpu_view)
+
+
+def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does():
+    from sparkml_dist.runner.rendezvous import visible_gpus
+
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,2"}) == ["0", "2"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-8a1b,GPU-77c0"}) == ["GPU-8a1b", "GPU-77c0"]
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,-1,3"}) == ["1"]  # CUDA stops at an invalid entry
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == []
+    assert visible_gpus({}) == []  # the CPU build of torch sees no device
+
+
+def test_torch_distributor_local_mode_runs_on_the_driver(monkeypatch):
+    from sparkml_dist.distributor import TorchDistributor
+
+    out = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(h.allreduce_rank_sum, x=1)
+    assert out["sum"] == 3.0 and out["x"] == 1
+    # pyspark's rule: more processes than the driver's GPUs run one per GPU
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
+    out = TorchDistributor(num_processes=3, local_mode=True).run(h.gpu_view)
+    assert out["cuda_visible"] == "4" and out["device"] == "cuda:0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    with pytest.raises(InsufficientResourcesError, match="shows 0"):
+        TorchDistributor(num_processes=1, local_mode=True, use_gpu=True).run(h.gpu_view)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ConfigurationError, match="num_processes has to be a positive integer"):
+            TorchDistributor(num_processes=bad)

@@ -16,6 +16,7 @@ from sparkml_dist import ConfigurationError, InsufficientResourcesError, seriali
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
 from sparkml_dist.runner.data import Shard
+from sparkml_dist.runner.gangs import ThreadGang
 
 
 def test_local_ranks_and_env():
@@ -169,8 +170,9 @@ def test_shard_numpy_torch_and_equal_steps_on_uneven_shards():
 
 
 # ------------------------------------------------------------------ supervisor on a thread gang
-def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeout=60.0):
+def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeout=60.0, per_task=1):
     return _task.TaskSpec(
+        ranks_per_task=per_task,
         run_id="t" + str(time.time_ns()),
         world_size=world,
         payload=serialization.dumps((fn, args, {}, True)),
@@ -188,7 +190,8 @@ def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeou
 
 
 def _run_gang(spec):
-    gang = _task.ThreadGang(spec.world_size, timeout=60)
+    tasks = spec.world_size // spec.ranks_per_task
+    gang = ThreadGang(tasks, timeout=60)
     out, errors = {}, {}
 
     def go(r):
@@ -198,12 +201,36 @@ def _run_gang(spec):
             errors[r] = exc
             gang.member(r).abort()
 
-    threads = [threading.Thread(target=go, args=(r,)) for r in range(spec.world_size)]
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(tasks)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     return out, errors
+
+
+def test_a_task_of_several_ranks_runs_them_all_in_one_world():
+    from sparkml_dist import collection
+    from tests.support.runner_helpers import allreduce_rank_sum
+
+    out, errors = _run_gang(_spec(allreduce_rank_sum, 1, world=4, per_task=2, return_all=True))
+    assert not errors
+    res = collection.decode(pa.Table.from_batches(out[0] + out[1]), range(4), what="rank")
+    assert [res[(r, 0)]["sum"] for r in range(4)] == [10.0] * 4  # ranks 1+2+3+4, all in one world
+    assert [res[(r, 0)]["env"]["RANK"] for r in range(4)] == ["0", "1", "2", "3"]
+    assert {res[(r, 0)]["env"]["LOCAL_WORLD_SIZE"] for r in range(4)} == {"4"}  # one host
+
+
+def test_a_failing_rank_stops_its_sibling_and_is_the_tasks_failure():
+    from tests.support.runner_checks import assert_no_rank_left
+    from tests.support.runner_helpers import fail_on
+
+    started = time.monotonic()
+    out, errors = _run_gang(_spec(fail_on, 1, "raise", world=2, per_task=2))
+    assert time.monotonic() - started < 60
+    detail = protocol.parse_failure(str(errors[0]))
+    assert detail["rank"] == 1 and "injected failure" in "\n".join(detail["tail"])  # not rank 0's stop
+    assert_no_rank_left()
 
 
 def test_supervisor_runs_ranks_and_returns_rank0_result():

@@ -1,0 +1,55 @@
+"""The gang of a run's tasks, as a task sees it: its index, the all-gather, its resources.  [executor]
+
+:class:`SparkGang` is Spark's ``BarrierTaskContext``; :class:`ThreadGang` is the same for the
+threads that stand for tasks when ``np < 0`` (and in tests without Spark).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import List, Optional
+
+
+class SparkGang:
+    """The barrier task context as the supervisor sees it."""
+
+    def __init__(self) -> None:
+        from pyspark import BarrierTaskContext
+
+        self._ctx = BarrierTaskContext.get()
+        self.rank = self._ctx.partitionId()
+
+    def allgather(self, message: str) -> List[str]:
+        return list(self._ctx.allGather(message))
+
+    def resources(self) -> dict:
+        return self._ctx.resources()
+
+
+class ThreadGang:
+    """A gang of threads on one machine: for ``np < 0`` and for tests without Spark."""
+
+    def __init__(self, size: int, timeout: Optional[float] = None) -> None:
+        self._barrier = threading.Barrier(size, timeout=timeout)
+        self._slots: List[Optional[str]] = [None] * size
+
+    def member(self, rank: int) -> "_ThreadMember":
+        return _ThreadMember(self, rank)
+
+
+class _ThreadMember:
+    def __init__(self, gang: ThreadGang, rank: int) -> None:
+        self._gang, self.rank = gang, rank
+
+    def allgather(self, message: str) -> List[str]:
+        self._gang._slots[self.rank] = message
+        self._gang._barrier.wait()
+        out = list(self._gang._slots)
+        self._gang._barrier.wait()
+        return out
+
+    def abort(self) -> None:
+        self._gang._barrier.abort()
+
+    def resources(self) -> dict:
+        return {}

@@ -1,0 +1,68 @@
+"""Functions run on GPU ranks by tests/gpu (module-level so they pickle by reference)."""
+
+import os
+
+
+def nccl_allreduce_and_where():
+    """NCCL all-reduce on this rank's GPU; which physical GPU it was."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()  # NCCL with use_gpu
+    dev = torch.device(context().device)
+    t = torch.tensor([float(dist.get_rank() + 1)], device=dev)
+    dist.all_reduce(t)
+    props = torch.cuda.get_device_properties(dev)
+    return {
+        "sum": t.item(),
+        "backend": dist.get_backend(),
+        "device": str(dev),
+        "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "uuid": str(getattr(props, "uuid", props.name)),
+        "count": torch.cuda.device_count(),
+    }
+
+
+def ddp_on_gpu_with_shard_batches(steps=20):
+    """DDP on the rank's GPU fed by a dataloader that copies batches there from pinned memory."""
+    import numpy as np
+    import pyarrow as pa
+    import torch
+
+    from sparkml_dist.runner import context, init_process_group
+    from sparkml_dist.runner.data import Shard
+
+    init_process_group()
+    dev = torch.device(context().device)
+    rng = np.random.default_rng(context().rank)
+    X = rng.normal(size=(2048, 16)).astype(np.float32)
+    table = pa.table({"x": pa.array(list(X)), "y": (X[:, 0] > 0).astype(np.int64)})
+    loader = Shard(table, [2048] * context().world_size, context().rank).dataloader(
+        256, ["x", "y"], device=dev, pin_memory=True
+    )
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 2).to(dev), device_ids=[dev.index])
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    losses, devices = [], set()
+    for _ in range(steps):
+        for xb, yb in loader:
+            devices.add(str(xb.device))
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return {"first": losses[0], "last": losses[-1], "devices": sorted(devices)}
+
+
+def one_process_on_its_gpus(seconds):
+    """Never distributes: one process using its GPU(s) alone, longer than start_timeout."""
+    import time
+
+    import torch
+
+    x = torch.ones(1024, device="cuda:0")
+    time.sleep(seconds)
+    return {"sum": x.sum().item(), "gpus": torch.cuda.device_count()}
