@@ -15,6 +15,7 @@ Contenders are interleaved (the order rotates every round); the load average is 
 
     python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500]
                                       [--sections noop,mlp,data,ckpt,hvd_noop,hvd_mlp]
+    python benchmarks/bench_runner.py --gpu [--repeats 3] [--steps 300]   (see bench_gpu.py)
 """
 
 from __future__ import annotations
@@ -212,6 +213,10 @@ def torchrun(fn: str, steps: int):
 
 
 def main() -> None:
+    if "--gpu" in sys.argv:  # ours vs torchrun on this machine's GPUs: no Spark JVM needed
+        from bench_gpu import main as gpu_main
+
+        return gpu_main([a for a in sys.argv[1:] if a != "--gpu"])
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rows", type=int, default=1_000_000)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs Horovod 0.28.1 with PyTorch + Gloo (no MPI, TensorFlow or MXNet) into one Python environment.
+# Installs Horovod 0.28.1 with PyTorch + Gloo (no MPI, TensorFlow or MXNet) into one Python environment,
+# with NCCL GPU operations when a CUDA toolkit (nvcc) and a CUDA build of torch are present.
 #
 #   scripts/install_horovod.sh [PYTHON]        (make horovod runs it with the project's .venv)
 #
@@ -23,7 +24,28 @@ torch_version="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)"
     exit 1
 }
 tag="$("$PY" -c 'import sys, platform; print(f"cp{sys.version_info[0]}{sys.version_info[1]}-{platform.machine()}")')"
-cache="$CACHE_ROOT/horovod-$VERSION/$tag-torch-$torch_version"
+
+# GPU operations: NCCL when this machine can build them (nvcc, and torch built for CUDA), as the
+# GPU collectives of HorovodRunner(use_gpu=True) need; Gloo-only otherwise. HOROVOD_GPU_OPERATIONS
+# set by the caller wins.
+torch_cuda="$("$PY" -c 'import torch; print(torch.version.cuda or "")')"
+nvcc="$(command -v nvcc || { [[ -n "${CUDA_HOME:-}" && -x "$CUDA_HOME/bin/nvcc" ]] && echo "$CUDA_HOME/bin/nvcc"; } || true)"
+gpu_ops="${HOROVOD_GPU_OPERATIONS:-}"
+if [[ -z "$gpu_ops" && -n "$torch_cuda" && -n "$nvcc" ]]; then gpu_ops=NCCL; fi
+if [[ "$gpu_ops" == NCCL ]]; then
+    echo "install_horovod: GPU operations: NCCL (torch built for CUDA $torch_cuda, nvcc at $nvcc)"
+    # NCCL from torch's own nvidia-nccl wheel when there is no system NCCL
+    nccl_home="$("$PY" -c 'import os, nvidia.nccl as n; print(os.path.dirname(n.__file__) if n.__file__ else list(n.__path__)[0])' 2>/dev/null || true)"
+    if [[ -z "${HOROVOD_NCCL_HOME:-}" && -n "$nccl_home" && -d "$nccl_home/include" ]]; then
+        export HOROVOD_NCCL_INCLUDE="$nccl_home/include" HOROVOD_NCCL_LIB="$nccl_home/lib" HOROVOD_NCCL_LINK=SHARED
+    fi
+    export HOROVOD_GPU_OPERATIONS=NCCL
+else
+    why="a CPU build of torch"; [[ -n "$torch_cuda" ]] && why="no CUDA toolkit (nvcc)"
+    echo "install_horovod: GPU operations: none, Gloo only ($why)"
+    unset HOROVOD_GPU_OPERATIONS
+fi
+cache="$CACHE_ROOT/horovod-$VERSION/$tag-torch-$torch_version${gpu_ops:+-$gpu_ops}"
 mkdir -p "$cache"
 
 wheel="$(ls "$cache"/horovod-"$VERSION"-*.whl 2>/dev/null | head -n 1 || true)"
@@ -68,7 +90,9 @@ fi
 # The build must have PyTorch and Gloo, or the runner's horovod backend cannot work.
 check="$("$PY" -m horovod.runner.launch --check-build 2>&1)"
 echo "$check"
-for want in "\[X\] PyTorch" "\[X\] Gloo"; do
+wants=("\[X\] PyTorch" "\[X\] Gloo")
+[[ "$gpu_ops" == NCCL ]] && wants+=("\[X\] NCCL")
+for want in "${wants[@]}"; do
     grep -q "$want" <<<"$check" || {
         echo "install_horovod: the installed Horovod lacks ${want//\\/}" >&2
         exit 1

@@ -42,22 +42,23 @@ cells = [
         "    from sparkml_dist.runner import context, init_process_group, shard\n"
         "    init_process_group()\n"
         "    torch.manual_seed(0)\n"
-        "    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))\n"
+        "    device = context().device  # 'cpu', or this rank's GPU with use_gpu=True\n"
+        "    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)\n"
         "    model = torch.nn.parallel.DistributedDataParallel(net)\n"
         "    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)\n"
-        "    loader = shard().dataloader(32, ['features', 'label'], shuffle=True, seed=0)\n"
+        "    loader = shard().dataloader(32, ['features', 'label'], shuffle=True, seed=0, device=device, pin_memory=True)\n"
         "    losses = []\n"
         "    for epoch in range(epochs):\n"
-        "        total = torch.zeros(2)\n"
+        "        total = torch.zeros(2, device=device)\n"
         "        for xb, yb in loader:\n"
         "            loss = torch.nn.functional.cross_entropy(model(xb), yb)\n"
         "            opt.zero_grad(); loss.backward(); opt.step()\n"
-        "            total += torch.tensor([loss.item() * len(yb), len(yb)])\n"
+        "            total += torch.tensor([loss.item() * len(yb), len(yb)], device=device)\n"
         "        dist.all_reduce(total)\n"
         "        losses.append((total[0] / total[1]).item())\n"
         "        if context().rank == 0 and epoch % 10 == 0:\n"
         "            print(f'epoch {epoch}: loss {losses[-1]:.4f}')\n"
-        "    return {'state': {k: v.clone() for k, v in net.state_dict().items()}, 'losses': losses}",
+        "    return {'state': {k: v.cpu().clone() for k, v in net.state_dict().items()}, 'losses': losses}",
     ),
     (
         "code",
@@ -82,6 +83,23 @@ cells = [
         "    pred = net(torch.tensor(X_test, dtype=torch.float32)).argmax(1).numpy()\n"
         "accuracy = (pred == y_test).mean()\nprint(f'test accuracy {accuracy:.3f}')\n"
         "assert accuracy > 0.9, accuracy\nassert result['losses'][-1] < result['losses'][0]",
+    ),
+    (
+        "md",
+        "## On GPUs\n`use_gpu=True` gives each rank one GPU (`cuda:0` in the rank, "
+        "`context().device`) and NCCL; on a single GPU machine with `local[*]` Spark (or `np < 0`) "
+        "the ranks take the driver's GPUs in order. The same training on GPUs, where there are some:",
+    ),
+    (
+        "code",
+        "from sparkml_dist.runner.rendezvous import visible_gpus\n"
+        "gpus = visible_gpus()\n"
+        "if gpus:\n"
+        "    n = min(2, len(gpus))\n"
+        "    on_gpu = BarrierRunner(np=-n, use_gpu=True, timeout=600).run_with_data(train_df, train, epochs=5)\n"
+        "    print(f'{n} rank(s) on GPUs {gpus[:n]}: final loss', round(on_gpu['losses'][-1], 4))\n"
+        "else:\n"
+        "    print('no GPU on this machine: use_gpu=True would refuse to start (it names the GPUs it sees)')",
     ),
     ("code", "spark.stop()"),
 ]

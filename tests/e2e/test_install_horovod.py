@@ -21,5 +21,7 @@ def test_a_second_install_uses_the_cached_wheel_and_keeps_pyarrow_and_pandas():
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "using cached" in proc.stdout and "building Horovod" not in proc.stdout
     assert "[X] PyTorch" in proc.stdout and "[X] Gloo" in proc.stdout  # the build check ran
+    # it says which GPU operations it built: none on this CPU machine (NCCL needs nvcc + CUDA torch)
+    assert "GPU operations: none, Gloo only (a CPU build of torch)" in proc.stdout
     # the versions the package needs are untouched (Horovod's [spark] extra would pin pyarrow<11)
     assert f"pyarrow {pyarrow.__version__} pandas {pandas.__version__}" in proc.stdout
