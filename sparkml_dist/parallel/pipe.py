@@ -12,6 +12,7 @@ pipeline rank ``r % pp_ranks``; stage ``s`` lives on pipeline rank ``s % pp_rank
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -66,22 +67,42 @@ def pipeline(
         from ..runner.context import log_to_driver
 
         log_to_driver(wiring.describe(layout, spans, stage_costs, balance, schedule))
-    full_keys = list(model.state_dict(keep_vars=True).keys())
     return Pipeline(
-        blocks,
-        layout,
-        mesh,
-        spans,
-        stage_costs,
-        examples,
-        final,
-        full_keys,
-        device,
-        schedule=schedule,
-        loss_fn=loss_fn,
-        microbatches=microbatches,
-        batch=example_input.shape,
+        _Plan(
+            blocks=blocks,
+            layout=layout,
+            mesh=mesh,
+            spans=spans,
+            stage_costs=stage_costs,
+            examples=examples,
+            final=final,
+            full_keys=list(model.state_dict(keep_vars=True).keys()),
+            device=device,
+            schedule=schedule,
+            loss_fn=loss_fn,
+            microbatches=microbatches,
+            batch=tuple(example_input.shape),
+        )
     )
+
+
+@dataclass
+class _Plan:
+    """What :func:`pipeline` checked, agreed on and measured, for :class:`Pipeline` to build on."""
+
+    blocks: Any  # blocks.Blocks
+    layout: Any  # layout.Layout
+    mesh: Any  # the (dp, pp) DeviceMesh
+    spans: List[Tuple[int, int]]  # every stage's layer range
+    stage_costs: List[float]
+    examples: Dict[int, Tuple[torch.Tensor, torch.Tensor]]  # this rank's stages' (input, output), meta
+    final: torch.Tensor  # the model's output for one micro-batch, meta
+    full_keys: List[str]  # the unsplit model's state dict keys, in order
+    device: torch.device
+    schedule: str
+    loss_fn: Callable
+    microbatches: int
+    batch: Tuple[int, ...]  # example_input's shape
 
 
 class Pipeline:
@@ -93,33 +114,18 @@ class Pipeline:
     (the stages this rank runs).
     """
 
-    def __init__(
-        self,
-        blocks,
-        layout,
-        mesh,
-        spans,
-        stage_costs,
-        examples,
-        final,
-        full_keys,
-        device,
-        *,
-        schedule,
-        loss_fn,
-        microbatches,
-        batch,
-    ):
+    def __init__(self, plan: _Plan):
+        layout, spans, blocks = plan.layout, plan.spans, plan.blocks
         self.split: List[Tuple[int, int]] = list(spans)
-        self.stage_costs = list(stage_costs)
+        self.stage_costs = list(plan.stage_costs)
         self.replica, self.replicas = layout.replica, layout.replicas
         self.stages_here = layout.local_stages
-        self._layout, self._mesh, self._device = layout, mesh, device
-        self._batch, self._full_keys = tuple(batch), full_keys
-        self._pp_group, self._dp_group = mesh.get_group("pp"), mesh.get_group("dp")
+        self._layout, self._mesh, self._device = layout, plan.mesh, plan.device
+        self._batch, self._full_keys = plan.batch, plan.full_keys
+        self._pp_group, self._dp_group = plan.mesh.get_group("pp"), plan.mesh.get_group("dp")
         local = [i for s in self.stages_here for i in range(*spans[s])]
         for i in local:
-            wiring.materialise(blocks.modules[i], device)
+            wiring.materialise(blocks.modules[i], plan.device)
         self._local = blocks.container(local)  # the original model's layout, this rank's blocks only
         if self.replicas > 1:  # replicas start equal, as DDP makes them (a meta model's init differs)
             src = layout.global_rank(0, layout.pp_rank)
@@ -127,9 +133,9 @@ class Pipeline:
                 for t in self._local.state_dict().values():
                     dist.broadcast(t, src=src, group=self._dp_group)
         self._stage_modules = {s: blocks.container(range(*spans[s])) for s in self.stages_here}
-        self._examples, self._final = examples, final
-        self._microbatches = microbatches
-        self._schedule = self._make_schedule(schedule, loss_fn)
+        self._examples, self._final = plan.examples, plan.final
+        self._microbatches = plan.microbatches
+        self._schedule = self._make_schedule(plan.schedule, plan.loss_fn)
         self._forward_schedule = None  # built on the first predict()
         self._first = 0 in self.stages_here
         self._last = layout.stages - 1 in self.stages_here
