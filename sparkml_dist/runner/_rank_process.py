@@ -1,10 +1,11 @@
 """RankProcess: one rank's child process, its output, its control events and its result.  [executor]
 
 The barrier task (:mod:`sparkml_dist.runner._task`) starts one :class:`RankProcess`; three reader
-threads keep the last :data:`TAIL_LINES` lines of its output (for failure reports), forward lines to
-the driver when the rank is streamed, and queue the control events it sends (names in
-:mod:`sparkml_dist.runner.protocol`).  The process runs in its own process group, so
-:meth:`RankProcess.kill` stops everything it started.
+threads cut its output into lines (:mod:`.lines`: progress bars as their latest state, long lines
+cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the driver when the
+rank is streamed, copy every line to the executor's stderr and ``log_dir`` when asked, and queue
+the control events it sends (names in :mod:`sparkml_dist.runner.protocol`).  The process runs in
+its own process group, so :meth:`RankProcess.kill` stops everything it started.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from . import protocol
 from .channel import LogClient
+from .lines import MAX_LINE, Lines
 
 TAIL_LINES = 40
 
@@ -45,9 +47,14 @@ class RankProcess:
 
     def __init__(self, rank: int, workdir: str, env: Dict[str, str], pass_fds: Sequence[int] = ()) -> None:
         self.rank = rank
-        self.tail: "collections.deque[str]" = collections.deque(maxlen=TAIL_LINES)
+        # the last lines per stream: a failure report shows stdout's, then stderr's (the traceback),
+        # so a chatty stdout read later than stderr cannot push the traceback out
+        self._tails: Dict[str, "collections.deque[str]"] = {
+            "stdout": collections.deque(maxlen=TAIL_LINES),
+            "stderr": collections.deque(maxlen=TAIL_LINES),
+        }
         self._events: "queue.Queue[dict]" = queue.Queue()
-        self._forward, self._client = False, None
+        self._forward, self._client, self._echo, self._log = False, None, False, None
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
         try:
@@ -74,10 +81,21 @@ class RankProcess:
             os.close(ctrl_w)
         self._ctrl_r = ctrl_r
 
-    def watch(self, forward: bool = False, client: Optional[LogClient] = None) -> None:
+    def watch(
+        self,
+        forward: bool = False,
+        client: Optional[LogClient] = None,
+        echo: bool = False,
+        log_path: Optional[str] = None,
+    ) -> None:
         """Start the readers. ``forward``: stream stdout/stderr lines to ``client`` (lines sent with
-        ``log_to_driver`` always go)."""
+        ``log_to_driver`` always go). Every line, streamed or not, also goes to this process's
+        stderr with ``echo`` (a Spark task's: the executor log) and to ``log_path`` when given."""
         self._forward, self._client = forward, client
+        self._echo = echo
+        if log_path is not None:
+            os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+            self._log = open(log_path, "a", encoding="utf-8", buffering=1)
         self._threads = [
             threading.Thread(target=self._lines, args=(self.proc.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._lines, args=(self.proc.stderr, "stderr"), daemon=True),
@@ -88,15 +106,26 @@ class RankProcess:
 
     # ------------------------------------------------------------------ readers
     def _relay(self, stream: str, text: str) -> None:
-        self.tail.append(text)
+        if stream == "log" and len(text) > MAX_LINE:  # log_to_driver text comes whole, not via Lines
+            text = f"{text[:MAX_LINE]} [... {len(text) - MAX_LINE} more characters cut]"
+        self._tails["stderr" if stream == "stderr" else "stdout"].append(text)
+        if self._echo:
+            sys.stderr.write(f"[rank {self.rank}] {text}\n")
+        if self._log is not None:
+            try:
+                self._log.write(text + "\n")
+            except (OSError, ValueError):  # a full disk or a closed file: logs are best effort
+                pass
         if self._client is not None and (self._forward or stream == "log"):
             self._client.send(
                 {"type": protocol.FRAME_LINE, "rank": self.rank, "stream": stream, "text": text}
             )
 
     def _lines(self, pipe, stream: str) -> None:
-        for raw in iter(pipe.readline, b""):
-            self._relay(stream, raw.decode("utf-8", "replace").rstrip("\n"))
+        lines = Lines(lambda text: self._relay(stream, text))
+        for chunk in iter(lambda: pipe.read1(1 << 16), b""):
+            lines.feed(chunk)
+        lines.close()
         pipe.close()
 
     def _ctrl(self, fd: int) -> None:
@@ -156,7 +185,10 @@ class RankProcess:
             t.join(timeout)
 
     def lines(self) -> List[str]:
-        return list(self.tail)
+        """The last TAIL_LINES lines: stdout's, then up to 3/4 of them from stderr."""
+        err = list(self._tails["stderr"])[-(TAIL_LINES * 3 // 4) :]
+        out = list(self._tails["stdout"])[max(0, len(self._tails["stdout"]) - (TAIL_LINES - len(err))) :]
+        return out + err
 
     def kill(self) -> None:
         """Kill the process group (the rank and whatever it started), then reap the rank."""
@@ -169,6 +201,9 @@ class RankProcess:
 
     def close(self) -> None:
         self.kill()
+        self.join_output(0.5)
+        if self._log is not None:
+            self._log.close()
         if not self._threads:  # never watched: the control pipe's read end is still ours
             os.close(self._ctrl_r)
         try:

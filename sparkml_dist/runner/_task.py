@@ -55,6 +55,8 @@ class TaskSpec:
     file_split: Optional[parquet_split.ParquetSplit] = None  # shards read from Parquet files
     local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
     ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
+    log_dir: Optional[str] = None  # every rank's whole output, one file per rank and attempt
+    attempt: int = 1
 
 
 class _RankTask:
@@ -139,7 +141,17 @@ class _RankTask:
                 self.client = LogClient(spec.channel[0], spec.channel[1], spec.secret)
             except OSError:
                 self.client = None  # the driver is unreachable (a remote Connect client): no live logs
-        self.process.watch(forward=self.rank in spec.log_ranks, client=self.client)
+        log_path = (
+            os.path.join(spec.log_dir, f"rank{self.rank}-attempt{spec.attempt}-{spec.run_id}.log")
+            if spec.log_dir
+            else None
+        )
+        self.process.watch(
+            forward=self.rank in spec.log_ranks,
+            client=self.client,
+            echo=self.gang.echo_output,  # a Spark task: every line into the executor's log
+            log_path=log_path,
+        )
         return port
 
     def await_rendezvous(self) -> None:
@@ -251,35 +263,52 @@ class _Either:
         return self.is_set()
 
 
+SIBLING_GRACE_S = 1.0  # after a rank of the task fails, how long its siblings may end by themselves
+
+
 def _await(members: List[_RankTask], cancel: Optional[threading.Event]) -> None:
-    """Every rank reaches the rendezvous and exits 0; the first failure stops the task's other ranks."""
+    """Every rank reaches the rendezvous and exits 0.  When one fails, its siblings get
+    SIBLING_GRACE_S to end by themselves (a rank that lost its peer fails too, a moment later),
+    then the rest are stopped; the task raises the root cause among them, as the driver tells it."""
     if len(members) == 1:
         members[0].await_rendezvous()
         members[0].await_exit()
         return
-    stop, lock, errors = threading.Event(), threading.Lock(), []
+    stop, failed, lock, errors = threading.Event(), threading.Event(), threading.Lock(), []
 
     def one(m: _RankTask) -> None:
         try:
             m.await_rendezvous()
             m.await_exit()
-        except BaseException as exc:  # the first one is the task's failure; the rest are its echo
+        except BaseException as exc:
             with lock:
-                if not errors:
-                    errors.append(exc)
-                    for other in members:
-                        other.silent = other is not m
-            stop.set()
+                errors.append(exc)
+            failed.set()
 
     for m in members:
         m.cancel = _Either(stop, cancel)
     threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in members]
     for t in threads:
         t.start()
+    while any(t.is_alive() for t in threads) and not failed.wait(0.1):
+        pass
+    if failed.is_set():
+        end = time.monotonic() + SIBLING_GRACE_S
+        for t in threads:
+            t.join(max(0.0, end - time.monotonic()))
+        with lock:
+            for m, t in zip(members, threads):
+                m.silent = t.is_alive()  # stopped by us, not failed: nothing of its own to report
+        stop.set()
     for t in threads:
         t.join()
     if errors:
-        raise errors[0]
+        details = [protocol.parse_failure(str(e)) for e in errors]
+        known = [(d, e) for d, e in zip(details, errors) if d is not None]
+        if not known:
+            raise errors[0]
+        root = protocol.root_cause([d for d, _ in known], members[0].backend.peer_lost)
+        raise next(e for d, e in known if d is root)
 
 
 def supervise(

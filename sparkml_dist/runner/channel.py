@@ -208,6 +208,28 @@ def listen(secret: bytes, on_message: Callable[[dict], None], host: str) -> LogS
         return LogServer(secret, on_message, "0.0.0.0")
 
 
+def _cut(value, cap: int):
+    if isinstance(value, str) and len(value) > cap:
+        return f"{value[:cap]} [... {len(value) - cap} more characters cut]"
+    if isinstance(value, list):
+        return [_cut(v, cap) for v in value]
+    return value
+
+
+def _frame(message: dict) -> bytes:
+    """``message`` as JSON within MAX_FRAME: long strings are cut (saying so) rather than the frame,
+    which the server could not parse and would answer by dropping the connection."""
+    data = json.dumps(message).encode("utf-8")
+    cap = 1 << 16
+    while len(data) > MAX_FRAME and cap >= 64:
+        data = json.dumps({k: _cut(v, cap) for k, v in message.items()}).encode("utf-8")
+        cap //= 4
+    if len(data) > MAX_FRAME:  # many short fields: keep what names the frame
+        keep = {k: v for k, v in message.items() if not isinstance(v, (str, list)) or k in ("type", "stream")}
+        data = json.dumps({**keep, "text": "[a frame too large to send was dropped]"}).encode("utf-8")
+    return data
+
+
 class LogClient:
     """A rank-side connection to the driver's :class:`LogServer`; ``send`` is thread-safe and never
     raises (logs are best effort: a lost driver connection must not fail training)."""
@@ -220,7 +242,7 @@ class LogClient:
         self._sock.settimeout(None)
 
     def send(self, message: dict) -> None:
-        data = json.dumps(message).encode("utf-8")[:MAX_FRAME]
+        data = _frame(message)
         with self._lock:
             if self._sock is None:
                 return

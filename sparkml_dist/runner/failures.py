@@ -28,9 +28,14 @@ class Monitor:
     """Driver-side view of one attempt, fed by the log channel (:meth:`on_message`)."""
 
     def __init__(
-        self, world_size: int, sink: Callable[[str], Any], backend: Optional[Backend] = None
+        self,
+        world_size: int,
+        sink: Callable[[str], Any],
+        backend: Optional[Backend] = None,
+        tasks: Optional[int] = None,
     ) -> None:
         self.world_size = world_size
+        self.tasks = world_size if tasks is None else tasks  # barrier tasks (a task may run several ranks)
         self.backend = backend or backends.get("torch")
         self._sink = sink
         self._lock = threading.Lock()
@@ -71,14 +76,7 @@ class Monitor:
 
     def root_cause(self) -> dict:
         """The failure that caused the others: not a lost-peer symptom, then the earliest."""
-
-        def symptom(f: dict) -> bool:
-            return any(p in line for line in (f.get("tail") or [])[-5:] for p in self.backend.peer_lost)
-
-        return min(
-            self.failures,
-            key=lambda f: (f.get("phase") == "cancelled", symptom(f), f.get("failed_at", float("inf"))),
-        )
+        return protocol.root_cause(self.failures, self.backend.peer_lost)
 
     def worker_error(self) -> WorkerError:
         d = self.root_cause() if self.failures else {}
@@ -111,11 +109,11 @@ def translate(exc: BaseException, monitor: Monitor) -> BaseException:
         monitor.add_failure(detail)
         return monitor.worker_error()
     if any(s in text for s in _SLOT_ERRORS):
-        world = monitor.world_size
+        world, tasks = monitor.world_size, monitor.tasks
         spark_line = next((ln.strip() for ln in text.splitlines() if "slots" in ln), "")
         return InsufficientResourcesError(
-            f"np={world} barrier tasks need {world} free task slots at once and the cluster has "
-            f"fewer (Spark: {spark_line[:300]}). Lower np or add executors."
+            f"np={world} ranks need {tasks} barrier task(s) with free slots at once and the cluster "
+            f"has fewer (Spark: {spark_line[:300]}). Lower np or add executors."
         )
     if isinstance(exc, SparkMLDistError):
         return exc

@@ -13,6 +13,8 @@ from typing import List, Optional
 class SparkGang:
     """The barrier task context as the supervisor sees it."""
 
+    echo_output = True  # a task's stderr is the executor log: every rank line is kept there
+
     def __init__(self) -> None:
         from pyspark import BarrierTaskContext
 
@@ -38,6 +40,8 @@ class ThreadGang:
 
 
 class _ThreadMember:
+    echo_output = False  # the driver's stderr is the notebook: lines go there only when streamed
+
     def __init__(self, gang: ThreadGang, rank: int) -> None:
         self._gang, self.rank = gang, rank
 

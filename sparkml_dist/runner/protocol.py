@@ -147,3 +147,15 @@ def parse_failure(text: str) -> Optional[dict]:
         return json.JSONDecoder().raw_decode(text[at + len(FAILURE_MARKER) :])[0]
     except ValueError:
         return None
+
+
+def root_cause(failures: Sequence[dict], peer_lost: Sequence[str]) -> dict:
+    """Of several failure details, the one that caused the others: a rank stopped by a cancel last,
+    then one whose last lines only say a peer went away (``peer_lost``), then the earliest."""
+
+    def symptom(f: dict) -> bool:
+        return any(p in line for line in (f.get("tail") or [])[-5:] for p in peer_lost)
+
+    return min(
+        failures, key=lambda f: (f.get("phase") == "cancelled", symptom(f), f.get("failed_at", float("inf")))
+    )

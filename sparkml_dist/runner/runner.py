@@ -87,6 +87,10 @@ class BarrierRunner:
             converting and shuffling them. False always moves rows through Spark (hashed to ranks).
         spark: the SparkSession (default: the active one).
         log_sink: where streamed lines go (default ``sys.stdout.write``: the notebook cell).
+        log_dir: also write every rank's whole output (streamed or not) there, one file per rank
+            and attempt (``rank<r>-attempt<a>-<run id>.log``); a path every executor can write.
+            Whatever ``log_ranks`` says, a Spark task also copies its rank's every line to its
+            stderr (Spark UI -> executor logs).
     """
 
     def __init__(
@@ -107,6 +111,7 @@ class BarrierRunner:
         read_files: bool = True,
         spark=None,
         log_sink: Optional[Callable[[str], Any]] = None,
+        log_dir: Optional[str] = None,
     ) -> None:
         if not isinstance(np, int) or isinstance(np, bool) or np == 0:
             raise ConfigurationError(
@@ -143,11 +148,18 @@ class BarrierRunner:
         self.read_files = bool(read_files)
         self.model_bytes = model_bytes
         self.checkpoint_dir = checkpoint_dir
+        if log_dir is not None and (not isinstance(log_dir, str) or "://" in log_dir):
+            raise ConfigurationError(
+                f"log_dir must be a directory path every executor can write (a local or mounted "
+                f"path such as /dbfs/logs/run1), got {log_dir!r}"
+            )
+        self.log_dir = os.path.abspath(log_dir) if log_dir else None
         self.max_restarts = max_restarts
         self._spark = spark
         self._sink = log_sink or (lambda text: sys.stdout.write(text))
         self._seed = 0
         self._per_task = 1  # ranks per barrier task: one per GPU the task holds
+        self._attempt_no = 0  # attempts of the current run, for log file names
 
     # ------------------------------------------------------------------ public API
     def run(self, main: Callable, *args, return_all: bool = False, **kwargs):
@@ -208,6 +220,7 @@ class BarrierRunner:
             else None
         )
         tries: List[WorkerError] = []
+        self._attempt_no = 0
         while True:
             try:
                 if tries:  # a lost executor's replacement may still be starting
@@ -268,6 +281,8 @@ class BarrierRunner:
             max_result_bytes=_spark_env.max_result_bytes(spark),
             local_gpus=admission.local_gpus(spark, self.world_size, self.use_gpu, self.np < 0),
             ranks_per_task=self._per_task,
+            log_dir=self.log_dir,
+            attempt=self._attempt_no,
         )
 
     def _attempt(
@@ -275,7 +290,9 @@ class BarrierRunner:
     ):
         """One launch: a fresh run id, log channel and rendezvous."""
         run_id = uuid.uuid4().hex[:12]
-        monitor = failures.Monitor(self.world_size, self._sink, self._backend)
+        self._attempt_no += 1
+        tasks = self.world_size // self._per_task
+        monitor = failures.Monitor(self.world_size, self._sink, self._backend, tasks)
         secret = new_secret()
         host = _spark_env.driver_host(spark)
         server = listen(secret, monitor.on_message, host)

@@ -110,3 +110,14 @@ def test_a_model_too_big_for_a_worker_is_refused_before_launching(spark):
     with pytest.raises(InsufficientResourcesError, match=r"one model needs about .* MiB but an executor"):
         BarrierRunner(2, model_bytes=need).run(h.allreduce_rank_sum)
     assert_no_rank_left()
+
+
+def test_output_of_ranks_that_are_not_streamed_is_kept_in_log_dir(spark, tmp_path):
+    runner = BarrierRunner(2, spark=spark, log_ranks="none", log_dir=str(tmp_path), timeout=180)
+    assert runner.run(h.chatty, fail_rank=-1, long_bytes=10, progress=3, numbered=50) == 0
+    logs = sorted(tmp_path.iterdir())
+    assert [p.name.split("-")[0] for p in logs] == ["rank0", "rank1"]
+    for r, path in enumerate(logs):
+        text = path.read_text()
+        assert all(f"line {i} of rank {r}" in text for i in range(50)) and "progress 3/3" in text
+    assert_no_rank_left()

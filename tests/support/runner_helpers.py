@@ -208,3 +208,21 @@ def shard_on_device(device):
     batch = next(iter(s.dataloader(4, ["x", "y"], device=device, pin_memory=True)))
     shape = list(whole.shape)
     return {"to_torch": whole.device.type, "batch": [b.device.type for b in batch], "shape": shape}
+
+
+def chatty(fail_rank=1, progress=2000, long_bytes=3_000_000, numbered=100):
+    """Output that used to kill a rank's log channel: a 3 MB line, a \\r progress bar redrawn
+    2000 times, then ordinary lines; rank ``fail_rank`` then fails."""
+    import sys
+
+    rank = int(os.environ["RANK"])
+    print("x" * long_bytes, flush=True)
+    for i in range(progress):
+        sys.stdout.write(f"\rprogress {i + 1}/{progress}")
+    sys.stdout.write("\n")
+    for i in range(numbered):
+        print(f"line {i} of rank {rank}", flush=True)
+    print("after the flood", flush=True)
+    if rank == fail_rank:
+        raise ValueError("boom after the flood")
+    return rank

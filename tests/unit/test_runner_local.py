@@ -1,5 +1,7 @@
 """BarrierRunner with np < 0: ranks as local processes on the driver, no Spark at all."""
 
+import os
+
 import pytest
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError
@@ -88,3 +90,32 @@ def test_torch_distributor_local_mode_runs_on_the_driver(monkeypatch):
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigurationError, match="num_processes has to be a positive integer"):
             TorchDistributor(num_processes=bad)
+
+
+def test_huge_lines_and_progress_bars_do_not_cost_a_rank_its_logs(tmp_path):
+    from sparkml_dist import WorkerError
+
+    out = []
+    runner = BarrierRunner(-2, log_ranks="all", log_dir=str(tmp_path), timeout=120, log_sink=out.append)
+    with pytest.raises(WorkerError) as err:
+        runner.run(h.chatty)
+    text = "".join(out)
+    assert err.value.rank == 1 and "boom after the flood" in str(err.value)  # the failure report arrived
+    assert "[rank 1] after the flood" in text and "[rank 0] after the flood" in text  # the channel survived
+    assert "more bytes cut]" in text  # the 3 MB line, cut and saying so
+    assert "progress 2000/2000" in text and text.count("progress ") < 10  # the bar's latest state
+    logs = sorted(p.name for p in tmp_path.iterdir())
+    assert len(logs) == 2 and logs[0].startswith("rank0-attempt1-") and logs[1].startswith("rank1-attempt1-")
+    rank1 = (tmp_path / logs[1]).read_text()
+    assert all(f"line {i} of rank 1" in rank1 for i in range(100)) and "ValueError: boom" in rank1
+
+
+def test_rank_process_copies_every_line_to_the_task_stderr(tmp_path, capsys):
+    from sparkml_dist.runner._rank_process import RankProcess
+
+    p = RankProcess(3, str(tmp_path), {"PATH": os.environ.get("PATH", "")})  # exits at once: no task env
+    p.watch(echo=True, log_path=str(tmp_path / "r3.log"))
+    p._relay("stdout", "a line nobody streams")
+    p.close()
+    assert "[rank 3] a line nobody streams" in capsys.readouterr().err
+    assert "a line nobody streams" in (tmp_path / "r3.log").read_text()

@@ -306,3 +306,26 @@ def test_multi_chunk_shards_convert_across_chunk_boundaries():
     )
     with pytest.raises(ConfigurationError, match="different lengths"):
         Shard(ragged, [2], 0).to_numpy(["v"])
+
+
+def test_local_ranks_of_tasks_holding_several_gpus_on_mixed_hosts():
+    # host a runs two tasks of two GPUs, host b one: every rank's LOCAL_RANK / LOCAL_WORLD_SIZE
+    def task(host, port=0):  # one task's exchange message: its two ranks, one GPU each
+        ranks = [protocol.announce(host, port if j == 0 else 0, 10, [str(j)]) for j in range(2)]
+        return "[" + ",".join(ranks) + "]"
+
+    peers = protocol.peers([task("10.0.0.1", 29500), task("10.0.0.1"), task("10.0.0.2")])
+    hosts = [p["host"] for p in peers]
+    envs = [
+        rendezvous.rank_env(r, hosts, peers[0]["host"], peers[0]["port"], peers[r]["gpus"]) for r in range(6)
+    ]
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [
+        ("0", "4"),
+        ("1", "4"),
+        ("2", "4"),
+        ("3", "4"),
+        ("0", "2"),
+        ("1", "2"),
+    ]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0", "1", "0", "1"]
+    assert {e["MASTER_PORT"] for e in envs} == {"29500"} and {e["WORLD_SIZE"] for e in envs} == {"6"}
