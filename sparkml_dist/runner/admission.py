@@ -21,6 +21,33 @@ from . import rendezvous
 log = logging.getLogger(__name__)
 
 
+def check_arguments(
+    np_, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir
+) -> None:
+    """BarrierRunner's arguments, each refused with its name and what it takes."""
+    if not isinstance(np_, int) or isinstance(np_, bool) or np_ == 0:
+        raise ConfigurationError(
+            f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
+            f"np < 0: local processes on the driver); got {np_!r}"
+        )
+    for name, value in (
+        ("start_timeout", start_timeout),
+        ("timeout", timeout),
+        ("collective_timeout", collective_timeout),
+    ):
+        if value is not None and not value > 0:
+            raise ConfigurationError(f"{name} must be a positive number of seconds or None, got {value!r}")
+    if model_bytes is not None and (not isinstance(model_bytes, int) or model_bytes < 0):
+        raise ConfigurationError(f"model_bytes must be a number of bytes >= 0 or None, got {model_bytes!r}")
+    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
+        raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+    if log_dir is not None and (not isinstance(log_dir, str) or "://" in log_dir):
+        raise ConfigurationError(
+            f"log_dir must be a directory path every executor can write (a local or mounted "
+            f"path such as /dbfs/logs/run1), got {log_dir!r}"
+        )
+
+
 def parse_log_ranks(value, world: int) -> tuple:
     """``log_ranks`` ("all", "none", a rank, "0,2" or a list) as a tuple of ranks."""
     if value is None or value == "none":

@@ -32,7 +32,7 @@ import uuid
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .. import _spark_env, collection
-from ..errors import ConfigurationError, WorkerError
+from ..errors import WorkerError
 from . import _task, admission, backends, failures, launchers, sharding
 from .channel import listen, new_secret
 from .launchers import Deadline
@@ -113,28 +113,11 @@ class BarrierRunner:
         log_sink: Optional[Callable[[str], Any]] = None,
         log_dir: Optional[str] = None,
     ) -> None:
-        if not isinstance(np, int) or isinstance(np, bool) or np == 0:
-            raise ConfigurationError(
-                f"np must be a non-zero integer (np > 0: Spark barrier tasks, "
-                f"np < 0: local processes on the driver); got {np!r}"
-            )
+        admission.check_arguments(
+            np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir
+        )
         self._backend = backends.get(backend)
         self._backend.check_installed()
-        for name, value in (
-            ("start_timeout", start_timeout),
-            ("timeout", timeout),
-            ("collective_timeout", collective_timeout),
-        ):
-            if value is not None and not value > 0:
-                raise ConfigurationError(
-                    f"{name} must be a positive number of seconds or None, got {value!r}"
-                )
-        if model_bytes is not None and (not isinstance(model_bytes, int) or model_bytes < 0):
-            raise ConfigurationError(
-                f"model_bytes must be a number of bytes >= 0 or None, got {model_bytes!r}"
-            )
-        if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-            raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
         self.np = np
         self.world_size = abs(np)
         self.backend = backend
@@ -148,11 +131,6 @@ class BarrierRunner:
         self.read_files = bool(read_files)
         self.model_bytes = model_bytes
         self.checkpoint_dir = checkpoint_dir
-        if log_dir is not None and (not isinstance(log_dir, str) or "://" in log_dir):
-            raise ConfigurationError(
-                f"log_dir must be a directory path every executor can write (a local or mounted "
-                f"path such as /dbfs/logs/run1), got {log_dir!r}"
-            )
         self.log_dir = os.path.abspath(log_dir) if log_dir else None
         self.max_restarts = max_restarts
         self._spark = spark

@@ -36,6 +36,9 @@ def test_bad_constructor_arguments():
         (dict(np=2, backend="mpi"), "backend must be one of"),
         (dict(np=2, timeout=0), "timeout must be a positive"),
         (dict(np=2, log_ranks="some"), "log_ranks must be"),
+        (dict(np=2, log_dir="s3://bucket/logs"), "log_dir must be a directory path every executor can write"),
+        (dict(np=2, max_restarts=-1), "max_restarts must be an integer >= 0"),
+        (dict(np=2, model_bytes=-5), "model_bytes must be a number of bytes"),
     ):
         with pytest.raises(ConfigurationError, match=match):
             BarrierRunner(**kwargs)
