@@ -197,18 +197,20 @@ def plan_concurrency(
 GPU_MEMORY_CONF = "spark.sparkml_dist.gpu.memory"  # e.g. "80g": the memory of one executor GPU
 
 
-def gpu_bytes(spark=None, gpus=None) -> Optional[tuple]:
+def gpu_bytes(spark=None, gpus=None, on_this_machine: bool = True) -> Optional[tuple]:
     """(bytes of the smallest GPU a rank may get, where that figure comes from), or None if unknown.
 
     ``spark.sparkml_dist.gpu.memory`` when set (executors' GPUs cannot be asked from the driver);
-    else, for ranks on this machine, ``torch.cuda.mem_get_info`` of each of ``gpus`` (entries of
-    ``CUDA_VISIBLE_DEVICES`` order; default: every visible device).
+    else, when the ranks run ``on_this_machine``, ``torch.cuda.mem_get_info`` of each of ``gpus``
+    (indices in ``CUDA_VISIBLE_DEVICES`` order; default: every visible device).
     """
     text = spark.conf.get(GPU_MEMORY_CONF, None) if spark is not None else None
     if text:
         from ._spark_env import parse_bytes
 
         return parse_bytes(str(text)), GPU_MEMORY_CONF
+    if not on_this_machine:
+        return None  # the driver's GPUs (if any) say nothing of the executors'
     try:
         import torch
     except ImportError:

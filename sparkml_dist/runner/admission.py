@@ -122,7 +122,8 @@ def check_cluster(
     if model_bytes:
         plan.plan_concurrency(spark, model_bytes)  # raises when one model cannot fit a worker
         if use_gpu:
-            plan.check_fits_gpu(model_bytes, plan.gpu_bytes(spark))
+            local = _spark_env.is_local(_spark_env.master_of(spark))
+            plan.check_fits_gpu(model_bytes, plan.gpu_bytes(spark, on_this_machine=local))
     check_slots(world, master, conf, _live_slots(spark, master, world, wait_s))
     if use_gpu and not _spark_env.is_local(master) and not _spark_env.schedules_gpus(conf):
         raise InsufficientResourcesError(

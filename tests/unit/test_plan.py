@@ -124,6 +124,7 @@ def test_gpu_memory_refuses_a_rank_share_that_cannot_fit_one_gpu(monkeypatch):
     monkeypatch.setattr(torch, "cuda", FakeCuda(80 << 30, 40 << 30))
     assert gpu_bytes() == (40 << 30, "torch.cuda.mem_get_info")  # the smallest GPU a rank may get
     assert gpu_bytes(gpus=["0"]) == (80 << 30, "torch.cuda.mem_get_info")
+    assert gpu_bytes(on_this_machine=False) is None  # the driver's GPUs say nothing of executors'
     check_fits_gpu(30 << 30, gpu_bytes())
     with pytest.raises(InsufficientResourcesError, match=r"needs about 50.00 GiB but a GPU has 40.00 GiB"):
         check_fits_gpu(50 << 30, gpu_bytes())
