@@ -51,7 +51,7 @@ def compute_costs(
     blocks: Blocks, example: torch.Tensor, device: torch.device, repeats: int = 3
 ) -> List[float]:
     costs = []
-    h = example.to(device) if not example.is_meta else torch.zeros(example.shape, dtype=example.dtype)
+    h = torch.zeros(example.shape, dtype=example.dtype) if example.is_meta else example
     h = h.to(device)
     for block in blocks.modules:
         block = _on(block, device)

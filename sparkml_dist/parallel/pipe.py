@@ -214,8 +214,7 @@ class Pipeline:
 
     def _share(self, t: torch.Tensor) -> torch.Tensor:
         """The last stage's tensor on every rank of the replica (then averaged over replicas)."""
-        lay = self._layout
-        dist.broadcast(t, src=lay.global_rank(lay.replica, lay.pp_ranks - 1), group=self._pp_group)
+        self._from_last_stage(t)
         if self.replicas > 1 and t.is_floating_point():
             dist.all_reduce(t, group=self._dp_group)
             t /= self.replicas
@@ -257,9 +256,10 @@ class Pipeline:
         shape = (self._batch[0], *self._final.shape[1:])
         if not self._last:
             out = torch.empty(shape, dtype=self._final.dtype, device=self._device)
-        return self._share_output(out.contiguous())[:rows].cpu()
+        return self._from_last_stage(out.contiguous())[:rows].cpu()
 
-    def _share_output(self, out: torch.Tensor) -> torch.Tensor:
+    def _from_last_stage(self, out: torch.Tensor) -> torch.Tensor:
+        """``out`` as the replica's last stage holds it, on every rank of the replica."""
         lay = self._layout
         dist.broadcast(out, src=lay.global_rank(lay.replica, lay.pp_ranks - 1), group=self._pp_group)
         return out
