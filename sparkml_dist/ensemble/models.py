@@ -19,6 +19,7 @@ from .. import serialization
 from ..errors import ConfigurationError
 from . import _worker, validation
 from .aggregation import Member, mean_prediction, probabilities, vote
+from .members import FittedMember, public
 from .params import _ClassifierParams, _RegressorParams
 from .persistence import StageReadWrite
 
@@ -39,9 +40,11 @@ class _BaggingModel(Model, StageReadWrite):
 
     # ------------------------------------------------------------------ inspection
     @property
-    def models(self) -> List[Member]:
-        """The fitted members: ``member.model`` and ``member.features`` (column indices)."""
-        return list(self._members)
+    def models(self) -> List[FittedMember]:
+        """The fitted members (:class:`~sparkml_dist.ensemble.members.FittedMember`): ``.model``
+        (a classifier's predicts your label values), ``.features`` (column indices), ``.classes``,
+        ``.predict(X)`` on the full feature matrix."""
+        return [public(m, self._classes) for m in self._members]
 
     @property
     def numFeatures(self) -> int:

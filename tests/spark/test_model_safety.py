@@ -173,7 +173,9 @@ def test_a_model_saved_by_the_previous_release_loads_only_through_allow_pickle(d
     store_dir = os.path.join(path, "data")
     store = model_store.ModelStore(store_dir)  # rewrite the data as sparkml_dist 0.1 did: pickles
     metas = [store.write_bytes(-1, 0, serialization.dumps(model.getEstimator()))]
-    metas += [store.write_bytes(m.group, 0, serialization.dumps(m)) for m in model.models]
+    metas += [
+        store.write_bytes(m.group, 0, serialization.dumps(m)) for m in model._members
+    ]  # internal members, as 0.1 kept them
     for meta in metas:
         meta.pop("format")
     manifest = store.commit(metas)

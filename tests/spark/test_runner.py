@@ -121,3 +121,21 @@ def test_output_of_ranks_that_are_not_streamed_is_kept_in_log_dir(spark, tmp_pat
         text = path.read_text()
         assert all(f"line {i} of rank {r}" in text for i in range(50)) and "progress 3/3" in text
     assert_no_rank_left()
+
+
+def test_columns_spark_cannot_hash_are_named_before_any_job(spark):
+    df = spark.range(0, 200).selectExpr(
+        "cast(id as double) as x",
+        "map('k', id) as tags",
+        "named_struct('a', id, 'm', map('k', id)) as nested",
+        """parse_json('{"a": 1}') as doc""",
+    )
+    cases = (("tags", "map<string,bigint>"), ("nested", "map<string,bigint>"), ("doc", "variant"))
+    for column, kind in cases:
+        others = [c for c in ("tags", "nested", "doc") if c != column]
+        with pytest.raises(ConfigurationError, match=f"column '{column}' holds {kind} values"):
+            BarrierRunner(2, spark=spark, read_files=False).run_with_data(df.drop(*others), h.shard_columns)
+    # a struct of plain values hashes fine: every row reaches a rank, the struct intact
+    plain = spark.range(0, 200).selectExpr("cast(id as double) as x", "named_struct('a', id, 'b', 'v') as s")
+    out = BarrierRunner(2, spark=spark, timeout=180).run_with_data(plain, h.shard_columns, return_all=True)
+    assert [o["columns"] for o in out] == [["x", "s"]] * 2 and sum(o["rows"] for o in out) == 200
