@@ -3,6 +3,7 @@
 Modes (``sampling``):
 
 * ``disjoint``  every row lands in exactly one group (``sample_ratio`` < 1 keeps that share of it);
+  :func:`balanced_groups` deals them so group sizes differ by at most one row;
 * ``bootstrap`` each row appears Poisson(``sample_ratio``) times in every group (sampling with
   replacement, as in random forests);
 * ``subsample`` each row appears in each group with probability ``sample_ratio`` (without
@@ -42,6 +43,7 @@ from .group_rows import GROUP_COL, KEY_COL, order_rows  # noqa: F401 - the split
 log = logging.getLogger(__name__)
 
 SAMPLING_MODES = ("disjoint", "bootstrap", "subsample")
+MAX_GROUPS = 10_000  # each group is a partition and a member: more would swamp the driver
 _U53 = 9007199254740992.0  # 2**53: uniform doubles from the top 53 bits of a 64-bit hash
 
 
@@ -76,6 +78,11 @@ class SplitSpec:
         ):
             raise ConfigurationError(
                 f"{n('num_groups', 'num_groups')} must be an integer >= 1, got {self.num_groups!r}"
+            )
+        if self.num_groups > MAX_GROUPS:
+            raise ConfigurationError(
+                f"{n('num_groups', 'num_groups')}={self.num_groups} is above {MAX_GROUPS}: every group "
+                "is a Spark partition and a model the driver keeps. Use fewer, larger groups."
             )
         if self.sampling not in SAMPLING_MODES:
             raise ConfigurationError(
@@ -207,20 +214,62 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float, bu
     log.debug("split: %s", stats.summary())
 
 
-def deal_groups(df, num_groups: int, seed: int, key_cols: Sequence[str]):
-    """Rows dealt round-robin to ``num_groups`` groups in key order: exactly balanced sizes.
+_BUCKETS = 1024  # hash buckets counted to place every row's position (balanced_groups)
 
-    For *small* inputs only (the ordering runs in one partition): hash assignment
-    (:func:`assign_groups`, disjoint) can leave a group empty when there are few rows per group.
-    Like :func:`assign_groups` it depends on the rows and the seed, not on the input partitioning.
+
+def _orderable(df, key_cols: Sequence[str]) -> List[str]:
+    """The key columns Spark can sort by (maps, variants and UDTs cannot be)."""
+    from pyspark.sql import types as T
+
+    def ok(dt) -> bool:
+        if isinstance(dt, (T.MapType, T.UserDefinedType)) or type(dt).__name__ == "VariantType":
+            return False
+        if isinstance(dt, T.ArrayType):
+            return ok(dt.elementType)
+        if isinstance(dt, T.StructType):
+            return all(ok(f.dataType) for f in dt.fields)
+        return True
+
+    types = {f.name: f.dataType for f in df.schema.fields}
+    return [c for c in key_cols if c in types and ok(types[c])]
+
+
+def balanced_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
+    """Disjoint groups of exactly balanced sizes: ``(grouped, n)``, as :func:`assign_groups` returns
+    ``grouped`` (``KEY_COL``, ``GROUP_COL``, group ``g`` in partition ``g``) and ``n`` the rows kept.
+
+    Rows are put in one order by their key ``xxhash64(seed, *key_cols)`` (ties, i.e. equal rows,
+    by content) and dealt round-robin, so group sizes differ by at most one row (``floor(n/K)`` or
+    ``ceil(n/K)``) whatever the rows: duplicates spread over the groups instead of piling into one.
+    ``sample_ratio`` < 1 keeps the first ``round(ratio * n)`` rows of that order (a uniform draw).
+    The order depends on the rows and the seed only, never on the input's partitioning.
+
+    Scales out: one Spark job counts the rows of 1024 key buckets, each bucket is numbered by a
+    window over that bucket alone, and the counts turn bucket positions into global ones.
     """
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
-    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in key_cols]))
-    order = Window.orderBy(KEY_COL, *[F.col(c) for c in key_cols])
-    dealt = keyed.withColumn(GROUP_COL, ((F.row_number().over(order) - 1) % num_groups).cast("int"))
-    return dealt.repartitionById(num_groups, GROUP_COL)
+    if spec.sampling != "disjoint":
+        raise ConfigurationError(f"balanced_groups deals disjoint groups, not {spec.sampling!r} ones")
+    if not key_cols:
+        raise ConfigurationError("key_cols must name at least one column to derive row keys from")
+    bucket = "__sd_bucket"
+    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(spec.seed)), *[F.col(c) for c in key_cols]))
+    keyed = keyed.withColumn(bucket, F.pmod(F.col(KEY_COL), F.lit(_BUCKETS)).cast("int"))
+    counts = dict(tuple(r) for r in keyed.groupBy(bucket).count().collect())
+    offsets = np.concatenate([[0], np.cumsum([counts.get(b, 0) for b in range(_BUCKETS)])])
+    n = int(offsets[-1])
+    keep = n if spec.sample_ratio >= 1.0 else int(round(float(spec.sample_ratio) * n))
+    order = Window.partitionBy(bucket).orderBy(KEY_COL, *[F.col(c) for c in _orderable(df, key_cols)])
+    position = F.element_at(F.lit([int(o) for o in offsets[:-1]]), F.col(bucket) + 1) + F.row_number().over(
+        order
+    )
+    placed = keyed.withColumn("__sd_pos", position - 1)
+    if keep < n:
+        placed = placed.where(F.col("__sd_pos") < keep)
+    dealt = placed.withColumn(GROUP_COL, F.pmod(F.col("__sd_pos"), F.lit(spec.num_groups)).cast("int"))
+    return dealt.drop(bucket, "__sd_pos").repartitionById(spec.num_groups, GROUP_COL), keep
 
 
 def assign_keys(df, key_col: str, key_table, num_parts: int):

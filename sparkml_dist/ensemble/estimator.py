@@ -57,6 +57,14 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         est = self.getEstimator()
         return est if est is not None else _default_estimator(self._is_classifier)
 
+    def _max_classes(self) -> int:
+        if not self._is_classifier:
+            return 0
+        cap = self.getMaxClasses()
+        if cap < 2:
+            raise ConfigurationError(f"maxClasses must be >= 2, got {cap}")
+        return cap
+
     def _split_spec(self) -> partitioning.SplitSpec:
         return partitioning.SplitSpec(
             num_groups=self.getNumModels(),
@@ -127,7 +135,9 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         """One job sizes the groups and validates the data; returns check_data's findings."""
         with launch.job_scope(spark, "sparkml_dist: sizing groups"):
             stats = partitioning.group_stats(
-                grouped, spec.num_groups, validation.data_aggregates(self._is_classifier, bool(weight_col))
+                grouped,
+                spec.num_groups,
+                validation.data_aggregates(self._is_classifier, bool(weight_col), self._max_classes()),
             )
         if not stats.rows and dataset.isEmpty():
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
@@ -141,6 +151,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             allow_nan=validation.estimator_allows_nan(est),
             is_classifier=self._is_classifier,
             counts_copies=spec.sampling != "disjoint",
+            max_classes=self._max_classes(),
         )
         info["subsets"] = partitioning.feature_subsets(info["n_features"], spec)
         widest = max(len(s) for s in info["subsets"])
@@ -155,12 +166,17 @@ class _BaggingEstimator(Estimator, StageReadWrite):
 
     def _fit(self, dataset):
         spec = self._split_spec()
+        self._max_classes()  # checked before any job
         est = self._resolved_estimator()
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
         blob = self._check_estimator(est, bool(weight_col))
         prepared, key_cols = self._prepare(dataset, weight_col)
-        grouped = partitioning.assign_groups(prepared, spec, key_cols)
         spark = launch.session_of(dataset)
+        if spec.sampling == "disjoint":  # exactly balanced groups, whatever the rows
+            with launch.job_scope(spark, "sparkml_dist: dealing rows to groups"):
+                grouped, _ = partitioning.balanced_groups(prepared, spec, key_cols)
+        else:
+            grouped = partitioning.assign_groups(prepared, spec, key_cols)
         info = self._check_groups(spark, dataset, grouped, spec, est, weight_col)
         fit_spec = _worker.FitSpec(
             estimator_blob=blob,
@@ -191,7 +207,9 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
     (10), ``sampling`` ("disjoint" | "bootstrap" | "subsample"), ``sampleRatio`` (1.0),
     ``featureRatio`` (1.0), ``seed`` (42), ``featuresCol`` ("features": a vector or array column) or
     ``featuresCols`` (numeric columns), ``labelCol``, ``weightCol``, ``predictionCol``,
-    ``probabilityCol``, ``rawPredictionCol``, ``voting`` ("soft" | "hard").
+    ``probabilityCol``, ``rawPredictionCol``, ``voting`` ("soft" | "hard"), ``maxClasses`` (1000:
+    a label with more distinct values is refused, naming the column, instead of fitting a
+    continuous label as thousands of classes).
 
     Labels are numbers; classes are their sorted distinct values, and ``probability`` follows that
     order (labels 0..C-1, as MLlib uses, give class ``i`` at index ``i``).
@@ -217,6 +235,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         probabilityCol: str = "probability",
         rawPredictionCol: str = "rawPrediction",
         voting: str = "soft",
+        maxClasses: int = 1000,
     ):
         super().__init__()
         self._set(**self._input_kwargs)

@@ -93,13 +93,23 @@ class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
         "soft (average member probabilities) or hard (majority of member predictions)",
         TypeConverters.toString,
     )
+    maxClasses = declare(
+        "maxClasses",
+        "most distinct label values a classifier accepts (a continuous label is refused, not fitted)",
+        TypeConverters.toInt,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
-        self._setDefault(probabilityCol="probability", rawPredictionCol="rawPrediction", voting="soft")
+        self._setDefault(
+            probabilityCol="probability", rawPredictionCol="rawPrediction", voting="soft", maxClasses=1000
+        )
 
     def getVoting(self) -> str:
         return self.getOrDefault(self.voting)
+
+    def getMaxClasses(self) -> int:
+        return self.getOrDefault(self.maxClasses)
 
 
 class _RegressorParams(_BaggingParams):

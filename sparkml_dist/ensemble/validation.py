@@ -83,8 +83,9 @@ def estimator_allows_nan(estimator) -> bool:
         return bool(tags().get("allow_nan", False)) if callable(tags) else False
 
 
-def data_aggregates(is_classifier: bool, has_weight: bool) -> Dict[str, object]:
-    """Per-group aggregates computed alongside the group sizes."""
+def data_aggregates(is_classifier: bool, has_weight: bool, max_classes: int = 1000) -> Dict[str, object]:
+    """Per-group aggregates computed alongside the group sizes (a classifier's labels: at most
+    ``max_classes + 1`` distinct values per group reach the driver, enough to refuse too many)."""
     feats = F.col(FEATURES)
     label = F.col(LABEL)
     aggs = {
@@ -103,7 +104,7 @@ def data_aggregates(is_classifier: bool, has_weight: bool) -> Dict[str, object]:
             F.when(w.isNull() | F.isnan(w) | (w < 0) | (F.abs(w) == float("inf")), 1).otherwise(0)
         )
     if is_classifier:
-        aggs["labels"] = F.collect_set(label)
+        aggs["labels"] = F.slice(F.collect_set(label), 1, int(max_classes) + 1)
     return aggs
 
 
@@ -142,6 +143,7 @@ def check_data(
     allow_nan: bool,
     is_classifier: bool,
     counts_copies: bool,
+    max_classes: int = 1000,
 ) -> dict:
     """Raise ConfigurationError for bad data; return {"n_features", "classes"}."""
     ex = stats.extras.values()
@@ -175,10 +177,10 @@ def check_data(
             f"weightCol={weight_col!r}: {total('bad_weights')} {rows} have a "
             "null, NaN, infinite or negative weight."
         )
-    return _shape_and_classes(list(ex), fname, label_col, is_classifier)
+    return _shape_and_classes(list(ex), fname, label_col, is_classifier, max_classes)
 
 
-def _shape_and_classes(ex: list, fname: str, label_col: str, is_classifier: bool) -> dict:
+def _shape_and_classes(ex: list, fname: str, label_col: str, is_classifier: bool, max_classes: int) -> dict:
     """Every vector the same non-zero length; a classifier's label at least two classes."""
     lo = min(int(e["min_len"]) for e in ex)
     hi = max(int(e["max_len"]) for e in ex)
@@ -192,6 +194,13 @@ def _shape_and_classes(ex: list, fname: str, label_col: str, is_classifier: bool
     out = {"n_features": hi, "classes": None}
     if is_classifier:
         classes = sorted({float(v) for e in ex for v in (e.get("labels") or [])})
+        if len(classes) > max_classes:
+            shown = ", ".join(f"{c:g}" for c in classes[:5])
+            raise ConfigurationError(
+                f"labelCol={label_col!r} has more than maxClasses={max_classes} distinct values ({shown}, "
+                "...); a classifier makes each one a class. For a continuous label use a regressor "
+                "(BaggingRegressor); for that many real classes raise maxClasses."
+            )
         if len(classes) < 2:
             raise ConfigurationError(
                 f"labelCol={label_col!r} has a single class ({classes[0] if classes else 'none'}); a "

@@ -5,9 +5,10 @@ Two ways, decided before launching:
 * a plain Parquet scan is read straight from its files by the tasks
   (:func:`sparkml_dist.parquet_split.split_files`: contiguous row ranges whose sizes differ by at
   most one row);
-* anything else moves through Spark: rows are hashed to ranks by the shared partitioning layer
-  (disjoint, independent of the input's partitioning), or dealt round-robin when the input is too
-  small for hashing to fill every rank.  Partition r then holds rank r's shard.
+* anything else moves through Spark: rows are dealt to ranks by the shared partitioning layer
+  (:func:`sparkml_dist.partitioning.balanced_groups`: shard sizes differ by at most one row whatever
+  the rows, duplicates included; the same rows and seed give the same shards however the input is
+  partitioned).  Partition r then holds rank r's shard.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from .. import parquet_split, partitioning
 from ..errors import ConfigurationError
 
 log = logging.getLogger(__name__)
-
-_ROWS_PER_RANK_TO_HASH = 64  # fewer rows per rank than this: deal them round-robin
 
 
 def _too_few_rows(n: int, world: int) -> ConfigurationError:
@@ -46,24 +45,46 @@ def file_split(df, world: int) -> Optional[parquet_split.ParquetSplit]:
     return split
 
 
+def _unhashable(dtype) -> str:
+    """The part of a Spark type that rows cannot be hashed or ordered by ('' when none)."""
+    from pyspark.sql import types as T
+
+    if isinstance(dtype, T.MapType) or type(dtype).__name__ == "VariantType":
+        return dtype.simpleString()
+    if isinstance(dtype, T.ArrayType):
+        return _unhashable(dtype.elementType)
+    if isinstance(dtype, T.StructType):
+        return next((u for f in dtype.fields for u in [_unhashable(f.dataType)] if u), "")
+    return ""
+
+
+def _check_hashable(schema) -> None:
+    """Rows are dealt to ranks by a hash of their values: say which column Spark cannot hash."""
+    for field in schema.fields:
+        bad = _unhashable(field.dataType)
+        if bad:
+            raise ConfigurationError(
+                f"run_with_data: column {field.name!r} holds {bad} values, which Spark can neither "
+                "hash nor order, so its rows cannot be dealt to ranks. Convert it first (e.g. "
+                f"F.to_json({field.name!r})) or drop it, and decode it in the rank if needed."
+            )
+
+
 def spark_shards(df, world: int, seed: int = 0, per_task: int = 1):
-    """``df`` as ``world`` partitions, partition r holding rank r's shard (lazy but for one cheap
-    check). The ranks exchange their row counts at the rendezvous.
+    """``df`` as ``world`` partitions, partition r holding rank r's shard (lazy but for the job that
+    counts the rows). The ranks exchange their row counts at the rendezvous.
 
     ``per_task`` > 1 (a task runs several ranks): ``world / per_task`` partitions, task t holding
     the shards of ranks ``t*per_task ...`` with each row's rank in ``partitioning.GROUP_COL``, so
     the shards are the same rows as with one rank per task.
     """
+    _check_hashable(df.schema)
     cols = df.columns
-    small = _ROWS_PER_RANK_TO_HASH * world
-    n = df.limit(small).count()
+    spec = partitioning.SplitSpec(num_groups=world, seed=seed, names={"num_groups": "np"})
+    grouped, n = partitioning.balanced_groups(df, spec, cols)
     if n < world:
         raise _too_few_rows(n, world)
-    if n < small:
-        grouped = partitioning.deal_groups(df, world, seed, cols)
-    else:
-        spec = partitioning.SplitSpec(num_groups=world, seed=seed, names={"num_groups": "np"})
-        grouped = partitioning.assign_groups(df, spec, cols)
+    log.info("run_with_data: %d rows dealt to %d ranks (%d or %d each)", n, world, n // world, -(-n // world))
     if per_task == 1:
         return grouped.select(*cols)
     from pyspark.sql import functions as F

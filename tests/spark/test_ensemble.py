@@ -103,14 +103,33 @@ def test_members_that_miss_a_class_still_vote_correctly(spark):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(600, 3))
     y = (X[:, 0] > 0).astype(float)
-    X[:6, 1] += 20
-    y[:6] = 7.0
+    X[:4, 1] += 20  # 4 rows over 5 groups: at least one member never sees class 7
+    y[:4] = 7.0
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
     model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=5, seed=3).fit(df)
     assert model.classes == (0.0, 1.0, 7.0)
     assert any(len(m.classes) < 3 for m in model.models)
     assert model.predict_proba(X).shape == (600, 3)
-    assert model.predict(X[:6]).tolist().count(7.0) >= 1
+    assert model.predict(X[:4]).tolist().count(7.0) >= 1
+
+
+def test_members_pulled_out_predict_the_users_labels(spark):
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(300, 4))
+    y = np.where(X[:, 0] > 0.5, 7.0, np.where(X[:, 1] > 0, 3.0, -1.0))
+    df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    model = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=4), numModels=3, featureRatio=0.75, voting="hard", seed=1
+    ).fit(df)
+    assert model.classes == (-1.0, 3.0, 7.0)
+    for m in model.models:
+        own = m.model.predict(X[:, m.features])
+        assert set(own) <= {-1.0, 3.0, 7.0} and np.array_equal(own, m.predict(X))
+        assert list(m.model.classes_) == list(m.classes) and m.model.get_depth() <= 4  # the tree's own API
+        assert m.model.predict_proba(X[:, m.features]).shape == (300, len(m.classes))
+    votes = np.stack([m.predict(X) for m in model.models])
+    unanimous = (votes == votes[0]).all(axis=0)
+    assert unanimous.any() and np.array_equal(model.predict(X)[unanimous], votes[0][unanimous])
 
 
 def test_regressor_mean_of_members(spark):

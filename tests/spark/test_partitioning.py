@@ -1,11 +1,21 @@
 """The shared split on a real SparkSession: determinism, modes, checks."""
 
+import collections
+
 import pytest
 from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist._spark_env import task_memory_budget
-from sparkml_dist.partitioning import GROUP_COL, KEY_COL, SplitSpec, assign_groups, check_groups, group_stats
+from sparkml_dist.partitioning import (
+    GROUP_COL,
+    KEY_COL,
+    SplitSpec,
+    assign_groups,
+    balanced_groups,
+    check_groups,
+    group_stats,
+)
 
 
 @pytest.fixture(scope="module")
@@ -75,3 +85,39 @@ def test_empty_groups_and_oversized_groups_are_refused(spark):
         check_groups(stats2, spec2, bytes_per_row=1 << 30, budget_bytes=1 << 30)
     assert "rows min/median/max = 3/3/3" in stats2.summary()
     assert task_memory_budget(spark) > 64 << 20
+
+
+def _group_rows(grouped, cols):
+    return sorted((r[0], tuple(r[1:])) for r in grouped.select(GROUP_COL, *cols).collect())
+
+
+def test_balanced_groups_deal_duplicates_and_few_rows_evenly(spark):
+    # 4001 rows, but only 7 distinct ones: hashing rows by content would fill 7 groups at most
+    dup = spark.range(0, 4001).select((F.col("id") % 7).cast("double").alias("x"))
+    spec = SplitSpec(num_groups=6, seed=4)
+    grouped, n = balanced_groups(dup, spec, ["x"])
+    counts = group_stats(grouped, 6).counts()
+    assert n == 4001 and sorted(counts) == [666] + [667] * 5
+    assert sorted(r[0] for r in grouped.select("x").collect()) == sorted(float(i % 7) for i in range(4001))
+    pairs = {tuple(r) for r in grouped.select(GROUP_COL, F.spark_partition_id()).distinct().collect()}
+    assert pairs == {(g, g) for g in range(6)}
+    # the same rows give the same groups however they are partitioned; another seed, other groups
+    ids = spark.range(0, 60).select(F.col("id"), (F.col("id") % 3).alias("y"))
+    a = _group_rows(
+        balanced_groups(ids.repartition(1), SplitSpec(num_groups=30, seed=2), ["id", "y"])[0], ["id"]
+    )
+    b = _group_rows(
+        balanced_groups(ids.repartition(5, "y"), SplitSpec(num_groups=30, seed=2), ["id", "y"])[0], ["id"]
+    )
+    c = _group_rows(balanced_groups(ids, SplitSpec(num_groups=30, seed=3), ["id", "y"])[0], ["id"])
+    assert a == b and a != c
+    assert sorted(collections.Counter(g for g, _ in a).values()) == [2] * 30  # 30 groups of 60 rows
+
+
+def test_balanced_groups_keep_an_exact_share(spark):
+    rows = spark.range(0, 1000).select(F.col("id"))
+    grouped, kept = balanced_groups(rows, SplitSpec(num_groups=3, sample_ratio=0.25, seed=1), ["id"])
+    ids = [r[0] for r in grouped.select("id").collect()]
+    assert kept == 250 and len(ids) == len(set(ids)) == 250
+    assert sorted(group_stats(grouped, 3).counts()) == [83, 83, 84]
+    assert min(ids) < 100 and max(ids) > 900  # a draw over all rows, not the first ones

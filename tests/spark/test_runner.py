@@ -30,7 +30,16 @@ def test_every_row_reaches_exactly_one_rank_and_steps_are_equal(numbers, layout)
     values = sorted(v for r in out for v in r["values"])
     assert values == [float(i) for i in range(1000)]  # no row lost or duplicated
     assert out[0]["steps"] == out[1]["steps"] == int(np.ceil(max(r["rows"] for r in out) / 32))
-    assert min(r["rows"] for r in out) > 350  # hash split: balanced
+    assert [r["rows"] for r in out] == [500, 500]  # dealt, not hashed: exactly balanced
+
+
+def test_duplicate_rows_are_spread_over_the_ranks(spark):
+    # 1001 rows holding 3 distinct values: hashing rows by content put every copy on one rank
+    df = spark.range(0, 1001).select((F.col("id") % 3).cast("double").alias("x"))
+    out = BarrierRunner(2, timeout=180).run_with_data(df, h.shard_summary, 100, return_all=True)
+    assert sorted(r["rows"] for r in out) == [500, 501]
+    assert sorted(v for r in out for v in r["values"]) == sorted(float(i % 3) for i in range(1001))
+    assert all(set(r["values"]) == {0.0, 1.0, 2.0} for r in out)
 
 
 def test_shards_do_not_depend_on_input_partitioning(numbers):

@@ -29,6 +29,8 @@ def df(spark):
         (dict(labelCol="missing"), r"labelCol='missing': no such column"),
         (dict(weightCol="text"), r"weightCol='text' has type string"),
         (dict(numModels=0), r"numModels must be an integer >= 1, got 0"),
+        (dict(numModels=10_001), r"numModels=10001 is above 10000.*fewer, larger groups"),
+        (dict(maxClasses=1), r"maxClasses must be >= 2, got 1"),
         (dict(sampleRatio=0.0), r"sampleRatio must be in \(0, 1\], got 0.0"),
         (dict(featureRatio=1.5), r"featureRatio must be in \(0, 1\], got 1.5"),
         (dict(sampling="stratified"), r"sampling must be one of disjoint, bootstrap, subsample"),
@@ -71,6 +73,21 @@ def test_empty_dataframe(df):
 def test_more_groups_than_rows(df):
     with pytest.raises(ConfigurationError, match="groups received no rows.*Lower numModels"):
         BaggingClassifier(numModels=200).fit(df.limit(5))
+
+
+def test_few_rows_fill_every_group_evenly(df):
+    # 30 models on 60 rows: hashing rows left some groups empty; dealing gives each exactly 2
+    model = BaggingClassifier(numModels=30, estimator=DecisionTreeClassifier()).fit(df)
+    assert model.groupSizes == [2] * 30
+
+
+def test_a_continuous_label_is_not_fitted_as_thousands_of_classes(df):
+    with pytest.raises(
+        ConfigurationError, match=r"labelCol='num' has more than maxClasses=50 distinct .*Regressor"
+    ):
+        BaggingClassifier(numModels=2, labelCol="num", maxClasses=50).fit(df)
+    model = BaggingClassifier(numModels=2, labelCol="num", maxClasses=60).fit(df)  # 60 classes: allowed
+    assert model.numClasses == 60
 
 
 def test_single_class_label(df):

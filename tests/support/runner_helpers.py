@@ -226,3 +226,11 @@ def chatty(fail_rank=1, progress=2000, long_bytes=3_000_000, numbered=100):
     if rank == fail_rank:
         raise ValueError("boom after the flood")
     return rank
+
+
+def shard_columns():
+    """This rank's shard: its column names and row count."""
+    from sparkml_dist.runner import shard
+
+    s = shard()
+    return {"columns": s.column_names, "rows": s.num_rows}
