@@ -5,10 +5,16 @@ small metadata rows come back through Spark, and the driver :meth:`~ModelStore.c
 manifest last, so readers never see a half-written file.  Layout::
 
     <root>/manifest.json                        written last (atomically): each object's format,
-                                                file, size and SHA-256
+                                                file, size and SHA-256, and the writer's id
     <root>/manifest.sig                         HMAC-SHA256 of manifest.json, when signed
-    <root>/objects/g00003-i0-<attempt>.skops    one committed file per (group, item)
-    <root>/_tmp/...                             in-flight writes, removed by commit
+    <root>/objects/g00003-i0-<writer>-<n>.skops one committed file per (group, item)
+    <root>/_tmp/<writer>-...                    in-flight writes, removed by their writer's commit
+
+Several writers may share a store: each :class:`ModelStore` object is one writer (its id travels
+with it to the executors and names every file it writes).  A commit swaps the manifest in one
+rename and removes only its own writer's files: other attempts of its tasks, its temporary files,
+and the objects of a manifest of its own that it replaces.  Files of other writers are never
+touched, so a commit cannot break a concurrent writer's commit (the last manifest wins whole).
 
 Loading runs no code: each object is read in the format the manifest records
 (:mod:`sparkml_dist.model_formats`); pickles are refused unless ``allow_pickle=True``.  File names
@@ -98,20 +104,22 @@ class ModelStore:
         self.uri = uri
         self._key = key
         self._fs, self._root = filesystem(uri)
+        self.writer = uuid.uuid4().hex[:16]  # names this writer's files; shipped with the store
         self.signed = False  # set by manifest(): the manifest carried a signature that verified
 
     def __getstate__(self):  # pyarrow file systems are re-opened where the store is used
-        return {"uri": self.uri}  # the key never travels to executors: they do not sign
+        return {"uri": self.uri, "writer": self.writer}  # the key stays: executors do not sign
 
     def __setstate__(self, state):
         self.__init__(state["uri"])
+        self.writer = state.get("writer", self.writer)
 
     def _path(self, *parts: str) -> str:
         return posixpath.join(self._root, *parts)
 
     def _put(self, path: str, data: bytes) -> None:
         """Write ``data`` under a temporary name, then move it to ``path``."""
-        tmp = self._path("_tmp", f"{uuid.uuid4().hex}.part")
+        tmp = self._path("_tmp", f"{self.writer}-{uuid.uuid4().hex}.part")
         self._fs.create_dir(self._path("_tmp"), recursive=True)
         with self._fs.open_output_stream(tmp) as out:
             out.write(data)
@@ -127,7 +135,7 @@ class ModelStore:
 
     def write_bytes(self, group: int, item: int, data: bytes, *, fmt: str = "pickle") -> dict:
         """Write bytes already in format ``fmt`` (one of :mod:`sparkml_dist.model_formats`')."""
-        name = f"g{group:05d}-i{item}-{uuid.uuid4().hex[:12]}.{_EXTENSIONS.get(fmt, 'bin')}"
+        name = f"g{group:05d}-i{item}-{self.writer}-{uuid.uuid4().hex[:12]}.{_EXTENSIONS.get(fmt, 'bin')}"
         self._fs.create_dir(self._path("objects"), recursive=True)
         self._put(self._path("objects", name), data)
         return {
@@ -141,12 +149,18 @@ class ModelStore:
 
     # ------------------------------------------------------------------ driver side
     def commit(self, metas: Iterable[dict], extra: Optional[dict] = None) -> dict:
-        """Write the manifest listing one file per (group, item) (signed when there is a key);
-        delete strays of other attempts."""
+        """Write the manifest listing one file per (group, item) (signed when there is a key), in one
+        rename; then remove this writer's files that it does not list (see the module docstring)."""
         chosen: Dict[Tuple[int, int], dict] = {}
         for meta in sorted(metas, key=lambda m: (m["group"], m["item"], m["file"])):
             chosen.setdefault((meta["group"], meta["item"]), meta)
-        manifest = {"format": self.FORMAT, "objects": [chosen[k] for k in sorted(chosen)], **(extra or {})}
+        manifest = {
+            "format": self.FORMAT,
+            "writer": self.writer,
+            "objects": [chosen[k] for k in sorted(chosen)],
+            **(extra or {}),
+        }
+        replaced = self._own_manifest_files()
         self._fs.create_dir(self._root, recursive=True)
         body = json.dumps(manifest, indent=1, sort_keys=True).encode()
         key = _key_bytes(self._key)
@@ -154,17 +168,33 @@ class ModelStore:
             mac = hmac.new(key, body, hashlib.sha256).hexdigest()
             self._put(self._path(self.SIGNATURE), json.dumps({"alg": "HMAC-SHA256", "mac": mac}).encode())
         self._put(self._path(self.MANIFEST), body)
-        self._remove_strays({m["file"] for m in manifest["objects"]})
+        keep = {m["file"] for m in manifest["objects"]}
+        self._remove_own(keep, replaced - keep)
         return manifest
 
-    def _remove_strays(self, keep: set) -> None:
+    def _own_manifest_files(self) -> set:
+        """Files listed by the committed manifest when this writer committed it (else none)."""
+        body = self._read(self.MANIFEST)
+        try:
+            old = json.loads(body.decode()) if body is not None else {}
+        except ValueError:
+            return set()
+        if not isinstance(old, dict) or old.get("writer") != self.writer:
+            return set()
+        return {m.get("file") for m in old.get("objects", []) if isinstance(m, dict)}
+
+    def _remove_own(self, keep: set, also: set) -> None:
+        """Delete this writer's unlisted objects and temporary files, and ``also`` (its replaced
+        manifest's objects); another writer's files stay."""
         from pyarrow import fs as pafs
 
+        tag = f"-{self.writer}-"
         for sub in ("objects", "_tmp"):
             infos = self._fs.get_file_info(pafs.FileSelector(self._path(sub), allow_not_found=True))
             for info in infos:
                 rel = posixpath.relpath(info.path, self._root)
-                if info.type == pafs.FileType.File and rel not in keep:
+                mine = tag in "-" + posixpath.basename(rel) or rel in also
+                if info.type == pafs.FileType.File and mine and rel not in keep:
                     self._fs.delete_file(info.path)
 
     def _read(self, name: str) -> Optional[bytes]:

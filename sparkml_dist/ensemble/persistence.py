@@ -27,7 +27,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import logging
 import posixpath
+import uuid
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
@@ -42,6 +44,8 @@ from pyspark.ml.util import (
 
 from .. import model_store
 from ..model_formats import UnsafeModelError
+
+log = logging.getLogger(__name__)
 
 _ESTIMATOR_GROUP = -1
 _RECORD, _MODEL = 0, 1
@@ -128,12 +132,35 @@ class _StageWriter(MLWriter):
         self._allow_pickle = True
         return self
 
-    def _handleOverwrite(self, path: str) -> None:  # works on classic and Connect alike
-        fs, root = model_store.filesystem(path)
+    def save(self, path: str) -> None:
+        """Save to ``path``; with ``overwrite()`` an existing model is replaced only once the new one
+        is complete (written beside it, then swapped in by renames), so a failed or concurrent save
+        never leaves a half-written model or none at all where a whole one was."""
         from pyarrow import fs as pafs
 
-        if fs.get_file_info(root).type != pafs.FileType.NotFound:
+        fs, root = model_store.filesystem(path)
+        if not self.shouldOverwrite or fs.get_file_info(root).type == pafs.FileType.NotFound:
+            self.saveImpl(path)
+            return
+        if not isinstance(fs, (pafs.LocalFileSystem, pafs.HadoopFileSystem)):  # no directory renames
+            log.warning("overwriting %s in place: this file system cannot swap directories", path)
             fs.delete_dir(root)
+            self.saveImpl(path)
+            return
+        parent, name = posixpath.split(path.rstrip("/"))
+        tag = uuid.uuid4().hex[:12]
+        staging = posixpath.join(parent, f".{name}.saving-{tag}")
+        old = posixpath.join(posixpath.dirname(root.rstrip("/")), f".{name}.replaced-{tag}")
+        staged = model_store.filesystem(staging)[1]
+        try:
+            self.saveImpl(staging)
+        except BaseException:
+            if fs.get_file_info(staged).type != pafs.FileType.NotFound:
+                fs.delete_dir(staged)
+            raise
+        fs.move(root, old)
+        fs.move(staged, root)
+        fs.delete_dir(old)
 
     def saveImpl(self, path: str) -> None:
         inst = self.instance

@@ -1,5 +1,7 @@
 """BaggingClassifier / BaggingRegressor end to end on a real SparkSession."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -9,7 +11,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
-from sparkml_dist import WorkerError
+from sparkml_dist import WorkerError, model_store
 from sparkml_dist.ensemble import (
     BaggingClassificationModel,
     BaggingClassifier,
@@ -202,6 +204,7 @@ def test_save_load_roundtrip(tmp_path, vec_df, data3):
     path = str(tmp_path / "bag")
     model.write().overwrite().save(path)
     model.write().overwrite().save(path)  # overwrite works
+    assert sorted(os.listdir(tmp_path)) == ["bag"]  # nothing staged or replaced is left beside it
     loaded = BaggingClassificationModel.load(path)
     assert loaded.uid == model.uid and loaded.getVoting() == "hard"
     assert isinstance(loaded.getEstimator(), DecisionTreeClassifier)
@@ -213,6 +216,26 @@ def test_save_load_roundtrip(tmp_path, vec_df, data3):
     BaggingClassifier(numModels=7, sampling="subsample", sampleRatio=0.3).save(est_path)
     est = BaggingClassifier.load(est_path)
     assert est.getNumModels() == 7 and est.getSampleRatio() == pytest.approx(0.3)
+
+
+def test_an_overwrite_that_fails_leaves_the_old_model_whole(tmp_path, vec_df, data3, monkeypatch):
+    X, _ = data3
+    old = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=2), numModels=2, seed=1).fit(vec_df)
+    new = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=5), numModels=3, seed=2).fit(vec_df)
+    path = str(tmp_path / "bag")
+    old.save(path)
+
+    def fail(*args, **kwargs):
+        raise OSError("disk full while committing")
+
+    monkeypatch.setattr(model_store.ModelStore, "commit", fail)  # metadata and members already written
+    with pytest.raises(OSError, match="disk full"):
+        new.write().overwrite().save(path)
+    monkeypatch.undo()
+    assert sorted(os.listdir(tmp_path)) == ["bag"]
+    assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), old.predict_proba(X))
+    new.write().overwrite().save(path)
+    assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), new.predict_proba(X))
 
 
 def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols_df):

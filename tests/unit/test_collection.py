@@ -75,6 +75,33 @@ def test_model_store_commit_load_and_checksum(tmp_path):
         again.load(0)
 
 
+def test_writers_sharing_a_store_never_delete_each_others_files(tmp_path):
+    root = tmp_path / "shared"
+    a, b = collection.ModelStore(str(root)), collection.ModelStore(str(root))
+    b_metas = [b.write(g, 0, {"b": g}) for g in range(2)]  # b is still writing when a commits
+    b_inflight = root / "_tmp" / f"{b.writer}-in-flight.part"
+    b_inflight.write_bytes(b"half")
+    a_first = a.commit([a.write(g, 0, {"a": g}) for g in range(2)])
+    assert all((root / m["file"]).exists() for m in b_metas) and b_inflight.exists()
+    b.commit(b_metas)  # the last manifest wins whole
+    assert collection.ModelStore(str(root)).load_all() == {(0, 0): {"b": 0}, (1, 0): {"b": 1}}
+    assert all((root / m["file"]).exists() for m in a_first["objects"])  # b never removes a's files
+    assert not b_inflight.exists()  # its own leftovers go
+    # a writer committing again replaces its own objects, and removes the ones it replaced
+    a_second = a.commit([a.write(0, 0, {"a": "again"})])
+    assert not any((root / m["file"]).exists() for m in a_first["objects"])
+    assert (root / a_second["objects"][0]["file"]).exists()
+    assert all((root / m["file"]).exists() for m in b_metas)
+    # an executor's copy of a writer is the same writer: its stray attempts are its own
+    shipped = pickle.loads(pickle.dumps(a))
+    assert shipped.writer == a.writer
+    stray = shipped.write(0, 0, {"a": "retried task"})
+    a.commit([a_second["objects"][0], stray])
+    assert sorted(os.listdir(root / "objects")) == sorted(
+        os.path.basename(m["file"]) for m in a_second["objects"] + b_metas
+    )
+
+
 def test_uncommitted_store_is_not_visible(tmp_path):
     store = collection.ModelStore(str(tmp_path / "s"))
     store.write(0, 0, "half-done run")
