@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 
 def check_arguments(
-    np_, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir
+    np_, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout=None
 ) -> None:
     """BarrierRunner's arguments, each refused with its name and what it takes."""
     if not isinstance(np_, int) or isinstance(np_, bool) or np_ == 0:
@@ -32,6 +32,7 @@ def check_arguments(
         )
     for name, value in (
         ("start_timeout", start_timeout),
+        ("data_timeout", data_timeout),
         ("timeout", timeout),
         ("collective_timeout", collective_timeout),
     ):

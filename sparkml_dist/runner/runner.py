@@ -60,7 +60,12 @@ class BarrierRunner:
         start_timeout: seconds for every rank to reach the rendezvous (joining the store, by any
             c10d path: ``init_process_group``, ``init_device_mesh``, ``rpc.init_rpc``...; or
             ``hvd.init()``; or the end of the function); not applied to a single rank, which has
-            no peer to wait for; None waits forever.
+            no peer to wait for; None waits forever. It counts from when the rank gets its start
+            message, after its shard is written: streaming a big shard does not count.
+        data_timeout: seconds a task's data phase (its shard streaming from Spark, or read from
+            Parquet files) may go without a new batch before the run fails naming the shard's
+            rank (a stuck fetch, a lost executor); None waits forever. Progress, not total time:
+            a large shard that keeps arriving never hits it.
         timeout: wall-clock seconds for the whole run (restarts included); None waits forever.
         collective_timeout: seconds a collective may block (``init_process_group`` default);
             defaults to ``timeout`` or torch's 30 minutes.
@@ -101,6 +106,7 @@ class BarrierRunner:
         use_gpu: bool = False,
         log_ranks: Union[str, int, Sequence[int], None] = "0",
         start_timeout: Optional[float] = 180.0,
+        data_timeout: Optional[float] = 300.0,
         timeout: Optional[float] = None,
         collective_timeout: Optional[float] = None,
         allow_unencrypted: bool = False,
@@ -114,7 +120,7 @@ class BarrierRunner:
         log_dir: Optional[str] = None,
     ) -> None:
         admission.check_arguments(
-            np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir
+            np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
         self._backend = backends.get(backend)
         self._backend.check_installed()
@@ -124,6 +130,7 @@ class BarrierRunner:
         self.use_gpu = bool(use_gpu)
         self.log_ranks = admission.parse_log_ranks(log_ranks, self.world_size)
         self.start_timeout = start_timeout
+        self.data_timeout = data_timeout
         self.timeout = timeout
         self.collective_timeout = collective_timeout or timeout or 1800.0
         self.allow_unencrypted = allow_unencrypted
@@ -251,6 +258,7 @@ class BarrierRunner:
             channel=channel,
             secret=secret,
             start_timeout=self.start_timeout,
+            data_timeout=self.data_timeout,
             collective_timeout=float(self.collective_timeout),
             has_data=has_data,
             file_split=split,

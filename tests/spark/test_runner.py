@@ -42,6 +42,18 @@ def test_duplicate_rows_are_spread_over_the_ranks(spark):
     assert all(set(r["values"]) == {0.0, 1.0, 2.0} for r in out)
 
 
+def test_a_shard_slower_to_stream_than_start_timeout_still_runs(spark):
+    # 4M rows of 4 doubles per rank take longer to stream into the task than start_timeout=2.5 s
+    # (which counted the data phase, and failed every attempt); the rendezvous deadline now starts
+    # when the shard is written, and data_timeout bounds the streaming by progress instead
+    cols = [(F.col("id") * (i + 1)).cast("double").alias("x" if i == 0 else f"c{i}") for i in range(4)]
+    df = spark.range(0, 8_000_000, 1, 4).select(*cols)
+    runner = BarrierRunner(2, start_timeout=2.5, data_timeout=60, timeout=300)
+    out = runner.run_with_data(df, h.shard_columns, return_all=True)
+    assert [o["rows"] for o in out] == [4_000_000] * 2 and out[0]["columns"] == ["x", "c1", "c2", "c3"]
+    assert_no_rank_left()
+
+
 def test_shards_do_not_depend_on_input_partitioning(numbers):
     a = BarrierRunner(2).run_with_data(numbers.repartition(1), h.shard_summary, return_all=True)
     b = BarrierRunner(2).run_with_data(numbers.repartition(5), h.shard_summary, return_all=True)

@@ -35,6 +35,7 @@ def test_bad_constructor_arguments():
         (dict(np=0), "np must be a non-zero integer"),
         (dict(np=2, backend="mpi"), "backend must be one of"),
         (dict(np=2, timeout=0), "timeout must be a positive"),
+        (dict(np=2, data_timeout=-1), "data_timeout must be a positive number of seconds or None"),
         (dict(np=2, log_ranks="some"), "log_ranks must be"),
         (dict(np=2, log_dir="s3://bucket/logs"), "log_dir must be a directory path every executor can write"),
         (dict(np=2, max_restarts=-1), "max_restarts must be an integer >= 0"),

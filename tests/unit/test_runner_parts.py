@@ -170,8 +170,18 @@ def test_shard_numpy_torch_and_equal_steps_on_uneven_shards():
 
 
 # ------------------------------------------------------------------ supervisor on a thread gang
-def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeout=60.0, per_task=1):
+def _spec(
+    fn,
+    *args,
+    world=2,
+    return_all=False,
+    max_result=1 << 30,
+    start_timeout=60.0,
+    per_task=1,
+    data_timeout=None,
+):
     return _task.TaskSpec(
+        data_timeout=data_timeout,
         ranks_per_task=per_task,
         run_id="t" + str(time.time_ns()),
         world_size=world,
@@ -183,20 +193,20 @@ def _spec(fn, *args, world=2, return_all=False, max_result=1 << 30, start_timeou
         secret=b"s",
         start_timeout=start_timeout,
         collective_timeout=60.0,
-        has_data=False,
+        has_data=data_timeout is not None,
         return_all=return_all,
         max_result_bytes=max_result,
     )
 
 
-def _run_gang(spec):
+def _run_gang(spec, feed=lambda r: iter(())):
     tasks = spec.world_size // spec.ranks_per_task
     gang = ThreadGang(tasks, timeout=60)
     out, errors = {}, {}
 
     def go(r):
         try:
-            out[r] = list(_task.supervise(gang.member(r), iter(()), spec))
+            out[r] = list(_task.supervise(gang.member(r), feed(r), spec))
         except Exception as exc:  # noqa: BLE001 - recorded for the assertions
             errors[r] = exc
             gang.member(r).abort()
@@ -329,3 +339,41 @@ def test_local_ranks_of_tasks_holding_several_gpus_on_mixed_hosts():
     ]
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0", "1", "0", "1"]
     assert {e["MASTER_PORT"] for e in envs} == {"29500"} and {e["WORLD_SIZE"] for e in envs} == {"6"}
+
+
+def _trickle(batches, gap_s, stall_after=None, stall_s=0.0):
+    """Batches arriving every ``gap_s`` seconds; after ``stall_after`` batches, none for ``stall_s``."""
+    for i in range(batches):
+        if i == stall_after:
+            time.sleep(stall_s)
+        time.sleep(gap_s)
+        yield pa.record_batch({"x": pa.array([float(i)] * 100)})
+
+
+def test_a_shard_that_keeps_arriving_is_never_cut_off_by_the_data_or_start_timeout():
+    from sparkml_dist import collection
+    from tests.support.runner_helpers import shard_summary
+
+    # 5 s of data per rank, start_timeout 2 s, data_timeout 1 s: the rendezvous deadline starts
+    # when the shard is written, and a batch every 0.25 s is progress
+    spec = _spec(shard_summary, 10, world=2, data_timeout=1.0, start_timeout=2.0, return_all=True)
+    started = time.monotonic()
+    out, errors = _run_gang(spec, feed=lambda r: _trickle(20, 0.25))
+    assert not errors and time.monotonic() - started > 5.0
+    res = collection.decode(pa.Table.from_batches(out[0] + out[1]), range(2), what="rank")
+    assert [res[(r, 0)]["rows"] for r in range(2)] == [2000, 2000]
+
+
+def test_a_stalled_shard_fails_naming_its_rank_and_the_data_timeout():
+    from tests.support.runner_checks import assert_no_rank_left
+    from tests.support.runner_helpers import shard_summary
+
+    spec = _spec(shard_summary, 10, world=1, data_timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(protocol.RankFailure) as err:
+        list(_task.supervise(ThreadGang(1).member(0), _trickle(4, 0.05, stall_after=2, stall_s=2.5), spec))
+    detail = protocol.parse_failure(str(err.value))
+    assert detail["phase"] == "data" and detail["rank"] == 0
+    assert "shard of rank 0 stalled: no rows arrived from Spark for 1s after 200 rows" in detail["message"]
+    assert "data_timeout=1.0s" in detail["message"] and time.monotonic() - started < 10
+    assert_no_rank_left()
