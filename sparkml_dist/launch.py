@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import signal
+import threading
 import uuid
 from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 
@@ -33,33 +35,73 @@ def session_of(df):
     return df.sparkSession
 
 
+@contextlib.contextmanager
+def own_interrupts():
+    """Ctrl-C raises KeyboardInterrupt here and cancels nothing by itself (main thread only).
+
+    PySpark's SIGINT handler calls ``cancelAllJobs()``: every concurrent run of the SparkContext
+    would die with ours.  Inside this scope the interrupt only raises, and the scope that catches it
+    cancels its own job tag.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt()
+
+    try:
+        signal.signal(signal.SIGINT, interrupt)
+    except (ValueError, OSError):  # not the main interpreter thread after all
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class JobTag:
     """A unique tag for the Spark jobs of one run, and the way to cancel exactly those jobs.
 
     Jobs started inside :meth:`scope` (in the thread that entered it) carry the tag; :meth:`cancel`
     interrupts them from any thread.  Leaving the scope with an exception (Ctrl-C included)
-    cancels them too.
+    cancels them too.  Classic Spark tags the SparkContext's jobs (``addJobTag`` /
+    ``cancelJobsWithTag``: a session tag set in one Python thread is not seen by
+    ``interruptTag`` from another); Spark Connect tags the session's operations.
     """
 
     def __init__(self, spark, name: str = "") -> None:
         self.spark = spark
         self.tag = f"sparkml_dist-{name or uuid.uuid4().hex[:12]}"
+        self._connect = type(spark).__module__.startswith("pyspark.sql.connect")
 
     @contextlib.contextmanager
     def scope(self):
-        self.spark.addTag(self.tag)
+        if self._connect:
+            self.spark.addTag(self.tag)
+        else:
+            self.spark.sparkContext.addJobTag(self.tag)
         try:
-            yield self.tag
+            with own_interrupts():
+                yield self.tag
         except BaseException:
             self.cancel()
             raise
         finally:
             with contextlib.suppress(Exception):
-                self.spark.removeTag(self.tag)
+                if self._connect:
+                    self.spark.removeTag(self.tag)
+                else:
+                    self.spark.sparkContext.removeJobTag(self.tag)
 
     def cancel(self) -> None:
         with contextlib.suppress(Exception):
-            self.spark.interruptTag(self.tag)
+            if self._connect:
+                self.spark.interruptTag(self.tag)
+            else:
+                self.spark.sparkContext.cancelJobsWithTag(self.tag)
 
 
 def job_scope(spark, description: str):

@@ -333,6 +333,24 @@ def _await(members: List[_RankTask], cancel: Optional[threading.Event]) -> None:
         raise next(e for d, e in known if d is root)
 
 
+def _check_results_fit(members: List[_RankTask]) -> None:
+    """With ``return_all`` every rank's result reaches the driver: their total must fit too."""
+    spec = members[0].spec
+    mine = [os.path.getsize(os.path.join(m.workdir, protocol.RESULT_FILE)) for m in members]
+    sizes = [n for task in members[0].gang.allgather(json.dumps(mine)) for n in json.loads(task)]
+    total = sum(sizes)
+    if total > spec.max_result_bytes:
+        big = max(range(len(sizes)), key=sizes.__getitem__)
+        raise members[0].fail(
+            f"return_all=True: the {len(sizes)} ranks' results total {total} bytes, more than the "
+            f"driver accepts (spark.driver.maxResultSize = {spec.max_result_bytes} bytes); the "
+            f"largest is rank {big}'s ({sizes[big]} bytes). Return less from each rank, or write "
+            "results to storage (e.g. sparkml_dist.collection.ModelStore) and return the paths.",
+            0,
+            "result",
+        )
+
+
 def supervise(
     gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec, cancel: Optional[threading.Event] = None
 ) -> Iterator[pa.RecordBatch]:
@@ -349,6 +367,8 @@ def supervise(
         envs = _feed(members, batches)
         _exchange(members, ports, envs)
         _await(members, cancel)
+        if spec.return_all:
+            _check_results_fit(members)
         for m in members:
             yield from m.result()
     finally:

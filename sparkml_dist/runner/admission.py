@@ -142,6 +142,9 @@ def _live_slots(spark, master: str, world: int, wait_s: float) -> Optional[int]:
     """
     if _spark_env.is_connect(spark) or _spark_env.is_local(master):
         return None
+    configured = _spark_env.master_slots(master, _spark_env.conf_of(spark))
+    if configured is not None and world > configured:
+        return _spark_env.registered_slots(spark)  # never enough (local-cluster): do not wait
     deadline = time.monotonic() + wait_s
     while True:
         slots = _spark_env.registered_slots(spark)
@@ -154,6 +157,8 @@ def check_slots(np_: int, master: str, conf: Conf, live_slots: Optional[int] = N
     """Refuse to launch ``np_`` barrier tasks on a cluster that cannot run them all at once."""
     configured = _spark_env.master_slots(master, conf)
     slots = live_slots if live_slots is not None else configured
+    if configured is not None and np_ > configured:
+        slots = configured  # the most it will ever have, however many have registered yet
     if configured is not None and live_slots is not None and live_slots < np_ <= configured:
         raise InsufficientResourcesError(
             f"np={np_} barrier tasks need {np_} task slots; {master} will have {configured} but only "

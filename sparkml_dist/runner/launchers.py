@@ -9,6 +9,7 @@ barrier stage, or threads on the driver) and in how a run is cancelled (its job 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from dataclasses import dataclass
@@ -35,6 +36,49 @@ class Deadline:
     def expired(self) -> bool:
         return self.at is not None and time.monotonic() > self.at
 
+    def remaining(self, default: float) -> float:
+        """Seconds left (``default`` when there is no deadline)."""
+        return default if self.at is None else max(0.0, min(default, self.at - time.monotonic()))
+
+
+@contextlib.contextmanager
+def within(spark, deadline: Deadline, what: str):
+    """Spark jobs started inside (planning: counting and dealing rows) are cancelled when the run's
+    deadline passes, which raises :class:`RunTimeoutError` saying ``what`` was running."""
+    if deadline.at is None or spark is None:
+        yield
+        return
+    tag, fired = launch.JobTag(spark), threading.Event()
+
+    def expire() -> None:
+        fired.set()
+        tag.cancel()
+
+    timer = threading.Timer(max(0.0, deadline.at - time.monotonic()), expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        with tag.scope():
+            yield
+    except Exception as exc:
+        if fired.is_set():
+            raise RunTimeoutError(
+                f"the run exceeded timeout={deadline.timeout}s while {what}; its Spark jobs were "
+                "cancelled before any rank started"
+            ) from exc
+        raise
+    finally:
+        timer.cancel()
+
+
+def _cancel_until_done(cancel: Callable[[], None], done: threading.Event, limit_s: float = 30.0) -> None:
+    """Cancel, again and again until the job has ended: a cancel that lands before the job is
+    submitted finds nothing to cancel, and the job would then run on."""
+    end = time.monotonic() + limit_s
+    cancel()
+    while not done.wait(0.5) and time.monotonic() < end:
+        cancel()
+
 
 def wait(
     done: threading.Event,
@@ -45,22 +89,20 @@ def wait(
 ) -> None:
     """Wait for the job, a reported failure, the deadline or Ctrl-C; cancel on anything but success."""
     try:
-        while not done.wait(0.1):
-            if monitor.failure is not None:
-                monitor.wait_for_reports(FAILURE_GRACE_S)
-                cancel()
-                done.wait(30)
-                raise monitor.worker_error()
-            if deadline.expired():
-                cancel()
-                done.wait(30)
-                raise RunTimeoutError(
-                    f"the run exceeded timeout={deadline.timeout}s; its Spark job was cancelled and "
-                    f"every rank stopped. Ranks that reached the rendezvous: {sorted(monitor.reached)}."
-                )
+        with launch.own_interrupts():  # Ctrl-C stops this run, not every job of the SparkContext
+            while not done.wait(0.1):
+                if monitor.failure is not None:
+                    monitor.wait_for_reports(FAILURE_GRACE_S)
+                    _cancel_until_done(cancel, done)
+                    raise monitor.worker_error()
+                if deadline.expired():
+                    _cancel_until_done(cancel, done)
+                    raise RunTimeoutError(
+                        f"the run exceeded timeout={deadline.timeout}s; its Spark job was cancelled and "
+                        f"every rank stopped. Ranks that reached the rendezvous: {sorted(monitor.reached)}."
+                    )
     except KeyboardInterrupt:
-        cancel()
-        done.wait(30)
+        _cancel_until_done(cancel, done)
         raise
     if monitor.failure is not None:
         raise monitor.worker_error()
@@ -109,7 +151,9 @@ def launch_local(data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Dead
     import pyarrow as pa
 
     world = spec.world_size
-    gang, shards = ThreadGang(world), _local_shards(data_df, world)
+    with within(data_df.sparkSession if data_df is not None else None, deadline, "collecting the shards"):
+        shards = _local_shards(data_df, world)
+    gang = ThreadGang(world)
     done, errors, outputs = threading.Event(), [], [[] for _ in range(world)]
     cancel = threading.Event()
 

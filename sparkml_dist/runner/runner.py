@@ -175,7 +175,7 @@ class BarrierRunner:
             )
         )
 
-    def _check_cluster(self, spark) -> None:
+    def _check_cluster(self, spark, deadline: Deadline) -> None:
         if self.np < 0 and self.use_gpu and self.model_bytes:
             from .. import plan
 
@@ -189,27 +189,28 @@ class BarrierRunner:
                 allow_unencrypted=self.allow_unencrypted,
                 allow_unauthenticated=self.allow_unauthenticated,
                 model_bytes=self.model_bytes,
-                wait_s=self.start_timeout or 60.0,
+                wait_s=deadline.remaining(self.start_timeout or 60.0),
             )
 
     def _run(self, df, main, args, kwargs, return_all: bool):
         spark = self._session(df)
         payload = admission.payload(main, args, kwargs)
         self._per_task = admission.ranks_per_task(spark, self.np, self.use_gpu)
-        self._check_cluster(spark)
-        deadline = Deadline.after(self.timeout)  # the whole run's, restarts included
-        split = sharding.file_split(df, self.world_size) if df is not None and self.read_files else None
-        data_df = (
-            sharding.spark_shards(df, self.world_size, self._seed, self._per_task)
-            if df is not None and split is None
-            else None
-        )
+        deadline = Deadline.after(self.timeout)  # the whole run's: planning, slot wait, restarts
+        self._check_cluster(spark, deadline)
+        with launchers.within(spark, deadline, "dealing the DataFrame's rows to ranks"):
+            split = sharding.file_split(df, self.world_size) if df is not None and self.read_files else None
+            data_df = (
+                sharding.spark_shards(df, self.world_size, self._seed, self._per_task)
+                if df is not None and split is None
+                else None
+            )
         tries: List[WorkerError] = []
         self._attempt_no = 0
         while True:
             try:
                 if tries:  # a lost executor's replacement may still be starting
-                    self._check_cluster(spark)
+                    self._check_cluster(spark, deadline)
                 return self._attempt(spark, df is not None, split, data_df, payload, return_all, deadline)
             except WorkerError as exc:
                 tries.append(exc)

@@ -1,10 +1,12 @@
 """BarrierRunner on Spark barrier tasks (np > 0): the shared checks plus data feeding and slots."""
 
+import time
+
 import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
-from sparkml_dist import ConfigurationError, InsufficientResourcesError
+from sparkml_dist import ConfigurationError, InsufficientResourcesError, RunTimeoutError
 from sparkml_dist.runner import BarrierRunner
 from tests.conftest import IS_CLUSTER, IS_STANDALONE
 from tests.support import runner_helpers as h
@@ -78,10 +80,55 @@ def test_tiny_data_still_gives_every_rank_rows(spark):
 
 
 def test_too_many_ranks_fails_before_launching(spark):
+    started = time.monotonic()  # local-cluster used to wait start_timeout (180 s) for slots it never gets
     with pytest.raises(
         InsufficientResourcesError, match=r"np=5 barrier tasks need 5 task slots but the cluster has 2"
     ):
         BarrierRunner(5).run(h.allreduce_rank_sum)
+    assert time.monotonic() - started < 30
+    assert_no_rank_left()
+
+
+def test_ctrl_c_stops_this_run_and_only_this_run(spark):
+    import os
+    import signal
+    import threading
+
+    # another job of the same SparkContext, queued behind the run's two barrier tasks: PySpark's
+    # own SIGINT handler (cancelAllJobs) killed it with the run
+    slow = F.udf(lambda x: time.sleep(0.005) or x, "double")
+    other, box = spark.range(0, 400, 1, 2).select(slow(F.col("id").cast("double")).alias("v")), []
+
+    def bystander():
+        time.sleep(2)
+        try:
+            box.append(sum(r["v"] for r in other.collect()))
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+            box.append(exc)
+
+    thread = threading.Thread(target=bystander)
+    timer = threading.Timer(5.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    thread.start()
+    timer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            BarrierRunner(2, timeout=300).run(h.sleep_before_init, 0, 120)
+    finally:
+        timer.cancel()
+    assert time.monotonic() - started < 60
+    thread.join(120)
+    assert box == [float(sum(range(400)))]  # the bystander's job ran to its end
+    assert_no_rank_left(within=20)
+
+
+def test_timeout_bounds_the_planning_jobs_too(spark):
+    slow = F.udf(lambda x: time.sleep(0.02) or x, "double")  # ~20 s to compute the rows
+    df = spark.range(0, 2000, 1, 2).select(slow(F.col("id").cast("double")).alias("x"))
+    started = time.monotonic()
+    with pytest.raises(RunTimeoutError, match=r"timeout=3s while dealing the DataFrame's rows to ranks"):
+        BarrierRunner(2, timeout=3).run_with_data(df, h.shard_columns)
+    assert time.monotonic() - started < 15
     assert_no_rank_left()
 
 

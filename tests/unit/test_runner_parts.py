@@ -265,6 +265,18 @@ def test_result_larger_than_max_result_size_is_refused_with_a_pointer_to_storage
     assert protocol.parse_failure(str(errors[0]))["rank"] == 0
 
 
+def test_return_all_results_must_fit_max_result_size_together():
+    from tests.support.runner_helpers import big_result
+
+    # each rank's 700-byte result fits the 1000-byte limit; the two together do not
+    out, errors = _run_gang(_spec(big_result, 700, world=2, max_result=1000, return_all=True))
+    assert set(errors) == {0, 1}
+    message = protocol.parse_failure(str(errors[0]))["message"]
+    assert "return_all=True: the 2 ranks' results total" in message and "maxResultSize = 1000" in message
+    out, errors = _run_gang(_spec(big_result, 300, world=2, max_result=1000, return_all=True))
+    assert not errors and out[0] and out[1]
+
+
 def test_root_cause_is_the_failure_not_its_symptoms():
     from sparkml_dist.runner.failures import Monitor as _Monitor
 
