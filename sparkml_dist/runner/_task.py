@@ -156,6 +156,14 @@ class _RankTask:
         )
         return port
 
+    def send_start(self, message: bytes) -> None:
+        """Give the rank its start message; a rank that already died is reported as itself."""
+        try:
+            self.process.send_start(message)
+        except OSError:  # BrokenPipeError: it ended before reading its start message
+            code = self.process.wait_exit()
+            raise self.fail(f"rank {self.rank} {exit_text(code)} before it started", code) from None
+
     def await_rendezvous(self) -> None:
         """Wait until the rank joins the rendezvous (or ends); fail it after ``start_timeout``."""
         spec = self.spec
@@ -265,7 +273,7 @@ def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, s
         env, extra = m.backend.rank_env(m.rank, peers, m.gpus, spec.collective_timeout)
         env.update(shard_env)
         env[protocol.SHARD_SIZES_ENV] = sizes
-        m.process.send_start(protocol.start_message(env, **extra))
+        m.send_start(protocol.start_message(env, **extra))
         m.started = time.monotonic()  # start_timeout counts from here: the data phase is bounded apart
 
 

@@ -123,3 +123,18 @@ def test_rank_process_copies_every_line_to_the_task_stderr(tmp_path, capsys):
     p.close()
     assert "[rank 3] a line nobody streams" in capsys.readouterr().err
     assert "a line nobody streams" in (tmp_path / "r3.log").read_text()
+
+
+def test_a_rank_that_dies_before_its_start_message_is_reported_as_itself(monkeypatch):
+    from sparkml_dist import WorkerError
+
+    here = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "dies_at_start")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    with pytest.raises(WorkerError) as err:
+        BarrierRunner(-2, timeout=60).run(h.allreduce_rank_sum)
+    # reported as itself whether the start message met the closed pipe ("... before it started")
+    # or was buffered first: never as the supervisor's BrokenPipeError
+    assert err.value.rank == 1 and err.value.exit_code == 7
+    assert "rank 1 exited with code 7" in str(err.value) and "BrokenPipe" not in str(err.value)
+    assert "cannot start: injected" in (err.value.worker_traceback or "") + str(err.value)
+    assert_no_rank_left()

@@ -389,3 +389,26 @@ def test_a_stalled_shard_fails_naming_its_rank_and_the_data_timeout():
     assert "shard of rank 0 stalled: no rows arrived from Spark for 1s after 200 rows" in detail["message"]
     assert "data_timeout=1.0s" in detail["message"] and time.monotonic() - started < 10
     assert_no_rank_left()
+
+
+def test_a_rank_dead_before_its_start_message_is_reported_with_its_own_exit_code(monkeypatch):
+    import os
+
+    here = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "dies_at_start")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
+    from tests.support.runner_helpers import allreduce_rank_sum
+
+    task = _task._RankTask(ThreadGang(2).member(1), _spec(allreduce_rank_sum), None)
+    try:
+        task.start()
+        end = time.monotonic() + 60
+        while not any("cannot start: injected" in ln for ln in task.process.lines()):  # stdin closed
+            assert time.monotonic() < end
+            time.sleep(0.05)
+        with pytest.raises(protocol.RankFailure) as err:
+            task.send_start(b"{}\n")
+    finally:
+        task.cleanup()
+    detail = protocol.parse_failure(str(err.value))
+    assert detail["message"] == "rank 1 exited with code 7 before it started" and detail["exit_code"] == 7
+    assert any("cannot start: injected" in ln for ln in detail["tail"])
