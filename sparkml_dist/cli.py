@@ -229,9 +229,12 @@ def demo(spark) -> dict:
 def _run_script(spark, args) -> int:
     from sparkml_dist.runner import BarrierRunner
     from sparkml_dist.runner.script import run_script
+    from sparkml_dist.runner.script_files import bundle
 
     with open(args.script) as fh:
         source = fh.read()
+    split = lambda v: [p for p in (v or "").split(",") if p]  # noqa: E731
+    files = bundle(args.script, split(args.py_files), split(args.archives))
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     runner = BarrierRunner(
         args.np,
@@ -242,7 +245,7 @@ def _run_script(spark, args) -> int:
         use_gpu=args.use_gpu,
         spark=spark,
     )
-    runner.run(run_script, source, os.path.abspath(args.script), script_args)
+    runner.run(run_script, source, os.path.abspath(args.script), script_args, files)
     return 0
 
 
@@ -282,6 +285,14 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--start-timeout", type=float, default=180.0)
             p.add_argument("--timeout", type=float, default=None)
             p.add_argument("--use-gpu", action="store_true")
+            p.add_argument(
+                "--py-files", default=None, help=".py/.zip/.egg/.whl files for sys.path (comma list)"
+            )
+            p.add_argument(
+                "--archives",
+                default=None,
+                help="archives unpacked in each rank's directory (file#name, comma list)",
+            )
             p.add_argument("script", help="the training script (read here, shipped to the ranks)")
             p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
     return parser

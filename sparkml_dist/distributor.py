@@ -116,13 +116,14 @@ class TorchDistributor:
                     f"*args, not keywords ({', '.join(kwargs)})"
                 )
             from .runner.script import run_script
+            from .runner.script_files import bundle
 
             path = os.path.abspath(train_object)
             if not os.path.isfile(path):
                 raise ConfigurationError(f"train_object: no training script at {train_object!r}")
             with open(path) as fh:
                 source = fh.read()
-            runner.run(run_script, source, path, [str(a) for a in args])
+            runner.run(run_script, source, path, [str(a) for a in args], bundle(path))  # + its folder
             return None
         if not callable(train_object):
             raise ConfigurationError(

@@ -23,6 +23,13 @@ Layout of the directory::
 ``LATEST`` the same way, so a crash at any point leaves ``LATEST`` naming a complete file.
 :func:`load` checks the size and SHA-256 and reads with ``torch.load(weights_only=True)``: no code
 in the file runs, whoever wrote it.  Only rank 0 writes; ``keep`` older files are kept.
+
+Every rank must resume from the same step: a ``checkpoint_dir`` that is a local directory on a
+cluster of several hosts holds rank 0's files on rank 0's host only, and the others would silently
+start over.  So :func:`load`, called by every rank, compares the steps the ranks found (through the
+rendezvous store: plain integers, nothing unpickled) and refuses a mismatch naming the ranks, with
+a pointer to shared storage.  Called before the process group exists, it checks once the group is
+made by :func:`sparkml_dist.runner.init_process_group`.
 """
 
 from __future__ import annotations
@@ -127,12 +134,57 @@ def _latest(fs, root: str) -> Optional[dict]:
         return json.loads(fh.read().decode())
 
 
+_pending: list = []  # (step, root) of a load made before the process group existed
+_checks = [0]  # loads agreed on so far: names the store keys of the next one
+
+
+def agree(step: Optional[int], root: str) -> None:
+    """Raise on every rank unless every rank found the same latest step (None: no checkpoint)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        _pending[:] = [(step, root)]
+        return
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if world < 2:
+        return
+    store = dist.distributed_c10d._get_default_store()
+    prefix = f"sparkml_dist/checkpoint-step/{_checks[0]}/"
+    _checks[0] += 1
+    store.set(f"{prefix}{rank}", str(-1 if step is None else step))
+    keys = [f"{prefix}{r}" for r in range(world)]
+    store.wait(keys)
+    steps = [int(store.get(k).decode()) for k in keys]
+    if len(set(steps)) > 1:
+        seen = {}
+        for r, st in enumerate(steps):
+            seen.setdefault(st, []).append(r)
+        found = "; ".join(
+            f"ranks {rs} {'found no checkpoint' if st < 0 else f'resume from step {st}'}"
+            for st, rs in seen.items()
+        )
+        raise ConfigurationError(
+            f"the ranks do not see the same checkpoints in {root}: {found}. On a cluster of several "
+            "hosts checkpoint_dir must be storage every host shares (s3://, gs://, hdfs://, or a "
+            "mount such as /dbfs/...): a local directory holds only what was written on its own host."
+        )
+
+
+def verify_pending() -> None:
+    """The check of a :func:`load` made before the process group existed (called once it does)."""
+    if _pending:
+        step, root = _pending.pop()
+        agree(step, root)
+
+
 def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional[Any]:
-    """The latest checkpoint's state on every rank, or None when there is none yet."""
+    """The latest checkpoint's state on every rank, or None when there is none yet.  Every rank
+    calls it: the ranks check they found the same step (see the module docstring)."""
     import torch
 
     fs, root = _location(directory)
     meta = _latest(fs, root)
+    agree(None if meta is None else int(meta["step"]), root)
     if meta is None:
         return None
     from ..model_store import checked_name

@@ -67,3 +67,6 @@ def init_process_group(backend: str = None, **kwargs) -> None:
         torch.cuda.set_device(0)
     kwargs.setdefault("timeout", backends.collective_timeout())
     dist.init_process_group(backend=backend, **kwargs)
+    from . import checkpoint
+
+    checkpoint.verify_pending()  # a checkpoint loaded before the group: the ranks agree on its step

@@ -59,6 +59,32 @@ def test_cli_runs_an_unchanged_horovodrun_script():
 
 
 @only_local
+def test_a_script_that_imports_its_siblings_runs_unchanged(tmp_path):
+    import io
+    import shutil
+    import tarfile
+
+    folder = tmp_path / "ddp-tutorial-series"
+    shutil.copytree(os.path.join(ROOT, "tests", "e2e", "ddp_tutorial"), folder)
+    (tmp_path / "extra_lib.py").write_text("VALUE = 42\n")
+    with tarfile.open(tmp_path / "vocab.tgz", "w:gz") as tf:
+        info = tarfile.TarInfo("words.txt")
+        info.size = 4
+        tf.addfile(info, io.BytesIO(b"a b\n"))
+    proc = _py(
+        *("-m", "sparkml_dist", "run", "--np", "2", "--master", "local[2]"),
+        *("--py-files", str(tmp_path / "extra_lib.py"), "--archives", f"{tmp_path / 'vocab.tgz'}#vocab"),
+        *(str(folder / "multinode.py"), "--", "2", "--batch_size", "16"),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for rank in (0, 1):
+        line = next(ln for ln in proc.stdout.splitlines() if f"rank {rank} trained 2 epochs" in ln)
+        shipped, cwd = re.search(r"datautils from (\S+);.*cwd (\S+)", line).groups()
+        assert shipped == os.path.join(cwd, "script-src")  # the rank's copy, not the driver's folder
+        assert "vocab ['a', 'b']; extra 42" in line
+
+
+@only_local
 def test_cli_run_failure_exits_non_zero(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")

@@ -234,3 +234,17 @@ def shard_columns():
 
     s = shard()
     return {"columns": s.column_names, "rows": s.num_rows}
+
+
+def resume_from(shared, elsewhere):
+    """Rank 0 checkpoints step 5 in ``shared``; then rank 0 loads from ``shared`` and the others from
+    ``elsewhere`` (another host's local directory when ``elsewhere != shared``)."""
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import checkpoint, context, init_process_group
+
+    init_process_group()
+    checkpoint.save({"step": 5}, 5, directory=shared)
+    dist.barrier()
+    state = checkpoint.load(directory=shared if context().rank == 0 else elsewhere)
+    return state["step"]

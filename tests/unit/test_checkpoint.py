@@ -27,6 +27,16 @@ def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     assert kept == ["LATEST", "step-000000000005.pt", "step-000000000008.pt", "step-000000000011.pt"]
 
 
+def test_ranks_that_do_not_see_the_same_checkpoints_are_refused(tmp_path):
+    shared, other = str(tmp_path / "shared"), str(tmp_path / "host-b")
+    assert BarrierRunner(-2, timeout=120).run(h.resume_from, shared, shared) == 5
+    with pytest.raises(WorkerError) as err:  # rank 1's "host" has its own, empty, local directory
+        BarrierRunner(-2, timeout=120).run(h.resume_from, shared, other)
+    text = str(err.value) + (err.value.worker_traceback or "")
+    assert "ranks [0] resume from step 5; ranks [1] found no checkpoint" in text
+    assert "storage every host shares" in text
+
+
 def test_a_half_written_checkpoint_never_becomes_the_latest(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "0")
     d = str(tmp_path)
