@@ -6,7 +6,7 @@ Module-level functions taking ``(batches, spec)``; nothing here touches a SparkS
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Optional, Tuple
+from typing import Any, Iterable, Iterator, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -32,6 +32,7 @@ class FitSpec:
     seeds: Tuple[int, ...]
     n_features: int
     has_weight: bool
+    members_store: Optional[Any] = None  # a ModelStore: executors write members there (membersDir)
 
 
 def features_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str = "features") -> np.ndarray:
@@ -110,6 +111,10 @@ def fit_groups(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.
         part = table.filter(pa.array(groups == group)) if len(np.unique(groups)) > 1 else table
         try:
             member = _fit_member(spec, g, part)
+            if spec.members_store is not None:  # only the files' metadata goes back to the driver
+                from .member_store import write_member
+
+                member = {"metas": write_member(spec.members_store, member)}
         except Exception as exc:  # one failed member is reported with its group, not retried
             yield collection.encode_error(
                 g, f"fitting the model for group {g} failed: {type(exc).__name__}: {exc}"
@@ -134,6 +139,8 @@ class PredictSpec:
 def predict_arrow(features: pa.Array, spec: PredictSpec) -> pa.Array:
     """Arrow UDF body: features in, a struct of prediction (+ probability and raw scores) out."""
     members = serialization.cached_loads(spec.blob, spec.digest)  # once per Python worker
+    if hasattr(members, "loaded"):  # members in a store (membersDir): read there once, kept
+        members = members.loaded()
     X = features_to_numpy(features, spec.n_features, what=f"column {spec.features_col!r}")
     if not spec.is_classifier:
         return pa.StructArray.from_arrays([pa.array(mean_prediction(members, X))], names=["prediction"])

@@ -27,7 +27,7 @@ from pyspark.ml import Estimator
 
 from .. import _spark_env, launch, partitioning, serialization
 from ..errors import ConfigurationError
-from . import _worker, validation
+from . import _worker, member_store, validation
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
 from .models import BaggingClassificationModel, BaggingRegressionModel  # noqa: F401
@@ -186,6 +186,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             seeds=tuple(partitioning.group_seeds(spec)),
             n_features=info["n_features"],
             has_weight=bool(weight_col),
+            members_store=member_store.new_store(self.getMembersDir(), self.uid),
         )
         results = launch.run_on_groups(
             grouped,
@@ -195,6 +196,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             description=f"sparkml_dist: fitting {spec.num_groups} models",
         )
         members = [results[(g, 0)] for g in range(spec.num_groups)]
+        if fit_spec.members_store is not None:
+            members = member_store.committed(fit_spec.members_store, members)
         model = self._model_class()(members=members, n_features=info["n_features"], classes=info["classes"])
         model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
         return self._copyValues(model)
@@ -207,7 +210,8 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
     (10), ``sampling`` ("disjoint" | "bootstrap" | "subsample"), ``sampleRatio`` (1.0),
     ``featureRatio`` (1.0), ``seed`` (42), ``featuresCol`` ("features": a vector or array column) or
     ``featuresCols`` (numeric columns), ``labelCol``, ``weightCol``, ``predictionCol``,
-    ``probabilityCol``, ``rawPredictionCol``, ``voting`` ("soft" | "hard"), ``maxClasses`` (1000:
+    ``probabilityCol``, ``rawPredictionCol``, ``voting`` ("soft" | "hard"), ``membersDir`` (shared
+    storage where executors write the members, for ensembles too big to collect), ``maxClasses`` (1000:
     a label with more distinct values is refused, naming the column, instead of fitting a
     continuous label as thousands of classes).
 
@@ -236,6 +240,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         rawPredictionCol: str = "rawPrediction",
         voting: str = "soft",
         maxClasses: int = 1000,
+        membersDir: Optional[str] = None,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -271,6 +276,7 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
         labelCol: str = "label",
         weightCol: Optional[str] = None,
         predictionCol: str = "prediction",
+        membersDir: Optional[str] = None,
     ):
         super().__init__()
         self._set(**self._input_kwargs)

@@ -19,6 +19,7 @@ from .. import serialization
 from ..errors import ConfigurationError
 from . import _worker, validation
 from .aggregation import Member, mean_prediction, probabilities, vote
+from .member_store import LazyMembers
 from .members import FittedMember, public
 from .params import _ClassifierParams, _RegressorParams
 from .persistence import StageReadWrite
@@ -34,7 +35,7 @@ class _BaggingModel(Model, StageReadWrite):
         classes: Optional[Sequence[float]] = None,
     ):
         super().__init__()
-        self._members = list(members or [])
+        self._members = members if isinstance(members, LazyMembers) else list(members or [])
         self._n_features = int(n_features)
         self._classes = tuple(float(c) for c in classes) if classes is not None else None
 
@@ -53,7 +54,10 @@ class _BaggingModel(Model, StageReadWrite):
     @property
     def groupSizes(self) -> List[int]:
         """Rows each member was trained on (bootstrap copies included)."""
-        return [m.n_rows for m in self._members]
+        records = getattr(self._members, "records", None)  # members in a store: no loading
+        return (
+            [int(r["n_rows"]) for r in records] if records is not None else [m.n_rows for m in self._members]
+        )
 
     # ------------------------------------------------------------------ local prediction
     def _local_X(self, X) -> np.ndarray:

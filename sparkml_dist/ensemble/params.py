@@ -59,6 +59,12 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
         "share of feature columns drawn per group in (0, 1] (random subspace)",
         TypeConverters.toFloat,
     )
+    membersDir = declare(
+        "membersDir",
+        "storage every executor and the driver share (s3://, hdfs://, /dbfs/...): executors write the "
+        "fitted members there and the model loads them lazily, instead of collecting them",
+        TypeConverters.toString,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -85,6 +91,9 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
 
     def getFeatureRatio(self) -> float:
         return self.getOrDefault(self.featureRatio)
+
+    def getMembersDir(self) -> str:
+        return self.getOrDefault(self.membersDir) if self.isDefined(self.membersDir) else ""
 
 
 class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):

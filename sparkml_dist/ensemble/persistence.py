@@ -30,7 +30,7 @@ import json
 import logging
 import posixpath
 import uuid
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 from pyspark.ml.util import (
@@ -43,6 +43,7 @@ from pyspark.ml.util import (
 )
 
 from .. import model_store
+from ..errors import ConfigurationError
 from ..model_formats import UnsafeModelError
 
 log = logging.getLogger(__name__)
@@ -173,10 +174,17 @@ class _StageWriter(MLWriter):
         metas = []
         if inst.getEstimator() is not None:
             metas.append(write(_ESTIMATOR_GROUP, 0, inst.getEstimator()))
-        for m in getattr(inst, "_members", []):
-            record, model = _member_record(m)
-            metas += [write(record["group"], _RECORD, record), write(record["group"], _MODEL, model)]
+        for m in getattr(inst, "_members", []):  # a lazy model's members: one loaded at a time
+            metas += _write_member(write, m)
         store.commit(metas, extra={"metadata_sha256": digest})
+
+
+def _write_member(write: Callable[[int, int, Any], dict], member: Any) -> List[dict]:
+    """One member's record and model as files (nothing of it stays referenced after the call)."""
+    record, model = _member_record(member)
+    metas = [write(record["group"], _RECORD, record), write(record["group"], _MODEL, model)]
+    metas[0]["record"] = record  # lets a lazy load size the groups without loading them
+    return metas
 
 
 # --------------------------------------------------------------------------- reader
@@ -187,6 +195,13 @@ class _StageReader(MLReader):
         self._trusted: Tuple[str, ...] = ()
         self._allow_pickle = False
         self._key: Optional[Union[str, bytes]] = None
+        self._lazy = False
+
+    def lazy(self) -> "_StageReader":
+        """Leave a bagging model's members in the saved store and load them when used: one at a
+        time on the driver (``predict``, saving), once per executor Python worker (``transform``)."""
+        self._lazy = True
+        return self
 
     def trusted_types(self, types: Iterable[str]) -> "_StageReader":
         """Also construct these types (fully qualified names, e.g. ``"mypkg.models.MyEstimator"``)
@@ -223,14 +238,32 @@ class _StageReader(MLReader):
             )
         if store.signed and manifest.get("metadata_sha256") is None:
             raise UnsafeModelError(f"{path!r} is signed but its manifest does not cover its metadata")
-        objects = store.load_all(trusted_types=self._trusted, allow_pickle=self._allow_pickle)
+        lazy = self._lazy and name.startswith("Bagging") and name.endswith("Model")
+        if self._lazy and not lazy:
+            raise ConfigurationError(f"read().lazy() loads bagging models only, not {name}")
+        if lazy and (self._allow_pickle or manifest.get("format") == model_store.ModelStore.FORMAT_V1):
+            raise ConfigurationError("read().lazy() loads members in safe formats only: drop allow_pickle()")
+        if lazy:
+            from .member_store import LazyMembers
+
+            members = LazyMembers(store.uri, manifest["objects"], self._trusted)
+            objects = {k: v for k, v in [((_ESTIMATOR_GROUP, 0), self._estimator(store, manifest))] if v}
+        else:
+            objects = store.load_all(trusted_types=self._trusted, allow_pickle=self._allow_pickle)
         instance = getattr(importlib.import_module(module), name)()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
         if (_ESTIMATOR_GROUP, 0) in objects:
             instance._set(estimator=objects.pop((_ESTIMATOR_GROUP, 0)))
-        instance._restore_state(metadata.get("sparkml_dist", {}), _members(objects, manifest))
+        instance._restore_state(
+            metadata.get("sparkml_dist", {}), members if lazy else _members(objects, manifest)
+        )
         return instance
+
+    def _estimator(self, store, manifest: dict) -> Any:
+        if not any(m["group"] == _ESTIMATOR_GROUP for m in manifest["objects"]):
+            return None
+        return store.load(_ESTIMATOR_GROUP, 0, trusted_types=self._trusted)
 
 
 def _members(objects: Dict[Tuple[int, int], Any], manifest: dict) -> List[Any]:

@@ -298,3 +298,57 @@ def test_task_lost_on_first_attempt_gives_the_same_members(spark, tmp_path):
     assert [m.group for m in retried.models] == [0, 1, 2]
     assert retried.groupSizes == plain.groupSizes  # the same rows per group
     assert np.array_equal(retried.predict_proba(X), plain.predict_proba(X))
+
+
+def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, data3, monkeypatch):
+    import gc
+    import weakref
+
+    from sparkml_dist import collection
+    from sparkml_dist.ensemble import member_store, persistence
+
+    X, _ = data3
+    collected = []
+    decode = collection.decode
+    monkeypatch.setattr(
+        collection, "decode", lambda t, *a, **k: collected.append(t.nbytes) or decode(t, *a, **k)
+    )
+    params = dict(estimator=DecisionTreeClassifier(max_depth=8), numModels=4, seed=3)
+    kept = BaggingClassifier(**params).fit(vec_df)
+    stored = BaggingClassifier(membersDir=str(tmp_path / "members"), **params).fit(vec_df)
+    monkeypatch.undo()
+    assert isinstance(stored._members, member_store.LazyMembers)
+    assert collected[1] * 4 < collected[0]  # what came back through Spark: file metadata only
+    assert stored.groupSizes == kept.groupSizes
+    assert np.array_equal(stored.predict_proba(X), kept.predict_proba(X))
+    assert np.array_equal(_scored(stored, vec_df)[1], _scored(kept, vec_df)[1])  # executors read the store
+    assert [m.predict(X).tolist() for m in stored.models] == [m.predict(X).tolist() for m in kept.models]
+
+    alive, most = weakref.WeakSet(), []
+    load, record = member_store.LazyMembers._load, persistence._member_record
+
+    def counted_load(self, i):
+        m = load(self, i)
+        alive.add(m)
+        return m
+
+    def counted_record(m):
+        gc.collect()
+        most.append(len(alive))
+        return record(m)
+
+    monkeypatch.setattr(member_store.LazyMembers, "_load", counted_load)
+    monkeypatch.setattr(persistence, "_member_record", counted_record)
+    path = str(tmp_path / "saved")
+    stored.save(path)
+    assert most == [1, 1, 1, 1]  # saving holds one member at a time
+    monkeypatch.undo()
+
+    def no_loading(self, i):
+        raise AssertionError("groupSizes loaded a member")
+
+    lazy = BaggingClassificationModel.read().lazy().load(path)
+    monkeypatch.setattr(member_store.LazyMembers, "_load", no_loading)
+    assert lazy.groupSizes == kept.groupSizes and isinstance(lazy._members, member_store.LazyMembers)
+    monkeypatch.undo()
+    assert np.array_equal(lazy.predict_proba(X), kept.predict_proba(X))
