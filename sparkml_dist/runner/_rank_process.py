@@ -37,12 +37,20 @@ def exit_text(code: int) -> str:
     return f"exited with code {code}"
 
 
+# Runs beside each rank, in a session of its own: it waits for EOF on a pipe that only the task
+# holds, then kills the rank's process group and removes its work directory.  A task killed by
+# Spark (a cancel, a timeout: the Python worker gets SIGKILL, no ``finally`` runs) thus leaves
+# neither the processes its rank started (data loader workers, subprocesses) nor its files.
+_REAPER = 'cat >/dev/null; kill -9 "-$1" 2>/dev/null; rm -rf -- "$2"'  # dash: no -- for kill
+
+
 class RankProcess:
     """Start ``python -c RANK_ENTRY`` in ``workdir`` with ``env``; watch it until it ends.
 
     ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
     The process starts at once; :meth:`watch` starts reading its output (meanwhile it waits in
-    the pipes), so the slow start of a rank overlaps with whatever the task does next.
+    the pipes), so the slow start of a rank overlaps with whatever the task does next.  Whatever
+    ends the task, the rank's process group and ``workdir`` go with it (``_REAPER``).
     """
 
     def __init__(self, rank: int, workdir: str, env: Dict[str, str], pass_fds: Sequence[int] = ()) -> None:
@@ -80,6 +88,26 @@ class RankProcess:
         finally:
             os.close(ctrl_w)
         self._ctrl_r = ctrl_r
+        self._reaper_w = self._start_reaper(workdir)
+
+    def _start_reaper(self, workdir: str) -> Optional[int]:
+        if not os.path.exists("/bin/sh"):
+            return None
+        reap_r, reap_w = os.pipe()  # not inheritable: only this process holds the write end
+        try:
+            subprocess.Popen(
+                ["/bin/sh", "-c", _REAPER, "sparkml_dist-reaper", str(self.proc.pid), workdir],
+                stdin=reap_r,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError:
+            os.close(reap_w)
+            return None
+        finally:
+            os.close(reap_r)
+        return reap_w
 
     def watch(
         self,
@@ -202,6 +230,9 @@ class RankProcess:
     def close(self) -> None:
         self.kill()
         self.join_output(0.5)
+        if self._reaper_w is not None:  # the reaper now kills what the rank left running, and its files
+            os.close(self._reaper_w)
+            self._reaper_w = None
         if self._log is not None:
             self._log.close()
         if not self._threads:  # never watched: the control pipe's read end is still ours

@@ -77,7 +77,8 @@ class _RankTask:
             self.gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, self.rank)
             if k > 1 and self.gpus is not None:
                 self.gpus = rendezvous.member_gpu(self.gpus, member, k, self.rank)
-        base = os.environ.get("SPARK_LOCAL_DIRS", "").split(",")[0] or None
+        dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
+        base = dirs[self.rank % len(dirs)] if dirs else None  # spread shard files over spark.local.dir
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)
         self.client: Optional[LogClient] = None
         self.process: Optional[RankProcess] = None

@@ -155,6 +155,9 @@ def agree(step: Optional[int], root: str) -> None:
     keys = [f"{prefix}{r}" for r in range(world)]
     store.wait(keys)
     steps = [int(store.get(k).decode()) for k in keys]
+    store.set(f"{prefix}read/{rank}", "1")
+    if rank == 0:  # rank 0's process serves the store: it stays until every rank has read
+        store.wait([f"{prefix}read/{r}" for r in range(world)])
     if len(set(steps)) > 1:
         seen = {}
         for r, st in enumerate(steps):

@@ -324,17 +324,17 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
     assert np.array_equal(_scored(stored, vec_df)[1], _scored(kept, vec_df)[1])  # executors read the store
     assert [m.predict(X).tolist() for m in stored.models] == [m.predict(X).tolist() for m in kept.models]
 
-    alive, most = weakref.WeakSet(), []
+    refs, most = [], []
     load, record = member_store.LazyMembers._load, persistence._member_record
 
     def counted_load(self, i):
         m = load(self, i)
-        alive.add(m)
+        refs.append(weakref.ref(m))
         return m
 
     def counted_record(m):
         gc.collect()
-        most.append(len(alive))
+        most.append(sum(r() is not None for r in refs))
         return record(m)
 
     monkeypatch.setattr(member_store.LazyMembers, "_load", counted_load)

@@ -122,6 +122,31 @@ def test_ctrl_c_stops_this_run_and_only_this_run(spark):
     assert_no_rank_left(within=20)
 
 
+def test_a_cancelled_run_leaves_no_process_and_no_work_directory(spark, tmp_path):
+    import json
+    import os
+
+    info = tmp_path / "ranks.jsonl"
+    with pytest.raises(RunTimeoutError):
+        BarrierRunner(2, timeout=20).run(h.spawn_and_hang, str(info))
+    ranks = [json.loads(line) for line in info.read_text().splitlines()]
+    assert len(ranks) == 2
+
+    def alive(pid):
+        try:
+            with open(f"/proc/{pid}/stat") as fh:
+                return fh.read().split(")")[-1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+
+    end = time.monotonic() + 20
+    while time.monotonic() < end and any(alive(r["child"]) or os.path.exists(r["cwd"]) for r in ranks):
+        time.sleep(0.2)
+    assert not [r["child"] for r in ranks if alive(r["child"])], "a process a rank started outlived the run"
+    assert not [r["cwd"] for r in ranks if os.path.exists(r["cwd"])], "a rank's work directory was left"
+    assert_no_rank_left()
+
+
 def test_timeout_bounds_the_planning_jobs_too(spark):
     slow = F.udf(lambda x: time.sleep(0.02) or x, "double")  # ~20 s to compute the rows
     df = spark.range(0, 2000, 1, 2).select(slow(F.col("id").cast("double")).alias("x"))

@@ -248,3 +248,21 @@ def resume_from(shared, elsewhere):
     dist.barrier()
     state = checkpoint.load(directory=shared if context().rank == 0 else elsewhere)
     return state["step"]
+
+
+def spawn_and_hang(info_path):
+    """Each rank starts a child process (as a data loader or a tool would), records it and its work
+    directory in ``info_path``, then hangs after the rendezvous until the run is cancelled."""
+    import json
+    import subprocess
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    child = subprocess.Popen(["sleep", "600"])
+    with open(info_path, "a") as fh:
+        fh.write(json.dumps({"cwd": os.getcwd(), "child": child.pid}) + "\n")
+    init_process_group()
+    dist.barrier()
+    time.sleep(600)
