@@ -18,10 +18,14 @@ Map of the runner (where each module runs)::
     rendezvous.py    [anywhere]  pure: local ranks, torch.distributed's environment, a task's GPUs
     network.py       [anywhere]  this host's address and interface
     _task.py         [executor]  one barrier task: start, feed, exchange, await, result, clean up
-    _rank_process.py [executor]  RankProcess: one rank's child process, its output and events
+    feeding.py       [executor]  the data phase: shards and the function into the ranks' directories
+    data_watch.py    [executor]  DataWatch: the data phase bounded by progress (data_timeout)
+    _rank_process.py [executor]  RankProcess: one rank's child process, its output and events, and
+                                 the reaper that removes its process group and files with the task
     _rank.py         [rank]      the rank process's entry point
     _horovod.py      [rank]      horovod.torch import and Horovod's rendezvous server
     context.py, data.py, checkpoint.py, script.py   [rank]  what training functions call
+    script_files.py  [driver+rank]  a script's folder, --py-files and --archives, shipped and unpacked
 
 Spark's environment (masters, slots, memory, sessions, JVM calls) is read in
 :mod:`sparkml_dist._spark_env` only.

@@ -23,15 +23,15 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 
 from .. import collection, parquet_split
-from . import backends, network, protocol, rendezvous, shard_files
+from . import backends, network, protocol, rendezvous
 from ._rank_process import RankProcess, exit_text
 from .channel import LogClient
-from .data_watch import DataWatch
+from .feeding import feed as _feed
 from .protocol import RankFailure
 
 
@@ -216,50 +216,6 @@ class _RankTask:
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _stalled(members: List[_RankTask]) -> Callable[[float, int], RankFailure]:
-    def report(idle: float, rows: int) -> RankFailure:
-        spec, ranks = members[0].spec, ", ".join(str(m.rank) for m in members)
-        source = "its Parquet row ranges" if spec.file_split is not None else "Spark"
-        return members[0].fail(
-            f"the shard of rank {ranks} stalled: no rows arrived from {source} for {idle:.0f}s "
-            f"after {rows} rows (data_timeout={spec.data_timeout}s). A lost executor, a stuck "
-            "shuffle fetch or slow storage; raise data_timeout if the input is just slow.",
-            None,
-            "data",
-        )
-
-    return report
-
-
-def _feed(members: List[_RankTask], batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
-    """Write each rank's shard and the function into its work directory; each shard's environment.
-    Bounded by progress (:mod:`.data_watch`), not by ``start_timeout``."""
-    spec = members[0].spec
-    if not spec.has_data or spec.file_split is not None:
-        for _ in batches:  # drain the placeholder rows, so Spark can reuse this Python worker
-            pass
-    envs: List[Dict[str, str]] = [{} for _ in members]
-    if spec.has_data:
-        paths = [os.path.join(m.workdir, protocol.SHARD_FILE) for m in members]
-        watch = DataWatch(spec.data_timeout, _stalled(members))
-        with watch:
-            if spec.file_split is not None:  # each rank reads its own row ranges from the files
-                read = lambda m: watch.batches(parquet_split.read(spec.file_split, m.rank))  # noqa: E731
-                rows = [shard_files.write_shard(read(m), p) for m, p in zip(members, paths)]
-            elif len(members) == 1:
-                rows = [shard_files.write_shard(watch.batches(batches), paths[0])]
-            else:
-                rows = shard_files.write_routed(watch.batches(batches), paths, members[0].rank)
-        watch.check()
-        for m, path, n, env in zip(members, paths, rows, envs):
-            m.rows = n
-            env[protocol.SHARD_ENV] = path
-    for m in members:
-        with open(os.path.join(m.workdir, protocol.FN_FILE), "wb") as fh:
-            fh.write(spec.payload)
-    return envs
 
 
 def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, str]]) -> None:
