@@ -55,9 +55,9 @@ class _BaggingModel(Model, StageReadWrite):
     def groupSizes(self) -> List[int]:
         """Rows each member was trained on (bootstrap copies included)."""
         records = getattr(self._members, "records", None)  # members in a store: no loading
-        return (
-            [int(r["n_rows"]) for r in records] if records is not None else [m.n_rows for m in self._members]
-        )
+        if records is not None and all(records):
+            return [int(r["n_rows"]) for r in records]
+        return [m.n_rows for m in self._members]
 
     # ------------------------------------------------------------------ local prediction
     def _local_X(self, X) -> np.ndarray:

@@ -43,9 +43,10 @@ class Deadline:
 
 @contextlib.contextmanager
 def within(spark, deadline: Deadline, what: str):
-    """Spark jobs started inside (planning: counting and dealing rows) are cancelled when the run's
-    deadline passes, which raises :class:`RunTimeoutError` saying ``what`` was running."""
-    if deadline.at is None or spark is None:
+    """Spark jobs started inside (planning: counting and dealing rows) run under the run's own tag:
+    Ctrl-C cancels them and nothing else, and the run's deadline passing cancels them too, which
+    raises :class:`RunTimeoutError` saying ``what`` was running."""
+    if spark is None:
         yield
         return
     tag, fired = launch.JobTag(spark), threading.Event()
@@ -54,9 +55,10 @@ def within(spark, deadline: Deadline, what: str):
         fired.set()
         tag.cancel()
 
-    timer = threading.Timer(max(0.0, deadline.at - time.monotonic()), expire)
+    timer = threading.Timer(deadline.remaining(float("inf")), expire)
     timer.daemon = True
-    timer.start()
+    if deadline.at is not None:
+        timer.start()
     try:
         with tag.scope():
             yield

@@ -89,7 +89,7 @@ class BarrierRunner:
             (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), each
             task reads its rows straight from the files with pyarrow (contiguous, balanced row
             ranges in file order; see :mod:`sparkml_dist.parquet_split`) instead of Spark
-            converting and shuffling them. False always moves rows through Spark (hashed to ranks).
+            converting and shuffling them. False always moves rows through Spark (dealt to ranks).
         spark: the SparkSession (default: the active one).
         log_sink: where streamed lines go (default ``sys.stdout.write``: the notebook cell).
         log_dir: also write every rank's whole output (streamed or not) there, one file per rank
@@ -156,8 +156,9 @@ class BarrierRunner:
 
         Rows are split into ``np`` disjoint shards: read straight from the files when ``df`` is a
         plain Parquet scan (contiguous row ranges whose sizes differ by at most one row, see
-        ``read_files``), else by the shared partitioning layer (a hash of each row, so shards do
-        not depend on how ``df`` is partitioned).
+        ``read_files``), else by the shared partitioning layer (rows dealt in the order of a hash of
+        their content: sizes differ by at most one row whatever the rows, and the shards do not
+        depend on how ``df`` is partitioned).
         """
         return self._run(df, main, args, kwargs, return_all)
 

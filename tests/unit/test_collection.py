@@ -95,10 +95,10 @@ def test_writers_sharing_a_store_never_delete_each_others_files(tmp_path):
     # an executor's copy of a writer is the same writer: its stray attempts are its own
     shipped = pickle.loads(pickle.dumps(a))
     assert shipped.writer == a.writer
-    stray = shipped.write(0, 0, {"a": "retried task"})
-    a.commit([a_second["objects"][0], stray])
+    stray = shipped.write(0, 0, {"a": "retried task"})  # a second attempt of the same group
+    third = a.commit([a_second["objects"][0], stray])  # keeps one of the two, removes the other
     assert sorted(os.listdir(root / "objects")) == sorted(
-        os.path.basename(m["file"]) for m in a_second["objects"] + b_metas
+        os.path.basename(m["file"]) for m in third["objects"] + b_metas
     )
 
 
