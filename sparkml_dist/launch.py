@@ -26,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, Iterator, Optional, Tuple
 import pyarrow as pa
 
 from . import collection
+from .errors import CollectionError
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,17 @@ def run_on_groups(
     """Run ``task_fn`` over ``df``'s partitions and return ``{(group, item): object}``."""
     out = map_groups(df, task_fn, spec, barrier=barrier)
     spark = session_of(df)
-    with job_scope(spark, description):
-        table = out.toArrow()
+    try:
+        with job_scope(spark, description):
+            table = out.toArrow()
+    except Exception as exc:
+        if "maxResultSize" not in str(exc):
+            raise
+        raise CollectionError(
+            f"{description}: what the tasks send back is larger than spark.driver.maxResultSize. For a "
+            "bagging ensemble set membersDir= (storage the executors and the driver share): each task "
+            "then writes its member there and sends back only its metadata. Or raise "
+            "spark.driver.maxResultSize."
+        ) from exc
     log.debug("%s: collected %d chunk rows (%d bytes)", description, table.num_rows, table.nbytes)
     return collection.decode(table, expected_groups, what=what)
