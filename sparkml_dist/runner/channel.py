@@ -9,6 +9,10 @@ UTF-8 JSON object (never a pickle); a frame over :data:`MAX_FRAME` bytes closes 
 The secret travels inside the task spec (through Spark's own authenticated channel), never on a
 command line.
 
+Frames may also flow back: a server made with ``replies=True`` hands ``on_message`` a second
+argument, a ``send(dict)`` for that connection (the tuner answers a trial's report and tells it to
+stop); a client made with ``on_frame`` reads them on its own thread.
+
 The server is one thread and a selector: a connection costs a socket and a few bytes of state
 until it has proven it knows the secret, and at most :data:`MAX_UNAUTHENTICATED` such connections
 wait at once (more are closed on accept).  It listens on the address the ranks are given, not on
@@ -66,14 +70,18 @@ class _Conn:
 
 
 class LogServer:
-    """Accepts authenticated rank connections and hands each message to ``on_message(dict)``.
+    """Accepts authenticated rank connections and hands each message to ``on_message(dict)``
+    (``on_message(dict, send)`` with ``replies=True``, ``send(dict)`` answering that connection).
 
     ``host``: the address to listen on (the one the ranks are told); a host name is resolved.
     """
 
-    def __init__(self, secret: bytes, on_message: Callable[[dict], None], host: str = "127.0.0.1") -> None:
+    def __init__(
+        self, secret: bytes, on_message: Callable, host: str = "127.0.0.1", replies: bool = False
+    ) -> None:
         self._secret = secret
         self._on_message = on_message
+        self._replies = replies
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((socket.gethostbyname(host), 0))
@@ -167,7 +175,10 @@ class LogServer:
                 self._drop(conn, "sent a frame that is not JSON")
                 return
             if isinstance(message, dict):
-                self._on_message(message)
+                if self._replies:
+                    self._on_message(message, lambda reply, sock=conn.sock: _send_frame(sock, reply))
+                else:
+                    self._on_message(message)
 
     def _expire(self, now: float) -> None:
         for conn in [c for c in self._conns.values() if not c.authenticated and c.deadline < now]:
@@ -198,14 +209,24 @@ class LogServer:
         self._sock.close()
 
 
-def listen(secret: bytes, on_message: Callable[[dict], None], host: str) -> LogServer:
+def _send_frame(sock: socket.socket, message: dict) -> None:
+    """One small frame to a (non-blocking) server-side connection; a peer that has gone or stopped
+    reading misses it (what the server sends is advice: the Spark job is the authority)."""
+    data = json.dumps(message).encode("utf-8")
+    try:
+        sock.sendall(struct.pack(">I", len(data)) + data)
+    except OSError:
+        pass
+
+
+def listen(secret: bytes, on_message: Callable, host: str, replies: bool = False) -> LogServer:
     """A :class:`LogServer` on ``host`` (the address the ranks are given); on every interface, with
     a warning, when this machine cannot bind that address (a NAT'd or misconfigured driver host)."""
     try:
-        return LogServer(secret, on_message, host)
+        return LogServer(secret, on_message, host, replies)
     except OSError as exc:
         log.warning("log channel: cannot listen on %s (%s); listening on every interface instead", host, exc)
-        return LogServer(secret, on_message, "0.0.0.0")
+        return LogServer(secret, on_message, "0.0.0.0", replies)
 
 
 def _cut(value, cap: int):
@@ -232,14 +253,42 @@ def _frame(message: dict) -> bytes:
 
 class LogClient:
     """A rank-side connection to the driver's :class:`LogServer`; ``send`` is thread-safe and never
-    raises (logs are best effort: a lost driver connection must not fail training)."""
+    raises (logs are best effort: a lost driver connection must not fail training).
 
-    def __init__(self, host: str, port: int, secret: bytes, timeout: float = 10.0) -> None:
+    ``on_frame``: called (on a reader thread) with each JSON object the server sends back.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        secret: bytes,
+        timeout: float = 10.0,
+        on_frame: Optional[Callable[[dict], None]] = None,
+    ) -> None:
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = socket.create_connection((host, port), timeout=timeout)
         nonce = _recv_exact(self._sock, NONCE)
         self._sock.sendall(hmac.new(secret, nonce, sha256).digest())
         self._sock.settimeout(None)
+        if on_frame is not None:
+            reader = threading.Thread(
+                target=self._read, args=(self._sock, on_frame), name="sparkml_dist-replies", daemon=True
+            )
+            reader.start()
+
+    @staticmethod
+    def _read(sock: socket.socket, on_frame: Callable[[dict], None]) -> None:
+        try:
+            while True:
+                (length,) = struct.unpack(">I", _recv_exact(sock, 4))
+                if length > MAX_FRAME:
+                    return
+                message = json.loads(_recv_exact(sock, length).decode("utf-8"))
+                if isinstance(message, dict):
+                    on_frame(message)
+        except (OSError, ConnectionError, ValueError):
+            return  # closed (by us or the driver): nothing more will come
 
     def send(self, message: dict) -> None:
         data = _frame(message)

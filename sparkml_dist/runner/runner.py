@@ -32,7 +32,7 @@ import uuid
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .. import _spark_env, collection
-from ..errors import WorkerError
+from ..errors import ConfigurationError, WorkerError
 from . import _task, admission, backends, failures, launchers, sharding
 from .channel import listen, new_secret
 from .launchers import Deadline
@@ -164,6 +164,15 @@ class BarrierRunner:
 
     # ------------------------------------------------------------------ running
     def _session(self, df):
+        trial = os.environ.get("SPARKML_DIST_TUNE_TRIAL")  # set by sparkml_dist.tune in a trial's task
+        if trial is not None and (self.np > 0 or df is not None):
+            raise ConfigurationError(
+                f"BarrierRunner(np={self.np}){' with a DataFrame' if df is not None else ''} inside Tuner "
+                f"trial {trial}: a trial runs in a Spark task, and barrier jobs are started from the "
+                "driver's Spark session. Inside a trial use BarrierRunner(np=-k).run(...) (k local "
+                "processes on the trial's executor; give the Tuner trial_resources={'cpus': k}), or "
+                "tune the BarrierRunner job from the driver one configuration at a time."
+            )
         if df is not None:
             return df.sparkSession
         if self.np < 0:

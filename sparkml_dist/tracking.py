@@ -1,0 +1,181 @@
+"""MLflow tracking of sparkml_dist jobs: one run per job, one child run per candidate or trial.  [driver]
+
+Every job (a bagging or grouped fit, ``ParallelSearchCV``, a ``Tuner``, a ``BarrierRunner`` run)
+opens :func:`job_run`.  Whether it logs follows the job's ``mlflow`` setting: True logs (and
+needs ``mlflow``), False never, None (the default) only when an MLflow run is active.  The job's
+run is a child of the active run (nested, so two jobs never collide on a parameter), or the active
+run itself when ``mlflow.pyspark.ml.autolog()`` opened it for this very fit.  Child runs are made
+with ``MlflowClient`` (thread-safe: trials finish on many threads) and tagged with their parent.
+
+The package imports without mlflow; the ``mlflow`` extra installs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import Any, Dict, Iterator, Optional
+
+log = logging.getLogger(__name__)
+
+MAX_PARAM = 500  # characters of a parameter value kept (MLflow stores at most 6000)
+_STATUS = {"complete": "FINISHED", "stopped": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}
+
+
+def _mlflow(required: bool):
+    try:
+        import mlflow
+    except ImportError:
+        if required:
+            raise ImportError("mlflow=True needs MLflow: pip install 'sparkml_dist[mlflow]'") from None
+        return None
+    return mlflow
+
+
+def wanted(flag: Optional[bool]) -> bool:
+    """Whether a job with ``mlflow=flag`` logs."""
+    if flag is False:
+        return False
+    mlflow = _mlflow(required=bool(flag))
+    return mlflow is not None and (bool(flag) or mlflow.active_run() is not None)
+
+
+def _plain(params: Dict[str, Any], prefix: str = "") -> Dict[str, str]:
+    out = {}
+    for key, value in params.items():
+        if isinstance(value, dict):
+            out.update(_plain(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)[:MAX_PARAM]
+    return out
+
+
+def _finite(metrics: Dict[str, Any]) -> Dict[str, float]:
+    out = {}
+    for key, value in (metrics or {}).items():
+        with contextlib.suppress(TypeError, ValueError):
+            value = float(value)
+            if math.isfinite(value):
+                out[key] = value
+    return out
+
+
+class NullRun:
+    """What a job gets when it does not log: every call does nothing."""
+
+    run_id = None
+
+    def log_params(self, params: Dict[str, Any]) -> None:
+        pass
+
+    def log_metrics(self, metrics: Dict[str, Any], step: Optional[int] = None) -> None:
+        pass
+
+    def set_tags(self, tags: Dict[str, Any]) -> None:
+        pass
+
+    def child(self, name: str, params: Dict[str, Any]) -> Optional[str]:
+        return None
+
+    def child_metrics(self, run_id: Optional[str], metrics: Dict[str, Any], step=None) -> None:
+        pass
+
+    def end_child(self, run_id: Optional[str], state: str, metrics: Optional[Dict[str, Any]] = None) -> None:
+        pass
+
+    def log_model(self, model: Any, artifact_path: str = "model", **kwargs) -> None:
+        pass
+
+
+class JobRun(NullRun):
+    """The MLflow run of one job (``run_id``) and its children."""
+
+    def __init__(self, mlflow, run_id: str, experiment_id: str, job: str) -> None:
+        from mlflow.tracking import MlflowClient
+
+        self._mlflow, self.run_id, self.experiment_id, self.job = mlflow, run_id, experiment_id, job
+        self.client = MlflowClient()
+
+    def _batch(self, run_id: str, params=None, metrics=None, step=None, tags=None) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
+        now = int(time.time() * 1000)
+        try:
+            self.client.log_batch(
+                run_id,
+                metrics=[Metric(k, v, now, step or 0) for k, v in _finite(metrics or {}).items()],
+                params=[Param(k, v) for k, v in _plain(params or {}).items()],
+                tags=[RunTag(k, str(v)) for k, v in (tags or {}).items()],
+            )
+        except Exception as exc:  # noqa: BLE001 - tracking never fails the job
+            log.warning("MLflow: could not log to run %s: %s", run_id, exc)
+
+    def log_params(self, params):
+        self._batch(self.run_id, params=params)
+
+    def log_metrics(self, metrics, step=None):
+        self._batch(self.run_id, metrics=metrics, step=step)
+
+    def set_tags(self, tags):
+        self._batch(self.run_id, tags=tags)
+
+    def child(self, name, params):
+        try:
+            run = self.client.create_run(
+                self.experiment_id,
+                run_name=name,
+                tags={"mlflow.parentRunId": self.run_id, "sparkml_dist.job": self.job},
+            )
+        except Exception as exc:  # noqa: BLE001
+            log.warning("MLflow: could not create a child run of %s: %s", self.run_id, exc)
+            return None
+        self._batch(run.info.run_id, params=params)
+        return run.info.run_id
+
+    def child_metrics(self, run_id, metrics, step=None):
+        if run_id is not None:
+            self._batch(run_id, metrics=metrics, step=step)
+
+    def end_child(self, run_id, state, metrics=None):
+        if run_id is None:
+            return
+        self._batch(run_id, metrics=metrics, tags={"sparkml_dist.state": state})
+        with contextlib.suppress(Exception):
+            self.client.set_terminated(run_id, _STATUS.get(state, "FINISHED"))
+
+    def log_model(self, model, artifact_path="model", **kwargs):
+        from . import mlflow_flavor
+
+        try:
+            mlflow_flavor.log_model(model, self.run_id, artifact_path, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the fit succeeded; say why the model is missing
+            log.warning("MLflow: could not log the model to run %s: %s", self.run_id, exc)
+
+
+@contextlib.contextmanager
+def job_run(job: str, flag: Optional[bool], params: Dict[str, Any]) -> Iterator[NullRun]:
+    """The run one job logs to (:class:`JobRun`), or a :class:`NullRun` when it does not log."""
+    if not wanted(flag):
+        yield NullRun()
+        return
+    mlflow = _mlflow(required=True)
+    active = mlflow.active_run()
+    autologged = active is not None and active.data.tags.get("mlflow.autologging") == "pyspark.ml"
+    own = not autologged
+    run = mlflow.start_run(run_name=job, nested=True, tags={"sparkml_dist.job": job}) if own else active
+    jr = JobRun(mlflow, run.info.run_id, run.info.experiment_id, job)
+    jr.log_params(params)
+    status = "FINISHED"
+    try:
+        yield jr
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
+    except BaseException:
+        status = "FAILED"
+        raise
+    finally:
+        if own:
+            mlflow.end_run(status)

@@ -1,0 +1,132 @@
+"""What one trial may use and how many trials fit at once.  [driver]
+
+``trial_resources={"cpus": c, "gpus": g}`` becomes a stage-level ResourceProfile on cluster
+masters (each trial's one-task job asks Spark for ``c`` CPUs and ``g`` GPUs, and the trial reads
+its GPU addresses from the task).  Local masters schedule no task resources: there the tuner
+caps concurrency at ``cores // c`` itself and deals the driver's GPUs (``spark.driver.resource.gpu``,
+else ``CUDA_VISIBLE_DEVICES`` / every torch device) to trials, ``g`` each.
+
+The default ``max_concurrent`` is the smallest of: task slots for that many CPUs, GPUs / ``g``,
+and the memory planner's models per executor (:func:`sparkml_dist.plan.plan_concurrency`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+from .. import _spark_env, plan
+from ..errors import ConfigurationError, InsufficientResourcesError
+
+KEYS = ("cpus", "gpus")
+
+
+def check(resources: Optional[Dict[str, Any]]) -> Dict[str, int]:
+    """``trial_resources`` as ``{"cpus": int >= 1, "gpus": int >= 0}``."""
+    if resources is None:
+        return {"cpus": 0, "gpus": 0}
+    if not isinstance(resources, dict) or set(resources) - set(KEYS):
+        raise ConfigurationError(
+            f"trial_resources must be a dict with keys among {list(KEYS)}, got {resources!r}; "
+            "e.g. trial_resources={'cpus': 2, 'gpus': 1}"
+        )
+    out = {}
+    for key in KEYS:
+        value = resources.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ConfigurationError(f"trial_resources[{key!r}] must be an integer >= 0, got {value!r}")
+        out[key] = value
+    return out
+
+
+@dataclass
+class Slots:
+    concurrency: int
+    profile: Any  # a ResourceProfile or None
+    gpu_pool: Optional["GpuPool"]
+    summary: str
+
+
+class GpuPool:
+    """The driver's GPUs, dealt ``per_trial`` at a time to trials of a local master."""
+
+    def __init__(self, gpus: List[str], per_trial: int) -> None:
+        self._free = list(gpus)
+        self._per = per_trial
+        self._lock = threading.Lock()
+
+    def take(self) -> Tuple[str, ...]:
+        with self._lock:
+            taken, self._free = self._free[: self._per], self._free[self._per :]
+        return tuple(taken)
+
+    def give(self, gpus: Tuple[str, ...]) -> None:
+        with self._lock:
+            self._free.extend(gpus)
+
+
+def _local_gpus(spark) -> List[str]:
+    gpus = _spark_env.driver_gpus(spark)
+    if gpus is None:
+        from ..runner.rendezvous import visible_gpus
+
+        gpus = list(visible_gpus())
+    return list(gpus)
+
+
+def _profile(cpus: int, gpus: int):
+    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+    req = TaskResourceRequests().cpus(max(1, cpus))
+    if gpus:
+        req = req.resource("gpu", gpus)
+    return ResourceProfileBuilder().require(req).build
+
+
+def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurrent: Optional[int]) -> Slots:
+    """How many trials run at once, and with which profile; refuses what can never run."""
+    conf = _spark_env.conf_of(spark)
+    master = _spark_env.master_of(spark)
+    cluster = _spark_env.ClusterMemory.from_spark(spark)
+    cpus, gpus = resources["cpus"] or cluster.task_cpus, resources["gpus"]
+    per_executor = cluster.cores_per_executor // cpus
+    if per_executor < 1:
+        raise InsufficientResourcesError(
+            f"trial_resources asks {cpus} CPUs per trial but an executor has {cluster.cores_per_executor} "
+            "cores: lower trial_resources['cpus'] or give executors more cores"
+        )
+    caps = [f"{cluster.executors} executor(s) x {per_executor} trial(s) of {cpus} CPU(s)"]
+    concurrency = cluster.executors * per_executor
+    pool, profile = None, None
+    local = _spark_env.is_local(master)
+    if gpus:
+        if local:
+            have = _local_gpus(spark)
+            where = "the driver (local master)"
+            pool = GpuPool(have, gpus)
+            n_gpu = len(have) // gpus
+        else:
+            amount = conf("spark.executor.resource.gpu.amount", None)
+            have = int(float(amount)) if amount else 0
+            where = "each executor (spark.executor.resource.gpu.amount)"
+            n_gpu = cluster.executors * (have // gpus)
+        if n_gpu < 1:
+            raise InsufficientResourcesError(
+                f"trial_resources asks {gpus} GPU(s) per trial but {where} has "
+                f"{len(have) if local else have}: "
+                "give the cluster GPUs (spark.executor.resource.gpu.amount and a discovery script) or "
+                "drop 'gpus' from trial_resources"
+            )
+        concurrency = min(concurrency, n_gpu)
+        caps.append(f"{n_gpu} trial(s) by GPUs")
+    if (resources["cpus"] or gpus) and not local:
+        profile = _profile(cpus, gpus)
+    memory = plan.plan_concurrency(spark, max(1, 2 * payload_bytes), cluster=cluster)
+    if memory.concurrency < concurrency:
+        concurrency = memory.concurrency
+        caps.append(memory.summary())
+    if max_concurrent is not None:
+        concurrency = min(concurrency, max_concurrent)
+        caps.append(f"max_concurrent={max_concurrent}")
+    return Slots(max(1, concurrency), profile, pool, "; ".join(caps))

@@ -1,0 +1,159 @@
+"""One trial of a :class:`~sparkml_dist.tune.Tuner` inside its Spark task.  [executor]
+
+``trial_task`` is the task of a one-partition Spark job: it unpickles the user's function once per
+Python worker, connects back to the driver's channel (authenticated with the run's secret), calls
+``fn(params, trial)`` and sends what it returns (or its traceback) back through the collection
+layer.  :class:`Trial` is what the function gets: ``report(step, **metrics)`` sends metrics to the
+driver, which answers whether the trial should stop; ``should_stop()`` reads that answer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
+
+import pyarrow as pa
+
+from .. import collection, serialization
+from ..runner.channel import LogClient
+
+IN_TRIAL_ENV = "SPARKML_DIST_TUNE_TRIAL"  # set while a trial's function runs (the runner checks it)
+ACK_WAIT = 5.0  # seconds report() waits for the driver's answer before returning anyway
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    number: int
+    params: Dict[str, Any]
+    payload: bytes  # the pickled function
+    key: str
+    channel: Tuple[str, int]
+    secret: bytes
+    gpus: Optional[Tuple[str, ...]] = None  # local mode: the driver's GPUs this trial may use
+
+
+class Trial:
+    """What a trial's function gets next to its parameters.
+
+    Attributes:
+        number: the trial's number (0, 1, ...), as in the results' ``trial`` column.
+        params: the parameters drawn for this trial.
+        gpus: the GPU addresses Spark (or, in local mode, the tuner) gave this trial; empty without.
+        device: ``"cuda:<first GPU>"`` when it has GPUs, else ``"cpu"``.
+    """
+
+    def __init__(self, number: int, params: Dict[str, Any], gpus=(), client: Optional[LogClient] = None):
+        self.number = number
+        self.params = dict(params)
+        self.gpus = tuple(gpus or ())
+        self.device = f"cuda:{self.gpus[0]}" if self.gpus else "cpu"
+        self.reports: Dict[int, Dict[str, float]] = {}
+        self._client = client
+        self._stop = threading.Event()
+        self._acks: Dict[int, threading.Event] = {}
+        self._seq = 0
+        self._lock = threading.Lock()
+
+    # the driver's answers (reader thread)
+    def _on_frame(self, message: dict) -> None:
+        if message.get("stop"):
+            self._stop.set()
+        event = self._acks.get(message.get("seq"))
+        if event is not None:
+            event.set()
+
+    def report(self, step: int, **metrics) -> None:
+        """Send this step's metrics to the driver; returns once the driver has answered (at most a
+        few seconds), so :meth:`should_stop` right after reflects this report."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise ValueError(f"trial.report: step must be an integer >= 0, got {step!r}")
+        if not metrics:
+            raise ValueError("trial.report(step, name=value, ...): give at least one metric")
+        values = {}
+        for name, value in metrics.items():
+            try:
+                values[name] = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(f"trial.report: metric {name!r} must be a number, got {value!r}") from None
+        self.reports[step] = values
+        if self._client is None or self._stop.is_set():
+            return
+        with self._lock:
+            self._seq += 1
+            seq = self._seq
+            event = self._acks[seq] = threading.Event()
+        self._client.send(
+            {"type": "report", "trial": self.number, "seq": seq, "step": step, "metrics": _jsonable(values)}
+        )
+        event.wait(ACK_WAIT)
+        self._acks.pop(seq, None)
+
+    def should_stop(self) -> bool:
+        """True once the driver has stopped this trial (early stopping, or the tuning's timeout):
+        return (your last reported metrics are kept)."""
+        return self._stop.is_set()
+
+
+def _jsonable(values: Dict[str, float]) -> Dict[str, Any]:
+    return {k: (None if math.isnan(v) or math.isinf(v) else v) for k, v in values.items()}
+
+
+def _task_gpus(spec: TrialSpec) -> Tuple[str, ...]:
+    if spec.gpus:
+        return spec.gpus
+    with contextlib.suppress(Exception):
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        info = ctx.resources().get("gpu") if ctx is not None else None
+        if info is not None:
+            return tuple(info.addresses)
+    return ()
+
+
+def _plain(out: Any) -> Any:
+    """Numbers (numpy, 0-d tensors) as floats; other values as they are."""
+    if isinstance(out, dict):
+        return {k: _plain(v) for k, v in out.items()}
+    if isinstance(out, bool) or out is None or isinstance(out, str):
+        return out
+    try:
+        return float(out)
+    except (TypeError, ValueError):
+        return out
+
+
+def run_trial(spec: TrialSpec) -> dict:
+    """Call the function for this trial; what the driver gets back (never raises)."""
+    fn = serialization.cached_loads(spec.payload, spec.key)
+    trial = Trial(spec.number, spec.params, _task_gpus(spec))
+    started = time.time()
+    try:
+        trial._client = LogClient(*spec.channel, spec.secret, on_frame=trial._on_frame)
+    except OSError as exc:
+        return {"ok": False, "error": f"cannot reach the driver's tuning channel {spec.channel}: {exc}"}
+    os.environ[IN_TRIAL_ENV] = str(spec.number)
+    try:
+        out = fn(dict(spec.params), trial)
+        result = {"ok": True, "returned": _plain(out)}
+    except Exception:  # recorded as a failed trial; the tuning goes on
+        result = {"ok": False, "error": traceback.format_exc()}
+    finally:
+        os.environ.pop(IN_TRIAL_ENV, None)
+        trial._client.close()
+    result.update(
+        reports=trial.reports, stopped=trial.should_stop(), started=started, seconds=time.time() - started
+    )
+    return result
+
+
+def trial_task(batches: Iterable[pa.RecordBatch], spec: TrialSpec) -> Iterator[pa.RecordBatch]:
+    for _ in batches:  # the job's one row: nothing to read
+        pass
+    yield collection.encode(spec.number, 0, run_trial(spec))

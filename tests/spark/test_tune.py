@@ -1,0 +1,140 @@
+"""Tuner on a real Spark session: samplers, early stopping, failures, concurrency, nested runners."""
+
+import pytest
+
+from sparkml_dist import ConfigurationError, WorkerError, tune
+from tests.conftest import IS_CONNECT
+from tests.support import tune_helpers as th
+
+FAST = {"pause": 0.02}
+
+
+def run(fn, space, **kw):
+    kw.setdefault("metric", "loss")
+    kw.setdefault("progress", False)
+    return tune.Tuner(fn, space, **kw).run()
+
+
+def test_grid_runs_every_combination_once_and_finds_the_best(spark):
+    space = {"x": [0.0, 0.3, 0.6, 0.9], "steps": [2, 3], **FAST}
+    r = run(th.curve, space, sampler="grid", max_trials=100, seed=1)
+    combos = sorted(zip(r.trials["params_x"], r.trials["params_steps"]))
+    assert combos == sorted((x, s) for x in space["x"] for s in space["steps"])  # capped at the grid's 8
+    assert (r.trials["state"] == "complete").all()
+    assert r.best_params["x"] == 0.3 and r.best_params["steps"] == 3
+    assert r.best_value == pytest.approx(1.0 / 3)
+    assert r.trials.loc[r.trials["trial"] == r.best_trial, "steps"].item() == 3  # reports counted
+
+
+def test_random_is_seeded_and_tpe_with_one_slot_too(spark):
+    space = {"x": tune.uniform(0, 1), "steps": 1, "pause": 0.0}
+    a = run(th.curve, space, max_trials=6, seed=5)
+    b = run(th.curve, space, max_trials=6, seed=5)
+    c = run(th.curve, space, max_trials=6, seed=6)
+    assert list(a.trials["params_x"]) == list(b.trials["params_x"])
+    assert list(a.trials["params_x"]) != list(c.trials["params_x"])
+    t1 = run(th.curve, space, sampler="tpe", max_trials=12, max_concurrent=1, seed=3)
+    t2 = run(th.curve, space, sampler="tpe", max_trials=12, max_concurrent=1, seed=3)
+    assert list(t1.trials["params_x"]) == list(t2.trials["params_x"])
+    assert abs(t1.best_params["x"] - 0.3) < 0.15
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"policy": "median", "startup_trials": 2},
+        {"policy": "bandit", "slack_factor": 0.05, "delay_evaluation": 1},
+        tune.TruncationSelection(truncation_percentage=50, startup_trials=2),
+    ],
+    ids=["median", "bandit", "truncation"],
+)
+def test_early_stopping_stops_poor_trials_and_keeps_the_best(spark, policy):
+    xs = [0.3, 0.95, 0.35, 0.9, 0.85, 0.8, 0.28, 0.99]
+    space = {"x": xs, "steps": 8, **FAST}
+    kw = dict(sampler="grid", max_trials=8, seed=0, max_concurrent=2)
+    full = run(th.curve, space, **kw)
+    early = run(th.curve, space, **kw, early_stopping=policy)
+    stopped = early.trials[early.trials["state"] == "stopped"]
+    assert len(stopped) >= 2, early.trials
+    assert (stopped["steps"] < 8).all() and (stopped["stop_reason"] == "early stopping").all()
+    assert stopped["params_x"].min() >= 0.8  # only the poor ones
+    assert early.best_params == full.best_params and early.best_params["x"] == 0.3
+    # a stopped trial ended cleanly: its value is its last reported loss
+    for _, row in stopped.iterrows():
+        last = row["last_step"]
+        assert row["value"] == pytest.approx((row["params_x"] - 0.3) ** 2 + 1.0 / (last + 1))
+
+
+def test_a_failing_trial_is_recorded_and_the_tuning_goes_on(spark):
+    r = run(th.fails_for_negative, {"x": [-1.0, 2.0, 3.0]}, sampler="grid", max_trials=3)
+    failed = r.trials[r.trials["state"] == "failed"]
+    assert list(failed["params_x"]) == [-1.0]
+    assert "deliberate failure for x=-1.0" in failed["error"].item()
+    assert "Traceback" in failed["error"].item()
+    assert r.best_params == {"x": 2.0} and r.best_value == 4.0
+    with pytest.raises(WorkerError, match="all 2 trials failed"):
+        run(th.fails_for_negative, {"x": [-1.0, -2.0]}, sampler="grid", max_trials=2)
+
+
+@pytest.mark.parametrize("limit", [1, 2])
+def test_concurrency_never_exceeds_max_concurrent(spark, limit):
+    r = run(th.timed, {"x": tune.uniform(0, 1), "pause": 0.4}, max_trials=5, max_concurrent=limit, seed=0)
+    assert (r.trials["state"] == "complete").all()
+    spans = [(out["start"], out["end"]) for out in r.trials["returned"]]
+    points = sorted([(s, 1) for s, _ in spans] + [(e, -1) for _, e in spans])
+    running = peak = 0
+    for _, delta in points:
+        running += delta
+        peak = max(peak, running)
+    assert peak <= limit
+    if limit == 2:
+        assert peak == 2  # and the slots were used
+
+
+def test_the_metric_returned_reported_or_missing(spark):
+    r = run(th.curve, {"x": [0.5], "steps": 3, "return_none": True, **FAST}, sampler="grid", max_trials=1)
+    assert r.best_value == pytest.approx(0.04 + 1.0 / 3)  # the last reported loss counts
+    with pytest.raises(ConfigurationError, match=r"metric='loss' was never reported.*\['accuracy'\]"):
+        run(th.reports_other, {"x": [1, 2]}, sampler="grid", max_trials=2)
+
+
+def test_timeout_stops_running_trials_cleanly(spark):
+    r = run(th.until_stopped, {"x": [1, 2, 3, 4]}, sampler="grid", max_trials=4, max_concurrent=2, timeout=3)
+    states = r.trials["state"].tolist()
+    assert states.count("stopped") == 2 and len(states) == 2, r.trials  # the others never started
+    assert (r.trials["stop_reason"] == "timeout=3s").all()
+    assert (r.trials["steps"] > 10).all() and r.wall_seconds < 20
+
+
+def test_a_trial_may_run_local_ranks_but_not_a_barrier_job(spark):
+    r = run(th.nested_runner, {"np": [-2, 2]}, sampler="grid", max_trials=2, trial_resources={"cpus": 1})
+    ok = r.trials.set_index("params_np")
+    assert ok.loc[-2, "state"] == "complete" and ok.loc[-2, "value"] == -3.0  # 1 + 2 summed by gloo
+    assert ok.loc[2, "state"] == "failed"
+    assert "BarrierRunner(np=2) inside Tuner trial" in ok.loc[2, "error"]
+    assert "np=-k" in ok.loc[2, "error"]
+
+
+def test_bad_input_is_refused_before_any_job(spark):
+    ok = dict(metric="loss", max_trials=2)
+    cases = [
+        ({}, ok, "space must be a non-empty dict"),
+        ({"x": []}, ok, r"space\['x'\]: an empty list"),
+        ({"x": 1}, ok, "space has no parameter to search"),
+        ({"x": [1]}, {**ok, "sampler": "bayes"}, "sampler must be one of"),
+        ({"x": [1]}, {**ok, "early_stopping": "hyperband"}, "unknown policy 'hyperband'"),
+        ({"x": [1]}, {**ok, "max_trials": 0}, "max_trials must be an integer >= 1"),
+        ({"x": [1]}, {**ok, "metric": ""}, "metric must name"),
+        ({"x": [1]}, {**ok, "mode": "best"}, "mode must be 'min' or 'max'"),
+        ({"x": tune.uniform(0, 1)}, {**ok, "sampler": "grid"}, r"space\['x'\].*continuous"),
+        ({"x": [1]}, {**ok, "trial_resources": {"tpus": 1}}, "trial_resources must be a dict with keys"),
+        ({"x": [1]}, {**ok, "early_stopping": {"policy": "bandit", "slack": 1}}, "early_stopping 'bandit'"),
+    ]
+    for space, kw, message in cases:
+        with pytest.raises(ConfigurationError, match=message):
+            tune.Tuner(th.curve, space, **kw)
+    if not IS_CONNECT:  # local and cluster masters: no GPU here
+        from sparkml_dist import InsufficientResourcesError
+
+        with pytest.raises(InsufficientResourcesError, match="asks 1 GPU"):
+            run(th.where_gpus, {"x": [1]}, max_trials=1, trial_resources={"gpus": 1})

@@ -1,0 +1,75 @@
+"""Trial functions for the tuner tests (importable by executors: PYTHONPATH holds the repository root).
+
+``curve``: a known learning curve. The loss at step s is ``(x - 0.3)**2 + 1 / (s + 1)``: the best x is
+0.3 whatever the step, and a trial's ranking never changes over its steps, so any early stopping
+policy keeps the best trial."""
+
+import os
+import time
+
+STEPS = 6
+
+
+def curve(params, trial):
+    x = params["x"]
+    loss = None
+    for step in range(params.get("steps", STEPS)):
+        loss = (x - 0.3) ** 2 + 1.0 / (step + 1)
+        trial.report(step, loss=loss, x=x)
+        time.sleep(params.get("pause", 0.02))
+        if trial.should_stop():
+            break
+    return None if params.get("return_none") else {"loss": loss}
+
+
+def timed(params, trial):
+    """Returns when it ran (for the concurrency check)."""
+    start = time.time()
+    time.sleep(params.get("pause", 0.3))
+    return {"loss": float(params["x"]), "start": start, "end": time.time(), "pid": float(os.getpid())}
+
+
+def fails_for_negative(params, trial):
+    if params["x"] < 0:
+        raise ValueError(f"deliberate failure for x={params['x']}")
+    return params["x"] ** 2
+
+
+def reports_other(params, trial):
+    trial.report(0, accuracy=0.5)
+    return {"accuracy": 0.5}
+
+
+def until_stopped(params, trial):
+    """Reports forever, until the driver stops it (the tuning's timeout)."""
+    step = 0
+    while not trial.should_stop():
+        trial.report(step, loss=1.0 / (step + 1))
+        time.sleep(0.05)
+        step += 1
+    return None
+
+
+def where_gpus(params, trial):
+    time.sleep(1.0)
+    return {"loss": params["x"], "gpus": ",".join(trial.gpus), "device": trial.device}
+
+
+def _allreduce():
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import context, init_process_group
+
+    ctx = context()
+    init_process_group()
+    t = torch.tensor([float(ctx.rank + 1)])
+    dist.all_reduce(t)
+    return float(t.item())
+
+
+def nested_runner(params, trial):
+    from sparkml_dist.runner import BarrierRunner
+
+    total = BarrierRunner(np=params["np"], start_timeout=60, timeout=120).run(_allreduce)
+    return {"loss": -total}
