@@ -7,13 +7,13 @@ data and settings are unpickled once per Python worker (:func:`sparkml_dist.seri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, Iterator, List
+from typing import Any, Dict, Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 from sklearn.base import clone
 from sklearn.model_selection._validation import _fit_and_score
 
-from . import collection, serialization
+from . import collection, progress, serialization
 
 
 @dataclass(frozen=True)
@@ -22,6 +22,7 @@ class SearchSpec:
     payload: bytes  # pickled Job
     n_units: int
     n_parts: int
+    progress: Optional[tuple] = None  # (host, port, secret): tell the driver's bar of each fit
 
 
 @dataclass
@@ -41,6 +42,11 @@ def search_task(batches: Iterable[pa.RecordBatch], spec: SearchSpec) -> Iterator
         return
     job = serialization.cached_loads(spec.payload, spec.key)  # once per Python worker
     n_splits, n_cand = len(job.splits), len(job.candidates)
+    with progress.Reporter(spec.progress) as report:
+        yield from _units(parts, job, spec, n_splits, n_cand, report)
+
+
+def _units(parts, job, spec, n_splits, n_cand, report) -> Iterator[pa.RecordBatch]:
     for part in parts:
         for unit in range(part, spec.n_units, spec.n_parts):
             cand, split = divmod(unit, n_splits)
@@ -56,4 +62,5 @@ def search_task(batches: Iterable[pa.RecordBatch], spec: SearchSpec) -> Iterator
                 candidate_progress=(cand, n_cand),
                 **job.kwargs,
             )
+            report()
             yield collection.encode(unit, 0, result)

@@ -34,6 +34,7 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import time
@@ -42,7 +43,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from . import _spark_env, launch, plan, serialization
+from . import _spark_env, launch, plan, progress, serialization, tracking
 from ._search_worker import Job, SearchSpec, search_task
 from .errors import ConfigurationError
 
@@ -86,6 +87,10 @@ class ParallelSearchCV(BaseSearchCV):
         random_state: seeds ``ParameterSampler`` (the folds' randomness is ``cv``'s own).
         max_concurrent: at most this many fits at once (Azure ML's ``max_concurrent_runs``);
             None: as many as the cluster's slots and Python memory allow (:mod:`sparkml_dist.plan`).
+        progress: a progress bar of the fits as they finish (tqdm; False: none).
+        mlflow: True: log the search as an MLflow run (its settings, best score, refit time) with a
+            child run per candidate (its parameters and scores); None: only when an MLflow run is
+            active; False: never (:mod:`sparkml_dist.tracking`).
     """
 
     def __init__(
@@ -103,6 +108,8 @@ class ParallelSearchCV(BaseSearchCV):
         error_score=np.nan,
         return_train_score=False,
         verbose=0,
+        progress=True,
+        mlflow=None,
     ):
         super().__init__(
             estimator=estimator,
@@ -119,6 +126,8 @@ class ParallelSearchCV(BaseSearchCV):
         self.n_iter = n_iter
         self.random_state = random_state
         self.max_concurrent = max_concurrent
+        self.progress = progress
+        self.mlflow = mlflow
 
     # ------------------------------------------------------------------ candidates
     def _candidates(self) -> List[dict]:
@@ -192,6 +201,13 @@ class ParallelSearchCV(BaseSearchCV):
     # ------------------------------------------------------------------ fit
     def fit(self, X, y=None, *, groups=None, featuresCols=None, labelCol=None, **params):
         """Run the search: ``fit(X, y)`` on numpy/pandas, or ``fit(df, featuresCols=..., labelCol=...)``."""
+        settings = {k: v for k, v in self.get_params(deep=False).items() if k not in ("mlflow", "progress")}
+        with tracking.job_run("ParallelSearchCV", self.mlflow, settings) as run:
+            self._search(X, y, groups, featuresCols, labelCol, params)
+            tracking.log_search(run, self)
+        return self
+
+    def _search(self, X, y, groups, featuresCols, labelCol, params):
         if _is_spark_df(X):
             spark = X.sparkSession
             X, y = self._from_dataframe(X, featuresCols, labelCol)
@@ -243,7 +259,6 @@ class ParallelSearchCV(BaseSearchCV):
         self.scorer_ = scorers._scorers if isinstance(scorers, _MultimetricScorer) else scorers
         self.cv_results_ = results
         self.n_splits_ = n_splits
-        return self
 
     def _evaluate(self, spark, base_estimator, X, y, candidates, splits, scorers, fit_params) -> List[dict]:
         """``_fit_and_score`` of every (candidate, fold) on Spark, in scikit-learn's order."""
@@ -275,14 +290,16 @@ class ParallelSearchCV(BaseSearchCV):
         spec = SearchSpec(serialization.digest(payload), payload, n_units, n_parts)
         log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, p.summary())
         df = spark.range(0, n_parts, 1, n_parts)
-        results = launch.run_on_groups(
-            df,
-            search_task,
-            spec,
-            expected_groups=range(n_units),
-            description="sparkml_dist-search",
-            what="fit",
-        )
+        with progress.fits(spark, n_units, "fits", self.progress) as channel:
+            spec = dataclasses.replace(spec, progress=channel)
+            results = launch.run_on_groups(
+                df,
+                search_task,
+                spec,
+                expected_groups=range(n_units),
+                description="sparkml_dist-search",
+                what="fit",
+            )
         return [results[(u, 0)] for u in range(n_units)]
 
     def _tasks(self, spark, estimator, X, y, payload_bytes: int, n_units: int):

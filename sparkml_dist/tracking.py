@@ -82,7 +82,7 @@ class NullRun:
     def child_metrics(self, run_id: Optional[str], metrics: Dict[str, Any], step=None) -> None:
         pass
 
-    def end_child(self, run_id: Optional[str], state: str, metrics: Optional[Dict[str, Any]] = None) -> None:
+    def end_child(self, run_id: Optional[str], state: str, metrics=None, step=None) -> None:
         pass
 
     def log_model(self, model: Any, artifact_path: str = "model", **kwargs) -> None:
@@ -138,10 +138,10 @@ class JobRun(NullRun):
         if run_id is not None:
             self._batch(run_id, metrics=metrics, step=step)
 
-    def end_child(self, run_id, state, metrics=None):
+    def end_child(self, run_id, state, metrics=None, step=None):
         if run_id is None:
             return
-        self._batch(run_id, metrics=metrics, tags={"sparkml_dist.state": state})
+        self._batch(run_id, metrics=metrics, step=step, tags={"sparkml_dist.state": state})
         with contextlib.suppress(Exception):
             self.client.set_terminated(run_id, _STATUS.get(state, "FINISHED"))
 
@@ -152,6 +152,55 @@ class JobRun(NullRun):
             mlflow_flavor.log_model(model, self.run_id, artifact_path, **kwargs)
         except Exception as exc:  # noqa: BLE001 - the fit succeeded; say why the model is missing
             log.warning("MLflow: could not log the model to run %s: %s", self.run_id, exc)
+
+
+def stage_params(stage) -> Dict[str, Any]:
+    """A pyspark.ml stage's parameters (the estimator as its repr)."""
+    return {p.name: (repr(v) if p.name == "estimator" else v) for p, v in stage.extractParamMap().items()}
+
+
+def tracked_fit(stage, fit, dataset):
+    """``fit(dataset)`` of an ensemble estimator inside its job run: params, the fit's figures
+    (seconds, models, rows per model) and the fitted model (:mod:`sparkml_dist.mlflow_flavor`)."""
+    with job_run(type(stage).__name__, stage.getMlflow(), stage_params(stage)) as run:
+        started = time.perf_counter()
+        model = fit(dataset)
+        sizes = model.groupSizes
+        sizes = list(sizes.values()) if isinstance(sizes, dict) else list(sizes)
+        figures = {"fit_seconds": time.perf_counter() - started, "models": len(sizes)}
+        if sizes:
+            figures.update(
+                group_rows_min=min(sizes), group_rows_mean=sum(sizes) / len(sizes), group_rows_max=max(sizes)
+            )
+        if hasattr(model, "skippedGroups"):
+            figures["skipped_groups"] = len(model.skippedGroups)
+        run.log_metrics(figures)
+        run.log_model(model)
+    return model
+
+
+def log_search(run: NullRun, search) -> None:
+    """A fitted ParallelSearchCV into its run: a child run per candidate (parameters, mean/std/rank
+    of each score, fit time), the best score and parameters and the refit time on the parent."""
+    if run.run_id is None:
+        return
+    results = search.cv_results_
+    for i, params in enumerate(results["params"]):
+        child = run.child(f"candidate {i}", params)
+        figures = {
+            k: results[k][i]
+            for k in results
+            if k.startswith(("mean_test_", "std_test_", "rank_test_", "mean_train_", "mean_fit_time"))
+        }
+        run.end_child(child, "complete", figures)
+    figures = {"candidates": len(results["params"]), "splits": search.n_splits_}
+    if hasattr(search, "best_score_"):
+        figures["best_score"] = search.best_score_
+    if hasattr(search, "refit_time_"):
+        figures["refit_seconds"] = search.refit_time_
+    run.log_metrics(figures)
+    if hasattr(search, "best_params_"):
+        run.log_params({f"best.{k}": v for k, v in search.best_params_.items()})
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from typing import Any, List, Optional
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import _spark_env, launch, partitioning, serialization
+from .. import _spark_env, launch, partitioning, serialization, tracking
 from ..errors import ConfigurationError
 from . import _worker, member_store, validation
 
@@ -165,6 +165,9 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         return info
 
     def _fit(self, dataset):
+        return tracking.tracked_fit(self, self._fit_members, dataset)
+
+    def _fit_members(self, dataset):
         spec = self._split_spec()
         self._max_classes()  # checked before any job
         est = self._resolved_estimator()
@@ -241,6 +244,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         voting: str = "soft",
         maxClasses: int = 1000,
         membersDir: Optional[str] = None,
+        mlflow: Optional[bool] = None,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -277,6 +281,7 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
         weightCol: Optional[str] = None,
         predictionCol: str = "prediction",
         membersDir: Optional[str] = None,
+        mlflow: Optional[bool] = None,
     ):
         super().__init__()
         self._set(**self._input_kwargs)

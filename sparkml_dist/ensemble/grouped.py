@@ -38,7 +38,7 @@ import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 
-from .. import launch, partitioning, plan, serialization
+from .. import launch, partitioning, plan, serialization, tracking
 from ..errors import ConfigurationError
 from . import validation
 from ._grouped_worker import (
@@ -73,6 +73,7 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         minRows: int = 1,
         onSmallGroups: str = "error",
         unseenKey: str = "error",
+        mlflow: Optional[bool] = None,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -174,6 +175,9 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
             )
 
     def _fit(self, dataset):
+        return tracking.tracked_fit(self, self._fit_keys, dataset)
+
+    def _fit_keys(self, dataset):
         from pyspark.sql import types as T
 
         self._check_params(dataset)

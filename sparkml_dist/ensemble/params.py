@@ -21,6 +21,12 @@ def declare(name: str, doc: str, converter) -> Param:
     return Param(Params._dummy(), name, doc, typeConverter=converter)
 
 
+def _tracking_flag(value):
+    if value is None or isinstance(value, bool):
+        return value
+    raise TypeError(f"mlflow must be True, False or None, got {value!r}")
+
+
 class HasEstimatorAndFeatures(HasFeaturesCol):
     """What every per-group trainer takes: the estimator to clone and the feature columns."""
 
@@ -35,8 +41,17 @@ class HasEstimatorAndFeatures(HasFeaturesCol):
         TypeConverters.toListString,
     )
 
+    mlflow = declare(
+        "mlflow",
+        "log the fit to MLflow (params, figures, the model): True, False, or unset (when a run is active)",
+        _tracking_flag,
+    )
+
     def getEstimator(self):
         return self.getOrDefault(self.estimator) if self.isDefined(self.estimator) else None
+
+    def getMlflow(self):
+        return self.getOrDefault(self.mlflow) if self.isDefined(self.mlflow) else None
 
     def getFeaturesCols(self):
         return self.getOrDefault(self.featuresCols)

@@ -24,10 +24,12 @@ Example::
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib
 import json
 import logging
+import os
 import posixpath
 import uuid
 from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
@@ -221,7 +223,7 @@ class _StageReader(MLReader):
         return self
 
     def load(self, path: str):
-        metadata = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        metadata = _load_metadata(path, self)
         cls_name = metadata.get("class")
         if cls_name not in STAGES:
             raise UnsafeModelError(
@@ -264,6 +266,20 @@ class _StageReader(MLReader):
         if not any(m["group"] == _ESTIMATOR_GROUP for m in manifest["objects"]):
             return None
         return store.load(_ESTIMATOR_GROUP, 0, trusted_types=self._trusted)
+
+
+def _load_metadata(path: str, reader: MLReader) -> dict:
+    """The stage's pyspark.ml metadata: read straight from a local directory (so MLflow's pyfunc
+    loads a model with no Spark session), through Spark for other file systems."""
+    local = path[len("file:") :] if path.startswith("file:") else (None if "://" in path else path)
+    if local is not None:
+        while local.startswith("//"):
+            local = local[1:]
+        parts = sorted(glob.glob(os.path.join(local, "metadata", "part-*")))
+        if parts:
+            with open(parts[0], encoding="utf-8") as fh:
+                return json.loads(fh.readline())
+    return DefaultParamsReader.loadMetadata(path, reader.sparkSession)
 
 
 def _members(objects: Dict[Tuple[int, int], Any], manifest: dict) -> List[Any]:

@@ -32,7 +32,7 @@ Spark's environment (masters, slots, memory, sessions, JVM calls) is read in
 """
 
 from . import checkpoint
-from .context import RankContext, context, init_process_group, log_to_driver
+from .context import RankContext, context, init_process_group, log_metrics, log_to_driver
 from .data import Shard, shard
 
 __all__ = [
@@ -41,6 +41,7 @@ __all__ = [
     "context",
     "init_process_group",
     "log_to_driver",
+    "log_metrics",
     "shard",
     "RankContext",
     "Shard",

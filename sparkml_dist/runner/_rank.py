@@ -57,6 +57,14 @@ def send_log(text: str) -> bool:
     return True
 
 
+def send_metrics(step, metrics: dict) -> bool:
+    """Send rank 0's metrics to the driver's MLflow run through the task (False outside a rank)."""
+    if CTRL is None:
+        return False
+    CTRL.send(protocol.EVENT_METRICS, step=step, metrics=metrics)
+    return True
+
+
 def _once(fn):
     """``fn`` run by the first of several callers only (a store watcher and a function hook)."""
     lock, done = threading.Lock(), []

@@ -164,6 +164,10 @@ class RankProcess:
                     continue
                 if ev.get("event") == protocol.EVENT_LOG:  # log_to_driver: streamed whatever log_ranks says
                     self._relay("log", str(ev.get("text", "")))
+                elif ev.get("event") == protocol.EVENT_METRICS:
+                    if self._client is not None:
+                        frame = {"type": protocol.FRAME_METRICS, "rank": self.rank}
+                        self._client.send({**frame, "step": ev.get("step"), "metrics": ev.get("metrics")})
                 else:
                     self._events.put(ev)
 

@@ -4,6 +4,7 @@
     init_process_group()            # gloo on CPU, NCCL with use_gpu=True; the runner's timeout
     ctx = context()                 # rank, world_size, local_rank, local_world_size, device
     log_to_driver("epoch 3: loss 0.12")   # shown on the driver whatever log_ranks is
+    ctx.log_metrics(3, loss=0.12)   # rank 0's reach the driver's MLflow run (BarrierRunner(mlflow=...))
 
 An unchanged script that calls ``torch.distributed.init_process_group()`` itself works too: the
 runner sets MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 from ..errors import ConfigurationError
 from . import _rank, backends, protocol
@@ -26,6 +28,10 @@ class RankContext:
     local_world_size: int
     device: str  # "cpu", or the task's GPU ("cuda:0"; horovod: "cuda:<local index>")
     use_gpu: bool
+
+    def log_metrics(self, step: Optional[int] = None, **metrics) -> None:
+        """:func:`log_metrics`: rank 0's metrics reach the run's MLflow run."""
+        log_metrics(step, **metrics)
 
 
 def context() -> RankContext:
@@ -53,6 +59,24 @@ def log_to_driver(message: str) -> None:
     for line in str(message).splitlines() or [""]:
         if not _rank.send_log(line):
             print(line, flush=True)
+
+
+def log_metrics(step: Optional[int] = None, **metrics) -> None:
+    """Log metrics (numbers) at ``step`` to the driver's MLflow run of this BarrierRunner run.
+
+    Rank 0's reach the run (one run per job, not per rank); other ranks' calls do nothing, so every
+    rank may call it.  Outside a rank, or when the run is not tracked, nothing is logged.
+    """
+    values = {}
+    for name, value in metrics.items():
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"log_metrics: {name!r} must be a number, got {value!r}") from None
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
+        raise ValueError(f"log_metrics: step must be an integer >= 0 or None, got {step!r}")
+    if os.environ.get("RANK") == "0":
+        _rank.send_metrics(step, values)
 
 
 def init_process_group(backend: str = None, **kwargs) -> None:

@@ -38,6 +38,7 @@ class Monitor:
         self.tasks = world_size if tasks is None else tasks  # barrier tasks (a task may run several ranks)
         self.backend = backend or backends.get("torch")
         self._sink = sink
+        self.on_metrics: Callable[[Dict[str, Any], Optional[int]], Any] = lambda metrics, step: None
         self._lock = threading.Lock()
         self.reached: set = set()
         self.finished: set = set()
@@ -73,6 +74,9 @@ class Monitor:
             self.finished.add(rank)
         elif kind == protocol.FRAME_FAILED:
             self.add_failure(msg)
+        elif kind == protocol.FRAME_METRICS and rank == 0 and isinstance(msg.get("metrics"), dict):
+            step = msg.get("step")
+            self.on_metrics(msg["metrics"], step if isinstance(step, int) else None)
 
     def root_cause(self) -> dict:
         """The failure that caused the others: not a lost-peer symptom, then the earliest."""

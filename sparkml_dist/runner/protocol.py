@@ -58,11 +58,13 @@ RESULT_FILE = "result.pkl"  # the function's return value, written by the rank p
 EVENT_RENDEZVOUS = "rendezvous"
 EVENT_DONE = "done"
 EVENT_LOG = "log"
+EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
 
 # ---------------------------------------------------------------- channel frames (task -> driver)
 FRAME_LINE = "line"  # {"rank", "stream": stdout|stderr|log, "text"}
 FRAME_RENDEZVOUS = "rendezvous"  # {"rank"}
 FRAME_DONE = "done"  # {"rank"}
+FRAME_METRICS = "metrics"  # {"rank", "step", "metrics"}
 FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"

@@ -28,10 +28,11 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import time
 import uuid
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
-from .. import _spark_env, collection
+from .. import _spark_env, collection, tracking
 from ..errors import ConfigurationError, WorkerError
 from . import _task, admission, backends, failures, launchers, sharding
 from .channel import listen, new_secret
@@ -96,6 +97,9 @@ class BarrierRunner:
             and attempt (``rank<r>-attempt<a>-<run id>.log``); a path every executor can write.
             Whatever ``log_ranks`` says, a Spark task also copies its rank's every line to its
             stderr (Spark UI -> executor logs).
+        mlflow: True: log the run as an MLflow run (its settings, wall time, attempts, and what
+            rank 0 logs with ``context().log_metrics(step, **metrics)``); None: only when an
+            MLflow run is active; False: never.
     """
 
     def __init__(
@@ -118,6 +122,7 @@ class BarrierRunner:
         spark=None,
         log_sink: Optional[Callable[[str], Any]] = None,
         log_dir: Optional[str] = None,
+        mlflow: Optional[bool] = None,
     ) -> None:
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
@@ -145,6 +150,8 @@ class BarrierRunner:
         self._seed = 0
         self._per_task = 1  # ranks per barrier task: one per GPU the task holds
         self._attempt_no = 0  # attempts of the current run, for log file names
+        self.mlflow = mlflow
+        self._track = tracking.NullRun()  # the current run's MLflow run (rank 0's metrics land there)
 
     # ------------------------------------------------------------------ public API
     def run(self, main: Callable, *args, return_all: bool = False, **kwargs):
@@ -203,6 +210,25 @@ class BarrierRunner:
             )
 
     def _run(self, df, main, args, kwargs, return_all: bool):
+        settings = {
+            "np": self.np,
+            "backend": self.backend,
+            "use_gpu": self.use_gpu,
+            "timeout": self.timeout,
+            "max_restarts": self.max_restarts,
+            "function": getattr(main, "__qualname__", repr(main)),
+            "with_data": df is not None,
+        }
+        started = time.perf_counter()
+        with tracking.job_run("BarrierRunner", self.mlflow, settings) as self._track:
+            try:
+                return self._run_attempts(df, main, args, kwargs, return_all)
+            finally:
+                figures = {"wall_seconds": time.perf_counter() - started, "attempts": self._attempt_no}
+                self._track.log_metrics(figures)
+                self._track = tracking.NullRun()
+
+    def _run_attempts(self, df, main, args, kwargs, return_all: bool):
         spark = self._session(df)
         payload = admission.payload(main, args, kwargs)
         self._per_task = admission.ranks_per_task(spark, self.np, self.use_gpu)
@@ -290,6 +316,7 @@ class BarrierRunner:
         self._attempt_no += 1
         tasks = self.world_size // self._per_task
         monitor = failures.Monitor(self.world_size, self._sink, self._backend, tasks)
+        monitor.on_metrics = self._track.log_metrics
         secret = new_secret()
         host = _spark_env.driver_host(spark)
         server = listen(secret, monitor.on_message, host)

@@ -29,6 +29,18 @@ class TrialRecord:
     send: Any = None  # answers its channel connection
     child: Any = None  # its MLflow child run
 
+    @property
+    def last_step(self) -> Optional[int]:
+        return max(self.history) if self.history else None
+
+    def final_metrics(self, metric: str) -> Dict[str, Any]:
+        """What the function returned that its reports did not already log (MLflow's child run)."""
+        reported = {k for m in self.history.values() for k in m}
+        out = dict(self.returned) if isinstance(self.returned, dict) else {}
+        if self.value is not None:
+            out.setdefault(metric, self.value)
+        return {k: v for k, v in out.items() if k not in reported}
+
     def absorb(self, result: dict) -> None:
         """Take in what the trial's task sent back (its own record of reports wins: it also holds
         those made after the driver stopped it)."""
@@ -85,7 +97,7 @@ class TuneResult:
                     "value": r.value,
                     "duration": r.seconds,
                     "steps": len(r.history),
-                    "last_step": max(r.history) if r.history else None,
+                    "last_step": r.last_step,
                     "error": r.error,
                     "stop_reason": r.stop_reason if r.state in ("stopped", "cancelled") else None,
                     "returned": r.returned,

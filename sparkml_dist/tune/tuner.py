@@ -276,7 +276,7 @@ class _Tuning:
             else:
                 rec.state, rec.value = "complete", value
                 self.study.tell(rec.trial, value, skip_if_finished=True)
-        self.run.end_child(rec.child, rec.state, {self.t.metric: rec.value} if rec.value is not None else {})
+        self.run.end_child(rec.child, rec.state, rec.final_metrics(self.t.metric), rec.last_step)
         self.bar.update(1)
         best = self._best()
         if best is not None:

@@ -73,3 +73,13 @@ def nested_runner(params, trial):
 
     total = BarrierRunner(np=params["np"], start_timeout=60, timeout=120).run(_allreduce)
     return {"loss": -total}
+
+
+def log_from_ranks():
+    """Every rank logs; only rank 0's metrics may reach the driver's MLflow run."""
+    from sparkml_dist.runner import context
+
+    ctx = context()
+    for step in range(3):
+        ctx.log_metrics(step, loss=1.0 / (step + 1) + 100 * ctx.rank, rank=ctx.rank)
+    return ctx.rank

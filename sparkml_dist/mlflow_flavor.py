@@ -1,0 +1,101 @@
+"""sparkml_dist ensemble and grouped models as MLflow models (the ``sparkml_dist`` flavor).  [anywhere]
+
+A model is saved in the package's own format (:mod:`sparkml_dist.ensemble.persistence`: JSON
+records, members in skops / XGBoost formats, SHA-256 manifest), with an ``MLmodel`` file naming two
+flavors: ``sparkml_dist`` and ``python_function`` whose loader is this module.  So
+``mlflow.pyfunc.load_model(uri)`` loads it *without unpickling anything* (MLflow's usual Python
+models are cloudpickles, which run code when loaded) and without a Spark session, and ``predict``
+takes a pandas DataFrame:
+
+* bagging models: the feature columns (``featuresCols``, else every column, in order) -> the
+  ensemble's predictions, the same numbers as ``model.transform`` and ``model.predict``;
+* grouped models: the feature columns and the ``groupCol`` column -> each row's key's model.
+
+Example::
+
+    from sparkml_dist import mlflow_flavor
+    mlflow_flavor.log_model(model, run_id)                  # what a tracked fit does itself
+    loaded = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
+    loaded.predict(pdf)
+    mlflow_flavor.load_model(f"runs:/{run_id}/model")       # the pyspark.ml Model again (transform)
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from typing import Any
+
+import numpy as np
+
+FLAVOR = "sparkml_dist"
+STAGE_DIR = "stage"
+
+
+def save_model(model: Any, path: str) -> None:
+    """Write ``model`` (a fitted bagging or grouped model) as an MLflow model directory ``path``."""
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    from . import __version__
+
+    os.makedirs(path, exist_ok=False)
+    model.write().save(os.path.join(path, STAGE_DIR))
+    mlmodel = Model()
+    mlmodel.add_flavor(FLAVOR, stage=STAGE_DIR, stage_class=type(model).__name__, version=__version__)
+    mlflow.pyfunc.add_to_model(mlmodel, loader_module=__name__, data=STAGE_DIR)
+    mlmodel.save(os.path.join(path, "MLmodel"))
+    import sklearn
+
+    with open(os.path.join(path, "requirements.txt"), "w", encoding="utf-8") as fh:
+        fh.write(f"sparkml_dist=={__version__}\nscikit-learn=={sklearn.__version__}\n")
+
+
+def log_model(model: Any, run_id: str, artifact_path: str = "model") -> str:
+    """Save ``model`` into the artifacts of MLflow run ``run_id``; returns its ``runs:/`` URI."""
+    from mlflow.tracking import MlflowClient
+
+    with tempfile.TemporaryDirectory() as tmp:
+        local = os.path.join(tmp, "model")
+        save_model(model, local)
+        MlflowClient().log_artifacts(run_id, local, artifact_path)
+    return f"runs:/{run_id}/{artifact_path}"
+
+
+def _read_stage(stage_path: str):
+    from .ensemble.persistence import _StageReader
+
+    return _StageReader(None).load(stage_path)
+
+
+def load_model(model_uri: str) -> Any:
+    """The pyspark.ml model (``BaggingClassificationModel``, ``GroupedModel``...) logged at ``model_uri``."""
+    import mlflow.artifacts
+
+    local = mlflow.artifacts.download_artifacts(model_uri)
+    return _read_stage(os.path.join(local, STAGE_DIR))
+
+
+class PyFuncModel:
+    """What ``mlflow.pyfunc.load_model`` wraps: ``predict(pandas DataFrame) -> numpy array``."""
+
+    def __init__(self, stage: Any) -> None:
+        self.stage = stage
+
+    def predict(self, model_input, params=None) -> np.ndarray:
+        import pandas as pd
+
+        frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
+        stage = self.stage
+        if hasattr(stage, "getGroupCol"):
+            key = stage.getGroupCol()
+            if key not in frame.columns:
+                raise ValueError(f"the input has no {key!r} column (groupCol): it selects each row's model")
+            cols = stage.getFeaturesCols() or [c for c in frame.columns if c != key]
+            return stage.predict(frame[list(cols)].to_numpy(dtype=np.float64), frame[key].tolist())
+        return stage.predict(frame)
+
+
+def _load_pyfunc(path: str) -> PyFuncModel:
+    """MLflow's pyfunc entry point (``loader_module``): ``path`` is the model's ``stage`` directory."""
+    return PyFuncModel(_read_stage(path))
