@@ -4,6 +4,8 @@
     sparkml-dist ensemble --conf conf/ensemble_example.yaml [--master ...]
     sparkml-dist run --np 2 train.py -- --epochs 3        a training script on 2 ranks (torchrun for Spark)
     sparkml-dist search --conf conf/search_example.yaml   a parameter search, every fit on Spark
+    sparkml-dist tune --conf conf/tune_example.yaml       tune any training function (job file:
+                                                          :mod:`sparkml_dist.tune.job`)
 
 Under ``spark-submit`` pass this file (its imports are absolute) and omit ``--master``, so the
 session spark-submit configured is used::
@@ -258,6 +260,7 @@ def _parser() -> argparse.ArgumentParser:
         ("ensemble", "train a bagged ensemble from a job file"),
         ("search", "a parameter search from a job file, every fit on Spark"),
         ("run", "run a torch.distributed training script on barrier tasks"),
+        ("tune", "tune any training function (module:function) from a job file, trials on Spark"),
     ):
         p = sub.add_parser(name, help=help_)
         p.add_argument(
@@ -266,7 +269,7 @@ def _parser() -> argparse.ArgumentParser:
             help="local[*], local-cluster[...], connect:local[2], sc://host:port; omit under spark-submit",
         )
         p.add_argument("--spark-conf", default=None, help="YAML file of Spark settings")
-        if name in ("ensemble", "search"):
+        if name in ("ensemble", "search", "tune"):
             p.add_argument("--conf", required=True, help="YAML job file")
         if name == "run":
             p.add_argument(
@@ -325,7 +328,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             with open(args.conf) as fh:
                 job = yaml.safe_load(fh)
-            report = (run_search_job if args.command == "search" else run_ensemble_job)(spark, job)
+            if args.command == "tune":
+                from sparkml_dist.tune.job import run_tune_job
+
+                report = run_tune_job(spark, job, os.path.dirname(os.path.abspath(args.conf)))
+            else:
+                report = (run_search_job if args.command == "search" else run_ensemble_job)(spark, job)
         print(json.dumps(report, indent=2, default=str))
     finally:
         spark.stop()

@@ -28,6 +28,12 @@ def dumps(obj: Any) -> bytes:
     return _cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
 
 
+def ship_by_value(module) -> None:
+    """Pickle ``module``'s functions and classes by value from now on: executors that cannot import
+    it (a file beside a job, not an installed package) get them with the job."""
+    _cloudpickle.register_pickle_by_value(module)
+
+
 def loads(data: bytes) -> Any:
     """Load bytes produced by :func:`dumps` in this run (trusted channel only)."""
     return pickle.loads(data)

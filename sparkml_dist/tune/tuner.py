@@ -35,18 +35,14 @@ Spark and is refused inside a trial.
 from __future__ import annotations
 
 import logging
-import threading
-import time
-import uuid
 from typing import Any, Callable, Dict, Optional
 
-from .. import _spark_env, collection, launch, progress, serialization, tracking
+from .. import _spark_env, serialization, tracking
 from ..errors import ConfigurationError
-from ..runner.channel import listen, new_secret
 from . import policies, resources
 from . import space as spaces
-from .result import TrialRecord, TuneResult, trial_value
-from .trial import TrialSpec, trial_task
+from .result import TuneResult
+from .scheduler import Tuning
 
 log = logging.getLogger(__name__)
 
@@ -178,7 +174,7 @@ class Tuner:
         )
         log.info("Tuner: %d trials, %d at once (%s)", self.n_trials, slots.concurrency, slots.summary)
         with tracking.job_run("Tuner", self.mlflow, self.tracked_params()) as run:
-            result = _Tuning(self, spark, study, slots, run).execute()
+            result = Tuning(self, spark, study, slots, run).execute()
             run.log_metrics({"best_value": result.best_value} if result.best_value is not None else {})
             run.log_params({f"best.{k}": v for k, v in (result.best_params or {}).items()})
         return result
@@ -193,173 +189,3 @@ def _grid_sampler(optuna):
             pass
 
     return AskTellGrid
-
-
-class _Tuning:
-    """One run of a Tuner: the trial threads, the channel and the records."""
-
-    def __init__(self, tuner: Tuner, spark, study, slots, run) -> None:
-        self.t, self.spark, self.study, self.slots, self.run = tuner, spark, study, slots, run
-        self.lock = threading.Lock()
-        self.records: Dict[int, TrialRecord] = {}
-        self.launched = 0
-        self.stopping: Optional[str] = None
-        self.failure: Optional[BaseException] = None
-        self.secret = new_secret()
-        self.key = serialization.digest(tuner.payload)
-        self.run_id = uuid.uuid4().hex[:8]
-
-    # ----------------------------------------------------------------- trials
-    def _next(self) -> Optional[TrialRecord]:
-        with self.lock:
-            if self.stopping or self.launched >= self.t.n_trials:
-                return None
-            trial = self.study.ask(self.t.dists)
-            self.launched += 1
-            rec = TrialRecord(trial, {**trial.params, **self.t.constants})
-            self.records[trial.number] = rec
-        rec.child = self.run.child(f"trial {trial.number}", rec.params)
-        return rec
-
-    def _worker(self, server) -> None:
-        try:
-            while True:
-                rec = self._next()
-                if rec is None:
-                    return
-                self._finish(rec, self._launch(rec, server))
-        except BaseException as exc:  # noqa: BLE001 - raised again on the driver's main thread
-            with self.lock:
-                self.failure = self.failure or exc
-                self.stopping = self.stopping or "error"
-
-    def _launch(self, rec: TrialRecord, server) -> dict:
-        pool = self.slots.gpu_pool
-        gpus = pool.take() if pool is not None else None
-        number = rec.trial.number
-        spec = TrialSpec(
-            number, rec.params, self.t.payload, self.key, (server.address, server.port), self.secret, gpus
-        )
-        rec.tag = launch.JobTag(self.spark, f"tune-{self.run_id}-{number}")
-        rec.started = time.time()
-        try:
-            df = self.spark.range(0, 1, 1, 1)
-            out = launch.map_groups(df, trial_task, spec, profile=self.slots.profile)
-            with rec.tag.scope():
-                table = out.toArrow()
-            return collection.decode(table, [number], what="trial")[(number, 0)]
-        except Exception as exc:  # the job failed or was cancelled: the tuning goes on
-            why = f"cancelled ({rec.stop_reason})" if rec.stop_reason else f"{type(exc).__name__}: {exc}"
-            return {"ok": False, "error": why, "cancelled": bool(rec.stop_reason)}
-        finally:
-            if gpus is not None:
-                pool.give(gpus)
-
-    def _finish(self, rec: TrialRecord, result: dict) -> None:
-        with self.lock:
-            rec.absorb(result)
-            value, missing = trial_value(result, rec, self.t.metric)
-            optuna = _optuna()
-            if missing and not self.stopping:
-                self.failure = ConfigurationError(
-                    f"metric={self.t.metric!r} was never reported by trial {rec.trial.number}: {missing}. "
-                    "Return it (return {'" + self.t.metric + "': value}) or report it "
-                    f"(trial.report(step, {self.t.metric}=value)), or fix metric="
-                )
-                self.stopping = "error"
-            if rec.state == "failed" or value is None:
-                rec.state = "cancelled" if result.get("cancelled") else "failed"
-                self.study.tell(rec.trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
-            elif rec.stop_reason:
-                rec.state, rec.value = "stopped", value
-                self.study.tell(rec.trial, state=optuna.trial.TrialState.PRUNED, skip_if_finished=True)
-            else:
-                rec.state, rec.value = "complete", value
-                self.study.tell(rec.trial, value, skip_if_finished=True)
-        self.run.end_child(rec.child, rec.state, rec.final_metrics(self.t.metric), rec.last_step)
-        self.bar.update(1)
-        best = self._best()
-        if best is not None:
-            self.bar.set_postfix_str(f"best {self.t.metric}={best.value:.4g} (trial {best.trial.number})")
-
-    # ----------------------------------------------------------------- the channel
-    def on_message(self, message: dict, send) -> None:
-        if message.get("type") != "report":
-            return
-        rec = self.records.get(message.get("trial"))
-        if rec is None:
-            return
-        step = message.get("step")
-        metrics = {k: (float("nan") if v is None else v) for k, v in (message.get("metrics") or {}).items()}
-        with self.lock:
-            rec.send = send
-            rec.history[step] = metrics
-            value = metrics.get(self.t.metric)
-            if value is not None and not rec.stop_reason and isinstance(step, int):
-                rec.trial.report(float(value), step)
-                if rec.trial.should_prune():
-                    rec.stop_reason = "early stopping"
-            stop = bool(rec.stop_reason)
-        self.run.child_metrics(rec.child, metrics, step)
-        send({"seq": message.get("seq"), "stop": stop})
-
-    def _stop_running(self, reason: str) -> None:
-        with self.lock:
-            self.stopping = self.stopping or reason
-            running = [r for r in self.records.values() if r.state == "running"]
-            for rec in running:
-                rec.stop_reason = rec.stop_reason or reason
-        for rec in running:
-            if rec.send is not None:
-                rec.send({"stop": True})
-
-    def _cancel_running(self) -> None:
-        for rec in list(self.records.values()):
-            if rec.state == "running" and rec.tag is not None:
-                rec.stop_reason = rec.stop_reason or "cancelled"
-                rec.tag.cancel()
-
-    # ----------------------------------------------------------------- the whole run
-    def execute(self) -> TuneResult:
-        self.bar = progress.bar(self.t.n_trials, "trials", self.t.progress)
-        server = listen(self.secret, self.on_message, _spark_env.driver_host(self.spark), replies=True)
-        threads = [
-            threading.Thread(target=self._worker, args=(server,), name=f"sparkml_dist-trial-{i}", daemon=True)
-            for i in range(min(self.slots.concurrency, self.t.n_trials))
-        ]
-        start = time.monotonic()
-        deadline = start + self.t.timeout if self.t.timeout else None
-        stop_at = None
-        try:
-            with launch.own_interrupts():
-                for th in threads:
-                    th.start()
-                while any(th.is_alive() for th in threads):
-                    for th in threads:
-                        th.join(0.1)
-                    now = time.monotonic()
-                    if deadline is not None and now > deadline and not self.stopping:
-                        self._stop_running(f"timeout={self.t.timeout}s")
-                    if self.stopping and stop_at is None:
-                        stop_at = now + (0 if self.failure else self.t.stop_grace)
-                    if stop_at is not None and now > stop_at:
-                        self._cancel_running()
-        except KeyboardInterrupt:
-            self._stop_running("interrupted")
-            self._cancel_running()
-            for th in threads:
-                th.join(10)
-            raise
-        finally:
-            server.close()
-            self.bar.close()
-        if self.failure is not None:
-            raise self.failure
-        return TuneResult.build(self.records, self.t, self.study, time.monotonic() - start)
-
-    def _best(self) -> Optional[TrialRecord]:
-        done = [r for r in self.records.values() if r.state == "complete"]
-        if not done:
-            return None
-        pick = min if self.t.mode == "min" else max
-        return pick(done, key=lambda r: r.value)

@@ -2,7 +2,8 @@
 discovery script), so the runner's GPU pinning runs for real on a CPU machine.  (Local mode does
 not schedule custom resources; a real executor does.)
 
-Modes: "conf" (every task gets one GPU), "profile" (the runner asks one per task), "multi" (two
+Modes: "conf" (every task gets one GPU), "profile" (the runner asks one per task; then tuner trials
+ask one GPU each), "multi" (two
 executors, tasks holding two GPUs each: four ranks on two tasks, with a DataFrame shard each)."""
 
 import json
@@ -27,6 +28,13 @@ def where_and_what():
     from sparkml_dist.runner import shard
 
     return {**where_am_i(), "values": sorted(shard().to_numpy(["x"]).reshape(-1).tolist())}
+
+
+def where_gpus(params, trial):  # a tuner trial (defined here: shipped by value from __main__)
+    import time
+
+    time.sleep(1.0)
+    return {"loss": params["x"], "gpus": ",".join(trial.gpus), "device": trial.device}
 
 
 if __name__ == "__main__":
@@ -60,4 +68,13 @@ if __name__ == "__main__":
     else:
         out = BarrierRunner(2, use_gpu=True, start_timeout=120, timeout=240).run(where_am_i, return_all=True)
     print("RESULT " + json.dumps(out))
+    if mode == "profile":  # tuner trials asking one GPU each through a stage-level profile
+        from sparkml_dist import tune
+
+        r = tune.Tuner(where_gpus, {"x": [1, 2, 3, 4]}, metric="loss", sampler="grid", max_trials=4,
+                       trial_resources={"gpus": 1}, progress=False).run()  # fmt: skip
+        print(
+            "TUNE "
+            + json.dumps([dict(out, state=s) for out, s in zip(r.trials["returned"], r.trials["state"])])
+        )
     spark.stop()

@@ -83,3 +83,22 @@ def test_search_job_on_bundled_data_matches_scikit_learn(tmp_path):
     assert len(pd.read_csv(tmp_path / "results.csv")) == 6
     best = model_formats.decode(report["best_model_format"], (tmp_path / "best.skops").read_bytes())
     assert (best.predict(X) == ref.best_estimator_.predict(X)).all()
+
+
+@only_local
+def test_tune_job_runs_the_example_function_shipped_by_value(tmp_path):
+    import shutil
+
+    # the job and its function in a folder the executors' Python workers do not have on their path
+    shutil.copy(os.path.join(ROOT, "examples", "tune_digits.py"), tmp_path / "tune_digits.py")
+    job = yaml.safe_load(open(os.path.join(ROOT, "conf", "tune_example.yaml")))
+    job["function"] = "tune_digits:train"  # module:function beside the job (the example names a file)
+    job["space"]["epochs"] = 3
+    job.update(max_trials=4, sampler="random", early_stopping=None)
+    job["output"] = {"trials_csv": str(tmp_path / "trials.csv")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    report = _run("tune", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
+    assert report["trials"] == 4 and report["states"] == {"complete": 4}
+    assert set(report["best_params"]) == {"lr", "hidden", "epochs"} and report["best_value"] < 2.3
+    trials = pd.read_csv(tmp_path / "trials.csv")
+    assert (trials["steps"] == 3).all() and trials["value"].min() == report["best_value"]

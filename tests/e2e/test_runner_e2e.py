@@ -105,6 +105,11 @@ def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
     assert [r["rank"] for r in out] == [0, 1]
     assert sorted(r["cuda_visible"] for r in out) == ["0", "1"]  # one distinct GPU per rank
     assert all(r["device"] == "cuda:0" for r in out)
+    if mode == "profile":  # four trials, two at once (the executor's two GPUs), one GPU each
+        trials = json.loads(proc.stdout.split("TUNE ", 1)[1].splitlines()[0])
+        assert [t["state"] for t in trials] == ["complete"] * 4
+        assert all(t["gpus"] in ("0", "1") and t["device"] == f"cuda:{t['gpus']}" for t in trials)
+        assert {t["gpus"] for t in trials} == {"0", "1"}
 
 
 @only_local
