@@ -14,6 +14,7 @@ from sparkml_dist import tune  # noqa: E402
 from sparkml_dist.ensemble import BaggingClassifier, GroupedTrainer  # noqa: E402
 from sparkml_dist.runner import BarrierRunner  # noqa: E402
 from sparkml_dist.search import ParallelSearchCV  # noqa: E402
+from tests.conftest import IS_CONNECT  # noqa: E402
 from tests.support import tune_helpers as th  # noqa: E402
 
 
@@ -115,6 +116,7 @@ def test_rank_zero_metrics_reach_the_runner_run(tracking):
     assert found.iloc[0]["metrics.attempts"] == 1.0
 
 
+@pytest.mark.skipif(IS_CONNECT, reason="mlflow.pyspark.ml.autolog reads the SparkContext: classic Spark only")
 def test_autolog_records_our_estimator_params_in_its_own_run(tracking, data):
     _, df = data
     import mlflow.pyspark.ml
