@@ -1,8 +1,10 @@
 """sparkml_dist ensemble and grouped models as MLflow models (the ``sparkml_dist`` flavor).  [anywhere]
 
 A model is saved in the package's own format (:mod:`sparkml_dist.ensemble.persistence`: JSON
-records, members in skops / XGBoost formats, SHA-256 manifest), with an ``MLmodel`` file naming two
-flavors: ``sparkml_dist`` and ``python_function`` whose loader is this module.  So
+records, members in skops / XGBoost formats, SHA-256 manifest), with an ``MLmodel`` file naming the
+flavors ``sparkml_dist`` and ``python_function`` (whose loader is this module) and, when logged
+from classic Spark, ``spark`` (the model as a one-stage PipelineModel, for
+``mlflow.spark.load_model``; the other flavors read the same stage directory).  So
 ``mlflow.pyfunc.load_model(uri)`` loads it *without unpickling anything* (MLflow's usual Python
 models are cloudpickles, which run code when loaded) and without a Spark session, and ``predict``
 takes a pandas DataFrame:
@@ -22,28 +24,55 @@ Example::
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
+from . import _spark_env
+
 FLAVOR = "sparkml_dist"
 STAGE_DIR = "stage"
+SPARK_DIR = "sparkml"
+
+
+def _spark_flavor(model: Any, path: str) -> Optional[str]:
+    """On classic Spark, ``model`` as a one-stage PipelineModel in ``path/sparkml`` (MLflow's spark
+    flavor, for ``mlflow.spark.load_model``); returns the stage's directory inside it, which the
+    other flavors share (one copy of the members).  None on Spark Connect or for lazy members."""
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    lazy = type(getattr(model, "_members", None)).__name__ == "LazyMembers"
+    if spark is None or _spark_env.is_connect(spark) or lazy:
+        return None
+    from pyspark.ml import PipelineModel
+
+    PipelineModel(stages=[model]).write().save(os.path.join(path, SPARK_DIR))
+    stages = glob.glob(os.path.join(path, SPARK_DIR, "stages", "*"))
+    return os.path.relpath(stages[0], path) if len(stages) == 1 else None
 
 
 def save_model(model: Any, path: str) -> None:
     """Write ``model`` (a fitted bagging or grouped model) as an MLflow model directory ``path``."""
     import mlflow.pyfunc
+    import pyspark
     from mlflow.models import Model
 
     from . import __version__
 
     os.makedirs(path, exist_ok=False)
-    model.write().save(os.path.join(path, STAGE_DIR))
+    stage = _spark_flavor(model, path)
+    if stage is None:
+        stage = STAGE_DIR
+        model.write().save(os.path.join(path, STAGE_DIR))
     mlmodel = Model()
-    mlmodel.add_flavor(FLAVOR, stage=STAGE_DIR, stage_class=type(model).__name__, version=__version__)
-    mlflow.pyfunc.add_to_model(mlmodel, loader_module=__name__, data=STAGE_DIR)
+    mlmodel.add_flavor(FLAVOR, stage=stage, stage_class=type(model).__name__, version=__version__)
+    mlflow.pyfunc.add_to_model(mlmodel, loader_module=__name__, data=stage)
+    if stage != STAGE_DIR:
+        mlmodel.add_flavor("spark", pyspark_version=pyspark.__version__, model_data=SPARK_DIR)
     mlmodel.save(os.path.join(path, "MLmodel"))
     import sklearn
 
@@ -71,9 +100,11 @@ def _read_stage(stage_path: str):
 def load_model(model_uri: str) -> Any:
     """The pyspark.ml model (``BaggingClassificationModel``, ``GroupedModel``...) logged at ``model_uri``."""
     import mlflow.artifacts
+    from mlflow.models import Model
 
     local = mlflow.artifacts.download_artifacts(model_uri)
-    return _read_stage(os.path.join(local, STAGE_DIR))
+    stage = Model.load(os.path.join(local, "MLmodel")).flavors[FLAVOR]["stage"]
+    return _read_stage(os.path.join(local, stage))
 
 
 class PyFuncModel:

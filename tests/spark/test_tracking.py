@@ -10,7 +10,7 @@ mlflow = pytest.importorskip("mlflow")  # the dev extra installs it; the package
 from sklearn.linear_model import LinearRegression  # noqa: E402
 from sklearn.tree import DecisionTreeClassifier  # noqa: E402
 
-from sparkml_dist import tune  # noqa: E402
+from sparkml_dist import mlflow_flavor, tune  # noqa: E402
 from sparkml_dist.ensemble import BaggingClassifier, GroupedTrainer  # noqa: E402
 from sparkml_dist.runner import BarrierRunner  # noqa: E402
 from sparkml_dist.search import ParallelSearchCV  # noqa: E402
@@ -57,6 +57,14 @@ def test_a_bagging_fit_in_an_active_run_logs_one_nested_run_and_a_pyfunc_model(t
     loaded = mlflow.pyfunc.load_model(f"runs:/{row.run_id}/model")
     expected = np.array([r.prediction for r in model.transform(df).select("prediction").collect()])
     np.testing.assert_array_equal(loaded.predict(pdf[["a", "b", "c"]]), expected)
+    again = mlflow_flavor.load_model(f"runs:/{row.run_id}/model")  # the pyspark.ml model
+    np.testing.assert_array_equal(again.predict(pdf[["a", "b", "c"]]), expected)
+    if not IS_CONNECT:  # MLflow's spark flavor: a PipelineModel holding the ensemble
+        from mlflow import spark as mlflow_spark
+
+        pipeline = mlflow_spark.load_model(f"runs:/{row.run_id}/model")
+        scored = pipeline.transform(df).select("prediction").collect()
+        np.testing.assert_array_equal([r.prediction for r in scored], expected)
 
 
 def test_a_grouped_fit_logs_its_model_and_mlflow_false_logs_nothing(tracking, data):
