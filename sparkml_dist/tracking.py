@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import sys
 import time
 from typing import Any, Dict, Iterator, Optional
 
@@ -35,11 +36,14 @@ def _mlflow(required: bool):
 
 
 def wanted(flag: Optional[bool]) -> bool:
-    """Whether a job with ``mlflow=flag`` logs."""
+    """Whether a job with ``mlflow=flag`` logs.  For None, a run can only be active if mlflow was
+    imported already: a job never pays mlflow's import time just to find out."""
     if flag is False:
         return False
-    mlflow = _mlflow(required=bool(flag))
-    return mlflow is not None and (bool(flag) or mlflow.active_run() is not None)
+    if flag is None:
+        mlflow = sys.modules.get("mlflow")
+        return mlflow is not None and mlflow.active_run() is not None
+    return _mlflow(required=True) is not None
 
 
 def _plain(params: Dict[str, Any], prefix: str = "") -> Dict[str, str]:

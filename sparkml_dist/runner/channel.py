@@ -290,6 +290,11 @@ class LogClient:
         except (OSError, ConnectionError, ValueError):
             return  # closed (by us or the driver): nothing more will come
 
+    @property
+    def connected(self) -> bool:
+        """False once a send failed or :meth:`close` ran."""
+        return self._sock is not None
+
     def send(self, message: dict) -> None:
         data = _frame(message)
         with self._lock:

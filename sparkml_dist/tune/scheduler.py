@@ -9,6 +9,7 @@ exactly the tuner's jobs).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -99,6 +100,8 @@ class Tuning:
                     f"(trial.report(step, {self.t.metric}=value)), or fix metric="
                 )
                 self.stopping = "error"
+            if value is not None and math.isnan(value):
+                rec.state, rec.error, value = "failed", f"{self.t.metric} is NaN", None
             if rec.state == "failed" or value is None:
                 rec.state = "cancelled" if result.get("cancelled") else "failed"
                 self.study.tell(rec.trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -121,13 +124,15 @@ class Tuning:
         rec = self.records.get(message.get("trial"))
         if rec is None:
             return
-        step = message.get("step")
-        metrics = {k: (float("nan") if v is None else v) for k, v in (message.get("metrics") or {}).items()}
+        step, metrics = message.get("step"), message.get("metrics")
+        if not isinstance(step, int) or not isinstance(metrics, dict):
+            return  # Trial.report never sends these
+        metrics = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
         with self.lock:
             rec.send = send
             rec.history[step] = metrics
             value = metrics.get(self.t.metric)
-            if value is not None and not rec.stop_reason and isinstance(step, int):
+            if value is not None and not rec.stop_reason:
                 rec.trial.report(float(value), step)
                 if rec.trial.should_prune():
                     rec.stop_reason = "early stopping"

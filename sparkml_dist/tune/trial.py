@@ -82,7 +82,7 @@ class Trial:
             except (TypeError, ValueError):
                 raise TypeError(f"trial.report: metric {name!r} must be a number, got {value!r}") from None
         self.reports[step] = values
-        if self._client is None or self._stop.is_set():
+        if self._client is None or self._stop.is_set() or not self._client.connected:
             return
         with self._lock:
             self._seq += 1
