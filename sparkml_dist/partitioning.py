@@ -217,21 +217,27 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float, bu
 _BUCKETS = 1024  # hash buckets counted to place every row's position (balanced_groups)
 
 
-def _orderable(df, key_cols: Sequence[str]) -> List[str]:
-    """The key columns Spark can sort by (maps, variants and UDTs cannot be)."""
+def unkeyable_part(dtype, *, hashing: bool = False) -> str:
+    """The part of a Spark type that rows cannot be sorted by ('' when none): maps, variants and
+    user-defined types, also inside arrays and structs.  ``hashing``: what ``xxhash64`` cannot
+    hash instead (a UDT hashes as its underlying SQL type)."""
     from pyspark.sql import types as T
 
-    def ok(dt) -> bool:
-        if isinstance(dt, (T.MapType, T.UserDefinedType)) or type(dt).__name__ == "VariantType":
-            return False
-        if isinstance(dt, T.ArrayType):
-            return ok(dt.elementType)
-        if isinstance(dt, T.StructType):
-            return all(ok(f.dataType) for f in dt.fields)
-        return True
+    if isinstance(dtype, T.MapType) or type(dtype).__name__ == "VariantType":
+        return dtype.simpleString()
+    if isinstance(dtype, T.UserDefinedType) and not hashing:
+        return dtype.simpleString()
+    if isinstance(dtype, T.ArrayType):
+        return unkeyable_part(dtype.elementType, hashing=hashing)
+    if isinstance(dtype, T.StructType):
+        return next((u for f in dtype.fields for u in [unkeyable_part(f.dataType, hashing=hashing)] if u), "")
+    return ""
 
+
+def _orderable(df, key_cols: Sequence[str]) -> List[str]:
+    """The key columns Spark can sort by."""
     types = {f.name: f.dataType for f in df.schema.fields}
-    return [c for c in key_cols if c in types and ok(types[c])]
+    return [c for c in key_cols if c in types and not unkeyable_part(types[c])]
 
 
 def balanced_groups(df, spec: SplitSpec, key_cols: Sequence[str]):

@@ -131,13 +131,13 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         key_cols = [_worker.FEATURES, _worker.LABEL] + ([_worker.WEIGHT] if weight_col else [])
         return dataset.select(*cols), key_cols
 
-    def _check_groups(self, spark, dataset, grouped, spec, est, weight_col: str) -> dict:
+    def _check_groups(self, spark, dataset, grouped, spec, est, weight_col: str, max_classes: int) -> dict:
         """One job sizes the groups and validates the data; returns check_data's findings."""
         with launch.job_scope(spark, "sparkml_dist: sizing groups"):
             stats = partitioning.group_stats(
                 grouped,
                 spec.num_groups,
-                validation.data_aggregates(self._is_classifier, bool(weight_col), self._max_classes()),
+                validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes),
             )
         if not stats.rows and dataset.isEmpty():
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
@@ -151,7 +151,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             allow_nan=validation.estimator_allows_nan(est),
             is_classifier=self._is_classifier,
             counts_copies=spec.sampling != "disjoint",
-            max_classes=self._max_classes(),
+            max_classes=max_classes,
         )
         info["subsets"] = partitioning.feature_subsets(info["n_features"], spec)
         widest = max(len(s) for s in info["subsets"])
@@ -169,7 +169,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
 
     def _fit_members(self, dataset):
         spec = self._split_spec()
-        self._max_classes()  # checked before any job
+        max_classes = self._max_classes()  # checked before any job
         est = self._resolved_estimator()
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
         blob = self._check_estimator(est, bool(weight_col))
@@ -180,7 +180,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
                 grouped, _ = partitioning.balanced_groups(prepared, spec, key_cols)
         else:
             grouped = partitioning.assign_groups(prepared, spec, key_cols)
-        info = self._check_groups(spark, dataset, grouped, spec, est, weight_col)
+        info = self._check_groups(spark, dataset, grouped, spec, est, weight_col, max_classes)
         fit_spec = _worker.FitSpec(
             estimator_blob=blob,
             is_classifier=self._is_classifier,

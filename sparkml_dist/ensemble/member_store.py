@@ -22,8 +22,8 @@ from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from ..errors import ConfigurationError
 from ..model_store import ModelStore
-
-RECORD, MODEL = 0, 1  # items of a member's group, as in a saved model (persistence)
+from .persistence import _MODEL as MODEL  # the items of a member's group, as a saved model has them
+from .persistence import _RECORD as RECORD
 
 
 def new_store(members_dir: str, uid: str) -> "ModelStore | None":
@@ -54,13 +54,11 @@ def committed(store: ModelStore, results: List[dict]) -> "LazyMembers":
 
 
 def write_member(store: ModelStore, member: Any) -> List[dict]:
-    """On an executor: the member's record and model into ``store``; their metadata (record inside)."""
-    from .persistence import _member_record
+    """On an executor: the member's record and model into ``store`` (as a saved model holds them);
+    their metadata, the record inside (what the driver needs without loading anything)."""
+    from .persistence import _write_member
 
-    record, model = _member_record(member)
-    metas = [store.write(record["group"], RECORD, record), store.write(record["group"], MODEL, model)]
-    metas[0]["record"] = record  # what the driver needs without loading anything
-    return metas
+    return _write_member(store.write, member)
 
 
 class LazyMembers(Sequence):
@@ -76,13 +74,14 @@ class LazyMembers(Sequence):
             (by_group[g][RECORD], by_group[g][MODEL]) for g in sorted(by_group) if g >= 0
         ]
         self._loaded: "List[Any] | None" = None
+        self._store: "ModelStore | None" = None  # opened once, on first load
 
     def __getstate__(self):  # the metadata travels, never the models
         return {"uri": self.uri, "metas": self._metas, "trusted": self.trusted_types}
 
     def __setstate__(self, state):
         self.uri, self._metas, self.trusted_types = state["uri"], state["metas"], state["trusted"]
-        self._loaded = None
+        self._loaded, self._store = None, None
 
     @property
     def records(self) -> List[dict]:
@@ -95,7 +94,9 @@ class LazyMembers(Sequence):
     def _load(self, i: int) -> Any:
         from .persistence import _member_from
 
-        store = ModelStore(self.uri)
+        if self._store is None:
+            self._store = ModelStore(self.uri)
+        store = self._store
         rec, mod = self._metas[i]
         decode = lambda meta: store._decode(meta, self.trusted_types, False)  # noqa: E731
         return _member_from(decode(rec), decode(mod))

@@ -45,23 +45,10 @@ def file_split(df, world: int) -> Optional[parquet_split.ParquetSplit]:
     return split
 
 
-def _unhashable(dtype) -> str:
-    """The part of a Spark type that rows cannot be hashed or ordered by ('' when none)."""
-    from pyspark.sql import types as T
-
-    if isinstance(dtype, T.MapType) or type(dtype).__name__ == "VariantType":
-        return dtype.simpleString()
-    if isinstance(dtype, T.ArrayType):
-        return _unhashable(dtype.elementType)
-    if isinstance(dtype, T.StructType):
-        return next((u for f in dtype.fields for u in [_unhashable(f.dataType)] if u), "")
-    return ""
-
-
 def _check_hashable(schema) -> None:
     """Rows are dealt to ranks by a hash of their values: say which column Spark cannot hash."""
     for field in schema.fields:
-        bad = _unhashable(field.dataType)
+        bad = partitioning.unkeyable_part(field.dataType, hashing=True)
         if bad:
             raise ConfigurationError(
                 f"run_with_data: column {field.name!r} holds {bad} values, which Spark can neither "
