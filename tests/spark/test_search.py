@@ -117,3 +117,14 @@ def test_bad_input_is_named(spark, iris):
         ParallelSearchCV(DecisionTreeClassifier(), {"max_depth": [1]}).fit(
             df, featuresCols=["a", "s"], labelCol="label"
         )
+
+
+def test_a_progress_bar_counts_the_fits(spark, iris, capsys):
+    X, y = iris
+    ParallelSearchCV(DecisionTreeClassifier(random_state=0), {"max_depth": [1, 2]}, cv=3).fit(X, y)
+    err = capsys.readouterr().err
+    assert "fits: 100%" in err and "6/6" in err  # 2 candidates x 3 folds, ticked by the executors
+    ParallelSearchCV(DecisionTreeClassifier(random_state=0), {"max_depth": [1]}, cv=3, progress=False).fit(
+        X, y
+    )
+    assert "fits" not in capsys.readouterr().err

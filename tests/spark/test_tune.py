@@ -138,3 +138,28 @@ def test_bad_input_is_refused_before_any_job(spark):
 
         with pytest.raises(InsufficientResourcesError, match="asks 1 GPU"):
             run(th.where_gpus, {"x": [1]}, max_trials=1, trial_resources={"gpus": 1})
+
+
+def test_a_progress_bar_follows_the_trials_and_can_be_turned_off(spark, capsys):
+    run(
+        th.curve,
+        {"x": [0.1, 0.2, 0.3], "steps": 1, "pause": 0.0},
+        sampler="grid",
+        max_trials=3,
+        progress=True,
+    )
+    err = capsys.readouterr().err
+    assert "trials: 100%" in err and "3/3" in err and "best loss=" in err
+    run(th.curve, {"x": [0.1], "steps": 1, "pause": 0.0}, sampler="grid", max_trials=1, progress=False)
+    assert "trials" not in capsys.readouterr().err
+
+
+def test_trial_resources_cap_concurrency_and_impossible_ones_are_refused(spark):
+    from sparkml_dist import InsufficientResourcesError
+    from sparkml_dist.tune import resources
+
+    one_each = resources.plan_slots(spark, resources.check({"cpus": 1}), 1000, None)
+    assert one_each.concurrency == 2  # local[2], local-cluster[2,1,...]: two 1-CPU slots
+    assert resources.plan_slots(spark, resources.check({"cpus": 1}), 1000, 1).concurrency == 1
+    with pytest.raises(InsufficientResourcesError, match="asks 64 CPUs per trial"):
+        run(th.curve, {"x": [1]}, max_trials=1, trial_resources={"cpus": 64})

@@ -109,3 +109,13 @@ def test_the_package_works_without_mlflow():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "pip install 'sparkml_dist[mlflow]'" in out.stdout
+
+
+def test_local_gpus_are_dealt_a_few_at_a_time_and_given_back():
+    from sparkml_dist.tune.resources import GpuPool
+
+    pool = GpuPool(["0", "1", "2", "3"], per_trial=2)
+    a, b = pool.take(), pool.take()
+    assert a == ("0", "1") and b == ("2", "3") and pool.take() == ()
+    pool.give(a)
+    assert pool.take() == ("0", "1")
