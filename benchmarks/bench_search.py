@@ -13,11 +13,11 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from harness import interleaved  # noqa: E402 - benchmarks/ is the script's folder
 
 GRID = {"n_estimators": [10, 30, 60], "max_depth": [4, 8, 12, None], "max_features": ["sqrt", 0.2, 0.4, 0.6]}
 
@@ -51,16 +51,7 @@ def main() -> None:
     }
     for fn in contenders.values():  # warm-up: Spark's Python workers, joblib's loky pool
         fn()
-    walls = {k: [] for k in contenders}
-    last = {}
-    for r in range(args.repeats):
-        names = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
-        for name in names:
-            load = os.getloadavg()[0]
-            t = time.perf_counter()
-            last[name] = contenders[name]()
-            walls[name].append(time.perf_counter() - t)
-            print(f"round {r} {name:18s} load {load:4.2f} wall {walls[name][-1]:6.2f}s", flush=True)
+    walls, last = interleaved(contenders, args.repeats)
     ours, ref = last["sparkml_dist"].cv_results_, last["sklearn_n_jobs_2"].cv_results_
     same = all(np.array_equal(ours[k], ref[k]) for k in ref if "test_score" in k)
     med = {k: statistics.median(v) for k, v in walls.items()}

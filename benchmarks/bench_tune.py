@@ -26,6 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from harness import interleaved  # noqa: E402 - benchmarks/ is the script's folder
 
 GRID = {"x": [i / 7 for i in range(8)], "y": [i / 7 for i in range(8)]}
 
@@ -103,16 +104,7 @@ def main() -> None:
         "optuna_n_jobs_2": lambda: optuna_run(args.steps, args.pause),
     }
     tuner_run(1, 0.0, None)  # warm-up: Spark's Python workers
-    walls = {k: [] for k in contenders}
-    last = {}
-    for r in range(args.repeats):
-        names = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
-        for name in names:
-            load = os.getloadavg()[0]
-            t = time.perf_counter()
-            last[name] = contenders[name]()
-            walls[name].append(time.perf_counter() - t)
-            print(f"round {r}: {name:16s} {walls[name][-1]:7.2f} s  (load avg {load:.2f})", flush=True)
+    walls, last = interleaved(contenders, args.repeats)
     med = {k: statistics.median(v) for k, v in walls.items()}
     trial_time = args.steps * args.pause
     ideal = 64 * trial_time / 2

@@ -66,6 +66,25 @@ def _finite(metrics: Dict[str, Any]) -> Dict[str, float]:
     return out
 
 
+def metric_values(where: str, step: Optional[int], metrics: Dict[str, Any], *, step_required: bool) -> dict:
+    """``metrics`` as floats (numpy scalars and 0-d tensors included), the step checked; a clear
+    error naming ``where`` and the metric otherwise.  [anywhere: ranks and trials call it]"""
+    if (
+        step is None
+        and step_required
+        or step is not None
+        and (isinstance(step, bool) or not isinstance(step, int) or step < 0)
+    ):
+        raise ValueError(f"{where}: step must be an integer >= 0, got {step!r}")
+    values = {}
+    for name, value in metrics.items():
+        try:
+            values[name] = float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"{where}: metric {name!r} must be a number, got {value!r}") from None
+    return values
+
+
 class NullRun:
     """What a job gets when it does not log: every call does nothing."""
 

@@ -67,14 +67,9 @@ def log_metrics(step: Optional[int] = None, **metrics) -> None:
     Rank 0's reach the run (one run per job, not per rank); other ranks' calls do nothing, so every
     rank may call it.  Outside a rank, or when the run is not tracked, nothing is logged.
     """
-    values = {}
-    for name, value in metrics.items():
-        try:
-            values[name] = float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"log_metrics: {name!r} must be a number, got {value!r}") from None
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
-        raise ValueError(f"log_metrics: step must be an integer >= 0 or None, got {step!r}")
+    from ..tracking import metric_values
+
+    values = metric_values("log_metrics", step, metrics, step_required=False)
     if os.environ.get("RANK") == "0":
         _rank.send_metrics(step, values)
 

@@ -22,6 +22,7 @@ import pyarrow as pa
 
 from .. import collection, serialization
 from ..runner.channel import LogClient
+from ..tracking import metric_values
 
 IN_TRIAL_ENV = "SPARKML_DIST_TUNE_TRIAL"  # set while a trial's function runs (the runner checks it)
 ACK_WAIT = 5.0  # seconds report() waits for the driver's answer before returning anyway
@@ -71,16 +72,9 @@ class Trial:
     def report(self, step: int, **metrics) -> None:
         """Send this step's metrics to the driver; returns once the driver has answered (at most a
         few seconds), so :meth:`should_stop` right after reflects this report."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"trial.report: step must be an integer >= 0, got {step!r}")
         if not metrics:
             raise ValueError("trial.report(step, name=value, ...): give at least one metric")
-        values = {}
-        for name, value in metrics.items():
-            try:
-                values[name] = float(value)
-            except (TypeError, ValueError):
-                raise TypeError(f"trial.report: metric {name!r} must be a number, got {value!r}") from None
+        values = metric_values("trial.report", step, metrics, step_required=True)
         self.reports[step] = values
         if self._client is None or self._stop.is_set() or not self._client.connected:
             return
