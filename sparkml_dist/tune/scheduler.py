@@ -9,6 +9,7 @@ exactly the tuner's jobs).
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -20,6 +21,8 @@ from ..errors import ConfigurationError
 from ..runner.channel import listen, new_secret
 from .result import TrialRecord, TuneResult, trial_value
 from .trial import TrialSpec, trial_task
+
+log = logging.getLogger(__name__)
 
 
 def _optuna():
@@ -41,6 +44,7 @@ class Tuning:
         self.secret = new_secret()
         self.key = serialization.digest(tuner.payload)
         self.run_id = uuid.uuid4().hex[:8]
+        self.warned_unreachable = False
 
     # ----------------------------------------------------------------- trials
     def _next(self) -> Optional[TrialRecord]:
@@ -89,6 +93,15 @@ class Tuning:
                 pool.give(gpus)
 
     def _finish(self, rec: TrialRecord, result: dict) -> None:
+        if result.get("unreachable") and not self.warned_unreachable:
+            self.warned_unreachable = True
+            log.warning(
+                "Tuner: trial %d could not reach the driver's channel %s: its reports arrive only with "
+                "its result, so early stopping and live metrics are off for such trials (executors "
+                "must reach the driver, as for a remote Spark Connect client they may not)",
+                rec.trial.number,
+                result["unreachable"],
+            )
         with self.lock:
             rec.absorb(result)
             value, missing = trial_value(result, rec, self.t.metric)

@@ -128,10 +128,11 @@ def run_trial(spec: TrialSpec) -> dict:
     fn = serialization.cached_loads(spec.payload, spec.key)
     trial = Trial(spec.number, spec.params, _task_gpus(spec))
     started = time.time()
+    unreachable = None
     try:
         trial._client = LogClient(*spec.channel, spec.secret, on_frame=trial._on_frame)
-    except OSError as exc:
-        return {"ok": False, "error": f"cannot reach the driver's tuning channel {spec.channel}: {exc}"}
+    except OSError as exc:  # the trial still runs: its reports come back with its result
+        unreachable = f"{spec.channel[0]}:{spec.channel[1]} ({exc})"
     os.environ[IN_TRIAL_ENV] = str(spec.number)
     try:
         out = fn(dict(spec.params), trial)
@@ -140,9 +141,14 @@ def run_trial(spec: TrialSpec) -> dict:
         result = {"ok": False, "error": traceback.format_exc()}
     finally:
         os.environ.pop(IN_TRIAL_ENV, None)
-        trial._client.close()
+        if trial._client is not None:
+            trial._client.close()
     result.update(
-        reports=trial.reports, stopped=trial.should_stop(), started=started, seconds=time.time() - started
+        reports=trial.reports,
+        stopped=trial.should_stop(),
+        started=started,
+        seconds=time.time() - started,
+        unreachable=unreachable,
     )
     return result
 

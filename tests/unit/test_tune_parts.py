@@ -119,3 +119,25 @@ def test_local_gpus_are_dealt_a_few_at_a_time_and_given_back():
     assert a == ("0", "1") and b == ("2", "3") and pool.take() == ()
     pool.give(a)
     assert pool.take() == ("0", "1")
+
+
+def _two_reports(params, trial):
+    trial.report(0, loss=2.0)
+    trial.report(1, loss=1.0)
+    return None
+
+
+def test_a_trial_that_cannot_reach_the_driver_still_runs_and_brings_its_reports_back():
+    import socket
+
+    from sparkml_dist import serialization
+    from sparkml_dist.tune.trial import TrialSpec, run_trial
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    payload = serialization.dumps(_two_reports)
+    spec = TrialSpec(0, {"x": 1}, payload, serialization.digest(payload), ("127.0.0.1", port), new_secret())
+    result = run_trial(spec)
+    assert result["ok"] and result["unreachable"].startswith(f"127.0.0.1:{port}")
+    assert result["reports"] == {0: {"loss": 2.0}, 1: {"loss": 1.0}}
