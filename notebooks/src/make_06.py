@@ -82,7 +82,7 @@ cells = [
         "full = result.trials[result.trials.state == 'complete']\n"
         "print(f'{len(stopped)} trials stopped early after {stopped.steps.mean():.1f} epochs on average; '\n"
         "      f'{len(full)} ran all 10 epochs')\n"
-        "assert result.best_value < 0.3 and result.best_trial in set(full.trial)",
+        "assert result.best_value < 0.5 and result.best_trial in set(full.trial)",
     ),
     (
         "md",
