@@ -146,12 +146,18 @@ def run_on_groups(
     barrier: bool = False,
     description: str = "sparkml_dist",
     what: str = "group",
+    profile: Any = None,
+    tag: Optional[JobTag] = None,
 ) -> Dict[Tuple[int, int], Any]:
-    """Run ``task_fn`` over ``df``'s partitions and return ``{(group, item): object}``."""
-    out = map_groups(df, task_fn, spec, barrier=barrier)
+    """Run ``task_fn`` over ``df``'s partitions and return ``{(group, item): object}``.
+
+    ``profile``: a stage-level ResourceProfile for the tasks; ``tag``: the :class:`JobTag` to run
+    under, when the caller cancels the job from another thread (default: a fresh one).
+    """
+    out = map_groups(df, task_fn, spec, barrier=barrier, profile=profile)
     spark = session_of(df)
     try:
-        with job_scope(spark, description):
+        with (tag or JobTag(spark)).scope():
             table = out.toArrow()
     except Exception as exc:
         if "maxResultSize" not in str(exc):

@@ -92,9 +92,9 @@ def log_model(model: Any, run_id: str, artifact_path: str = "model") -> str:
 
 
 def _read_stage(stage_path: str):
-    from .ensemble.persistence import _StageReader
+    from .ensemble.persistence import load_stage
 
-    return _StageReader(None).load(stage_path)
+    return load_stage(stage_path)
 
 
 def load_model(model_uri: str) -> Any:

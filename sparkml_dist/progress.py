@@ -29,14 +29,14 @@ class _Silent:
         pass
 
 
-def bar(total: int, desc: str, enabled: bool = True) -> Any:
+def bar(total: int, desc: str, enabled: bool = True, unit: str = "it") -> Any:
     if not enabled:
         return _Silent()
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency; a broken install stays quiet
         return _Silent()
-    return tqdm(total=total, desc=desc, unit="trial" if "trial" in desc else "fit", dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True)
 
 
 @contextlib.contextmanager
@@ -48,7 +48,7 @@ def fits(spark, total: int, desc: str, enabled: bool = True) -> Iterator[Optiona
     from . import _spark_env
     from .runner.channel import listen, new_secret
 
-    progress = bar(total, desc, True)
+    progress = bar(total, desc, True, unit="fit")
     secret = new_secret()
     server = listen(secret, lambda message: progress.update(1), _spark_env.driver_host(spark))
     try:

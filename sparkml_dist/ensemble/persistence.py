@@ -268,6 +268,12 @@ class _StageReader(MLReader):
         return store.load(_ESTIMATOR_GROUP, 0, trusted_types=self._trusted)
 
 
+def load_stage(path: str):
+    """The sparkml_dist stage saved at ``path``, whichever it is (its metadata names it, from the
+    fixed registry :data:`STAGES`), loaded as ``Stage.load`` would."""
+    return _StageReader(None).load(path)
+
+
 def _load_metadata(path: str, reader: MLReader) -> dict:
     """The stage's pyspark.ml metadata: read straight from a local directory (so MLflow's pyfunc
     loads a model with no Spark session), through Spark for other file systems."""

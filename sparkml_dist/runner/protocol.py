@@ -69,6 +69,9 @@ FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "fa
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
 
+# set by sparkml_dist.tune while a trial's function runs: BarrierRunner(np > 0) refuses to start there
+IN_TRIAL_ENV = "SPARKML_DIST_TUNE_TRIAL"
+
 # Spark's own credentials in an executor's (or the driver's) environment: a rank process runs user
 # code and needs none of them, so it never inherits them.
 SPARK_SECRET_VARS = (

@@ -34,7 +34,7 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .. import _spark_env, collection, tracking
 from ..errors import ConfigurationError, WorkerError
-from . import _task, admission, backends, failures, launchers, sharding
+from . import _task, admission, backends, failures, launchers, protocol, sharding
 from .channel import listen, new_secret
 from .launchers import Deadline
 
@@ -171,7 +171,7 @@ class BarrierRunner:
 
     # ------------------------------------------------------------------ running
     def _session(self, df):
-        trial = os.environ.get("SPARKML_DIST_TUNE_TRIAL")  # set by sparkml_dist.tune in a trial's task
+        trial = os.environ.get(protocol.IN_TRIAL_ENV)
         if trial is not None and (self.np > 0 or df is not None):
             raise ConfigurationError(
                 f"BarrierRunner(np={self.np}){' with a DataFrame' if df is not None else ''} inside Tuner "

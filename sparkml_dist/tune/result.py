@@ -6,7 +6,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterable, Optional, Tuple
 
 from ..errors import WorkerError
 
@@ -69,6 +69,14 @@ def trial_value(result: dict, rec: TrialRecord, metric: str) -> Tuple[Optional[f
     return None, f"it returned {out!r:.200} and reported {keys or 'nothing'}"
 
 
+def best_record(records: Iterable[TrialRecord], mode: str) -> Optional[TrialRecord]:
+    """The completed trial with the best value (None when none completed)."""
+    done = [r for r in records if r.state == "complete" and not math.isnan(r.value)]
+    if not done:
+        return None
+    return (min if mode == "min" else max)(done, key=lambda r: r.value)
+
+
 @dataclass
 class TuneResult:
     """``best_params`` / ``best_value`` / ``best_trial`` of the completed trials, ``trials`` (a pandas
@@ -105,8 +113,8 @@ class TuneResult:
                 }
             )
         trials = pd.DataFrame(rows)
-        done = [r for r in records.values() if r.state == "complete" and not math.isnan(r.value)]
-        if not done:
+        best = best_record(records.values(), tuner.mode)
+        if best is None:
             failed = [r for r in records.values() if r.state == "failed"]
             if failed and len(failed) == len(records):
                 first = min(failed, key=lambda r: r.trial.number)
@@ -116,8 +124,6 @@ class TuneResult:
                 )
             log.warning("Tuner: no trial completed (%s)", trials["state"].value_counts().to_dict())
             return cls(None, None, None, trials, wall, study)
-        pick = min if tuner.mode == "min" else max
-        best = pick(done, key=lambda r: r.value)
         return cls(dict(best.params), best.value, best.trial.number, trials, wall, study)
 
     def __repr__(self) -> str:

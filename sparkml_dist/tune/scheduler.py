@@ -16,10 +16,10 @@ import time
 import uuid
 from typing import Dict, Optional
 
-from .. import _spark_env, collection, launch, progress, serialization
+from .. import _spark_env, launch, progress, serialization
 from ..errors import ConfigurationError
 from ..runner.channel import listen, new_secret
-from .result import TrialRecord, TuneResult, trial_value
+from .result import TrialRecord, TuneResult, best_record, trial_value
 from .trial import TrialSpec, trial_task
 
 log = logging.getLogger(__name__)
@@ -80,11 +80,17 @@ class Tuning:
         rec.tag = launch.JobTag(self.spark, f"tune-{self.run_id}-{number}")
         rec.started = time.time()
         try:
-            df = self.spark.range(0, 1, 1, 1)
-            out = launch.map_groups(df, trial_task, spec, profile=self.slots.profile)
-            with rec.tag.scope():
-                table = out.toArrow()
-            return collection.decode(table, [number], what="trial")[(number, 0)]
+            results = launch.run_on_groups(
+                self.spark.range(0, 1, 1, 1),
+                trial_task,
+                spec,
+                expected_groups=[number],
+                description=f"sparkml_dist: tuner trial {number}",
+                what="trial",
+                profile=self.slots.profile,
+                tag=rec.tag,
+            )
+            return results[(number, 0)]
         except Exception as exc:  # the job failed or was cancelled: the tuning goes on
             why = f"cancelled ({rec.stop_reason})" if rec.stop_reason else f"{type(exc).__name__}: {exc}"
             return {"ok": False, "error": why, "cancelled": bool(rec.stop_reason)}
@@ -171,7 +177,7 @@ class Tuning:
 
     # ----------------------------------------------------------------- the whole run
     def execute(self) -> TuneResult:
-        self.bar = progress.bar(self.t.n_trials, "trials", self.t.progress)
+        self.bar = progress.bar(self.t.n_trials, "trials", self.t.progress, unit="trial")
         server = listen(self.secret, self.on_message, _spark_env.driver_host(self.spark), replies=True)
         threads = [
             threading.Thread(target=self._worker, args=(server,), name=f"sparkml_dist-trial-{i}", daemon=True)
@@ -208,8 +214,4 @@ class Tuning:
         return TuneResult.build(self.records, self.t, self.study, time.monotonic() - start)
 
     def _best(self) -> Optional[TrialRecord]:
-        done = [r for r in self.records.values() if r.state == "complete"]
-        if not done:
-            return None
-        pick = min if self.t.mode == "min" else max
-        return pick(done, key=lambda r: r.value)
+        return best_record(self.records.values(), self.t.mode)

@@ -22,9 +22,9 @@ import pyarrow as pa
 
 from .. import collection, serialization
 from ..runner.channel import LogClient
+from ..runner.protocol import IN_TRIAL_ENV
 from ..tracking import metric_values
 
-IN_TRIAL_ENV = "SPARKML_DIST_TUNE_TRIAL"  # set while a trial's function runs (the runner checks it)
 ACK_WAIT = 5.0  # seconds report() waits for the driver's answer before returning anyway
 
 
