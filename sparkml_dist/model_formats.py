@@ -17,7 +17,7 @@ format         written for                                 how loading stays ine
                and pipelines, numpy arrays, other plain     safe persistence): only types on an explicit
                Python objects                               list are constructed, no ``__reduce__`` is
                                                             ever called; tree node arrays are then
-                                                            bounds-checked (see :func:`check_trees`)
+                                                            validated (:mod:`.model_checks`)
 ``pickle``     only when the writer passed                  not loaded unless the reader passes
                ``allow_pickle=True``                        ``allow_pickle=True``
 =============  ==========================================  ===========================================
@@ -43,9 +43,8 @@ import json
 import os
 from typing import Any, Iterable, Optional, Tuple
 
-import numpy as np
-
 from .errors import CollectionError
+from .model_checks import UnsafeModelError, check_sklearn
 
 TRUSTED_TYPES_ENV = "SPARKML_DIST_TRUSTED_TYPES"
 
@@ -60,10 +59,6 @@ _OWN_TYPES = (
     "sparkml_dist.ensemble._grouped_worker.KeyModel",
 )
 _XGBOOST_CLASSES = ("XGBClassifier", "XGBRegressor", "XGBRFClassifier", "XGBRFRegressor", "XGBRanker")
-
-
-class UnsafeModelError(CollectionError):
-    """A model file would need code (or unreviewed types) to load, and the caller did not opt in."""
 
 
 # --------------------------------------------------------------------------- json
@@ -193,15 +188,19 @@ def decode(
     trusted_types: Iterable[str] = (),
     allow_pickle: bool = False,
     what: str = "model file",
+    signed: bool = False,
 ) -> Any:
-    """Read bytes written by :func:`encode` in format ``fmt``; refuses what would run code.
+    """Read bytes written by :func:`encode` in format ``fmt``; refuses what would run code, and any
+    tree structure that would corrupt memory when used (:mod:`sparkml_dist.model_checks`,
+    :mod:`sparkml_dist.xgboost_checks`).  ``signed``: the bytes come from a store whose signature
+    verified; structures that cannot be validated are then accepted.
 
     ``fmt`` None means a file written before formats were recorded (sparkml_dist 0.1): a pickle.
     """
     if fmt == "json":
         return from_json(data)
     if fmt == "xgboost":
-        return _xgboost_load(data, what)
+        return _xgboost_load(data, what, signed)
     if fmt == "safetensors":
         from safetensors.torch import load
 
@@ -223,11 +222,18 @@ def decode(
     raise UnsafeModelError(f"{what} has an unknown format {fmt!r}; refusing to load it")
 
 
-def _xgboost_load(data: bytes, what: str) -> Any:
+def _xgboost_load(data: bytes, what: str, signed: bool = False) -> Any:
     import tempfile
 
-    header_line, _, body = data.partition(b"\n")
-    header = from_json(header_line)
+    from .xgboost_checks import check_xgboost
+
+    header_line, _, body = bytes(data).partition(b"\n")
+    try:
+        header = from_json(header_line)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or not isinstance(header.get("params", {}), dict):
+        raise UnsafeModelError(f"{what} has no valid XGBoost header line")
     name = header.get("class")
     if name not in _XGBOOST_CLASSES:
         raise UnsafeModelError(f"{what} names XGBoost class {name!r}, not one of {_XGBOOST_CLASSES}")
@@ -236,8 +242,9 @@ def _xgboost_load(data: bytes, what: str) -> Any:
     model = getattr(xgboost, name)(**header.get("params", {}))
     if not body:
         return model
+    check_xgboost(body, what, signed)
     with tempfile.TemporaryDirectory(prefix="sparkml_dist-xgb-") as d:
-        path = os.path.join(d, "model.ubj")
+        path = os.path.join(d, "model.json" if body[:2] == b'{"' else "model.ubj")
         with open(path, "wb") as fh:
             fh.write(body)
         model.load_model(path)
@@ -256,73 +263,5 @@ def _skops_load(data: bytes, trusted: Iterable[str], what: str) -> Any:
             f"{TRUSTED_TYPES_ENV}); allow_pickle=True is not needed for these."
         )
     obj = sio.loads(data, trusted=allowed)
-    check_trees(obj, what)
+    check_sklearn(obj, what)
     return obj
-
-
-# --------------------------------------------------------------------------- after loading
-def _children_ok(left: np.ndarray, right: np.ndarray, leaf: np.ndarray) -> bool:
-    n = len(left)
-    idx = np.arange(n)
-    inner = ~leaf
-    return bool(
-        np.all(
-            (left[inner] > idx[inner]) & (left[inner] < n) & (right[inner] > idx[inner]) & (right[inner] < n)
-        )
-    )
-
-
-def _check_tree(tree: Any, n_features: Optional[int]) -> bool:
-    from sklearn.tree._tree import TREE_LEAF
-
-    left, right = np.asarray(tree.children_left), np.asarray(tree.children_right)
-    leaf = (left == TREE_LEAF) & (right == TREE_LEAF)
-    feature = np.asarray(tree.feature)[~leaf]
-    width = min(tree.n_features, n_features) if n_features else tree.n_features
-    return (
-        len(left) == tree.node_count
-        and tree.value.shape[0] == tree.node_count
-        and _children_ok(left, right, leaf)
-        and bool(np.all((feature >= 0) & (feature < width)))
-    )
-
-
-def _check_predictor(pred: Any, n_features: Optional[int]) -> bool:
-    nodes = pred.nodes
-    leaf = nodes["is_leaf"].astype(bool)
-    feature = nodes["feature_idx"][~leaf]
-    ok = _children_ok(nodes["left"].astype(np.int64), nodes["right"].astype(np.int64), leaf)
-    if n_features:
-        ok = ok and bool(np.all(feature < n_features))
-    cat = nodes["is_categorical"].astype(bool) & ~leaf
-    if cat.any():
-        ok = ok and bool(np.all(nodes["bitset_idx"][cat] < len(pred.raw_left_cat_bitsets)))
-    return ok
-
-
-def check_trees(obj: Any, what: str = "model file", _n_features: Optional[int] = None, _seen=None) -> None:
-    """Bounds-check every decision tree reachable from ``obj`` (node children after their parent
-    and inside the tree, split features inside the model's inputs): a crafted tree could otherwise
-    make ``predict`` read out of bounds."""
-    from sklearn.ensemble._hist_gradient_boosting.predictor import TreePredictor
-    from sklearn.tree._tree import Tree
-
-    seen = set() if _seen is None else _seen
-    if id(obj) in seen or isinstance(obj, (str, bytes, int, float, type(None))):
-        return
-    seen.add(id(obj))
-    n_features = getattr(obj, "n_features_in_", None) or _n_features
-    if isinstance(obj, Tree) and not _check_tree(obj, n_features):
-        raise UnsafeModelError(f"{what} holds a decision tree whose nodes point outside the tree")
-    if isinstance(obj, TreePredictor) and not _check_predictor(obj, n_features):
-        raise UnsafeModelError(f"{what} holds a gradient-boosting tree whose nodes point outside the tree")
-    if isinstance(obj, np.ndarray):
-        children = obj.ravel() if obj.dtype == object else ()
-    elif isinstance(obj, dict):
-        children = obj.values()
-    elif isinstance(obj, (list, tuple, set)):
-        children = obj
-    else:
-        children = getattr(obj, "__dict__", {}).values()
-    for child in children:
-        check_trees(child, what, n_features, seen)

@@ -4,9 +4,9 @@ Executors :meth:`~ModelStore.write` objects (each under a temporary name, then r
 small metadata rows come back through Spark, and the driver :meth:`~ModelStore.commit`\\ s the
 manifest last, so readers never see a half-written file.  Layout::
 
-    <root>/manifest.json                        written last (atomically): each object's format,
-                                                file, size and SHA-256, and the writer's id
-    <root>/manifest.sig                         HMAC-SHA256 of manifest.json, when signed
+    <root>/manifest.json                        written last, in one rename: each object's format,
+                                                file, size and SHA-256, the writer's id and, when
+                                                signed, the HMAC-SHA256 of all that (``signature``)
     <root>/objects/g00003-i0-<writer>-<n>.skops one committed file per (group, item)
     <root>/_tmp/<writer>-...                    in-flight writes, removed by their writer's commit
 
@@ -17,11 +17,16 @@ and the objects of a manifest of its own that it replaces.  Files of other write
 touched, so a commit cannot break a concurrent writer's commit (the last manifest wins whole).
 
 Loading runs no code: each object is read in the format the manifest records
-(:mod:`sparkml_dist.model_formats`); pickles are refused unless ``allow_pickle=True``.  File names
-from the manifest must be plain names under ``objects/``.  With a signing key (``key=`` or the
-environment variable ``SPARKML_DIST_MODEL_KEY``) ``commit`` signs the manifest and loading refuses
-a store whose signature is missing or wrong: the SHA-256 sums in the manifest then make every file
-tamper-evident, not only corruption-evident.
+(:mod:`sparkml_dist.model_formats`, which also validates every tree structure); pickles are refused
+unless ``allow_pickle=True``.  File names from the manifest must be plain names under ``objects/``;
+a file is read only if it is a regular file (not a link, FIFO or device), and never more than its
+recorded size + 1 bytes.  With a signing key of at least 16 bytes (``key=`` or the environment
+variable ``SPARKML_DIST_MODEL_KEY``) ``commit`` signs the manifest inside the manifest itself (one
+file, one rename: concurrent commits cannot leave a signature of one beside the manifest of the
+other) and loading refuses a store whose signature is missing or wrong: the SHA-256 sums in the
+manifest then make every file tamper-evident, not only corruption-evident.  A signature does not
+stop a *replay*: an older store signed with the same key still verifies.  A load that races a
+re-commit retries with the new manifest, so it returns the old or the new model, never a mix.
 
 Example::
 
@@ -40,15 +45,19 @@ import os
 import posixpath
 import re
 import uuid
-from typing import Any, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
 
 import pyarrow as pa
 
 from . import model_formats
-from .errors import CollectionError
+from .errors import CollectionError, ConfigurationError
 from .model_formats import UnsafeModelError
+from .safe_files import checked_name, read_regular
 
 KEY_ENV = "SPARKML_DIST_MODEL_KEY"
+MIN_KEY_BYTES = 16
+MAX_MANIFEST = 64 << 20
+_ALG = "HMAC-SHA256"
 _FILE = re.compile(r"objects/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 _EXTENSIONS = {
     "json": "json",
@@ -74,19 +83,21 @@ def filesystem(uri: str):
 
 
 def _key_bytes(key: Optional[Union[str, bytes]]) -> Optional[bytes]:
+    where = "key=" if key is not None else KEY_ENV
     key = key if key is not None else os.environ.get(KEY_ENV) or None
-    return key.encode() if isinstance(key, str) else key
-
-
-def checked_name(name: Any, pattern: "re.Pattern[str]", where: str) -> str:
-    """``name`` read from a file, refused unless it is a plain name matching ``pattern`` (no ``..``,
-    no absolute path, no other directory)."""
-    if not isinstance(name, str) or not pattern.fullmatch(name) or ".." in name:
-        raise UnsafeModelError(
-            f"{where} names the file {name!r}, which is not a plain file name inside "
-            "its directory; refusing to read it"
+    key = key.encode() if isinstance(key, str) else key
+    if key is not None and len(key) < MIN_KEY_BYTES:
+        raise ConfigurationError(
+            f"the model signing key ({where}) is {len(key)} bytes long; use at least {MIN_KEY_BYTES} "
+            "random bytes (e.g. python -c 'import secrets; print(secrets.token_hex(32))')"
         )
-    return name
+    return key
+
+
+def _mac(key: bytes, manifest: dict) -> str:
+    """The HMAC of a manifest without its ``signature`` (as written: sorted keys, indent 1)."""
+    body = json.dumps({k: v for k, v in manifest.items() if k != "signature"}, indent=1, sort_keys=True)
+    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
 class ModelStore:
@@ -96,13 +107,15 @@ class ModelStore:
     """
 
     MANIFEST = "manifest.json"
-    SIGNATURE = "manifest.sig"
+    SIGNATURE = "manifest.sig"  # written by sparkml_dist <= 0.4 beside the manifest; still read
     FORMAT = "sparkml_dist.model_store/2"
     FORMAT_V1 = "sparkml_dist.model_store/1"  # sparkml_dist 0.1: pickles, no formats recorded
 
     def __init__(self, uri: str, *, key: Optional[Union[str, bytes]] = None) -> None:
         self.uri = uri
         self._key = key
+        if key is not None:
+            _key_bytes(key)  # a short key is refused here, not at the first commit
         self._fs, self._root = filesystem(uri)
         self.writer = uuid.uuid4().hex[:16]  # names this writer's files; shipped with the store
         self.signed = False  # set by manifest(): the manifest carried a signature that verified
@@ -162,12 +175,10 @@ class ModelStore:
         }
         replaced = self._own_manifest_files()
         self._fs.create_dir(self._root, recursive=True)
-        body = json.dumps(manifest, indent=1, sort_keys=True).encode()
         key = _key_bytes(self._key)
         if key is not None:
-            mac = hmac.new(key, body, hashlib.sha256).hexdigest()
-            self._put(self._path(self.SIGNATURE), json.dumps({"alg": "HMAC-SHA256", "mac": mac}).encode())
-        self._put(self._path(self.MANIFEST), body)
+            manifest["signature"] = {"alg": _ALG, "mac": _mac(key, manifest)}
+        self._put(self._path(self.MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
         keep = {m["file"] for m in manifest["objects"]}
         self._remove_own(keep, replaced - keep)
         return manifest
@@ -197,12 +208,24 @@ class ModelStore:
                 if info.type == pafs.FileType.File and mine and rel not in keep:
                     self._fs.delete_file(info.path)
 
-    def _read(self, name: str) -> Optional[bytes]:
-        try:
-            with self._fs.open_input_stream(self._path(name)) as src:
-                return src.read()
-        except FileNotFoundError:
+    def _read(self, name: str, limit: int = MAX_MANIFEST) -> Optional[bytes]:
+        """File ``name`` of the store (None if absent): a regular file of at most ``limit`` bytes,
+        of which at most ``limit`` + 1 are read (see :func:`read_regular`)."""
+        from pyarrow import fs as pafs
+
+        what = f"{name!r} of model store {self.uri!r}"
+        if isinstance(self._fs, pafs.LocalFileSystem):
+            return read_regular(self._path(name), limit, what)
+        info = self._fs.get_file_info(self._path(name))
+        if info.type == pafs.FileType.NotFound:
             return None
+        if info.type != pafs.FileType.File:
+            raise UnsafeModelError(f"{what} is not a regular file; refused")
+        with self._fs.open_input_stream(self._path(name)) as src:
+            data = src.read(limit + 1)
+        if len(data) > limit:
+            raise UnsafeModelError(f"{what} is longer than the {limit} bytes recorded for it; refused")
+        return data
 
     def manifest(self) -> dict:
         """The committed manifest, its signature verified when there is a key."""
@@ -212,26 +235,41 @@ class ModelStore:
                 f"no {self.MANIFEST} in model store {self.uri!r}: the write was never committed "
                 "(or this is not a model store)"
             )
-        self.signed = self._verify(body)
-        manifest = json.loads(body.decode())
+        try:
+            manifest = json.loads(body.decode("utf-8"))
+        except ValueError:
+            raise UnsafeModelError(f"the manifest of model store {self.uri!r} is not JSON") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("objects", []), list):
+            raise UnsafeModelError(f"the manifest of model store {self.uri!r} is not a manifest")
+        self.signed = self._verify(manifest, body)
         for meta in manifest.get("objects", []):
+            if not isinstance(meta, dict):
+                raise UnsafeModelError(f"the manifest of model store {self.uri!r} lists a non-object")
             checked_name(meta.get("file"), _FILE, f"the manifest of {self.uri!r}")
+        manifest.pop("signature", None)
         return manifest
 
-    def _verify(self, body: bytes) -> bool:
-        key, sig = _key_bytes(self._key), self._read(self.SIGNATURE)
+    def _verify(self, manifest: dict, body: bytes) -> bool:
+        key = _key_bytes(self._key)
         if key is None:
             return False
-        if sig is None:
-            raise UnsafeModelError(
-                f"model store {self.uri!r} is not signed, and a signing key is set "
-                f"({KEY_ENV} or key=): refusing to load it"
-            )
-        try:
-            mac = json.loads(sig.decode())["mac"]
-        except (ValueError, KeyError, TypeError):
-            mac = ""
-        if not hmac.compare_digest(str(mac), hmac.new(key, body, hashlib.sha256).hexdigest()):
+        signature = manifest.get("signature")
+        if signature is not None:
+            mac = signature.get("mac", "") if isinstance(signature, dict) else ""
+            expected = _mac(key, manifest)
+        else:
+            legacy = self._read(self.SIGNATURE, 4096)  # a store signed by sparkml_dist <= 0.4
+            if legacy is None:
+                raise UnsafeModelError(
+                    f"model store {self.uri!r} is not signed, and a signing key is set "
+                    f"({KEY_ENV} or key=): refusing to load it"
+                )
+            try:
+                mac = json.loads(legacy.decode())["mac"]
+            except (ValueError, KeyError, TypeError):
+                mac = ""
+            expected = hmac.new(key, body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(str(mac), expected):
             raise UnsafeModelError(
                 f"the signature of model store {self.uri!r} does not match its manifest "
                 "under the signing key: it was modified or signed with another key"
@@ -240,15 +278,20 @@ class ModelStore:
 
     def read_bytes(self, meta: dict) -> bytes:
         name = checked_name(meta.get("file"), _FILE, f"the manifest of {self.uri!r}")
-        data = self._read(name)
-        if data is None or len(data) != meta["size"] or hashlib.sha256(data).hexdigest() != meta["sha256"]:
+        size = meta.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise UnsafeModelError(f"the manifest of {self.uri!r} gives {name!r} no valid size")
+        data = self._read(name, size)
+        if data is None or len(data) != size or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
             raise CollectionError(
                 f"model file {name!r} in {self.uri!r} does not match its checksum in the "
                 "manifest: it is corrupt or was modified after it was written"
             )
         return data
 
-    def _decode(self, meta: dict, trusted_types: Iterable[str], allow_pickle: bool) -> Any:
+    def _decode(
+        self, meta: dict, trusted_types: Iterable[str], allow_pickle: bool, signed: bool = False
+    ) -> Any:
         what = f"{meta['file']!r} of model store {self.uri!r}"
         return model_formats.decode(
             meta.get("format"),
@@ -256,21 +299,40 @@ class ModelStore:
             trusted_types=trusted_types,
             allow_pickle=allow_pickle,
             what=what,
+            signed=signed,
         )
+
+    def _consistent(self, read: Callable[[dict], Any]) -> Any:
+        """``read(manifest)`` against one committed manifest: if a file it lists vanished or
+        changed meanwhile (a re-commit replaced it), once more against the new manifest."""
+        for attempt in range(3):
+            manifest = self.manifest()
+            try:
+                return read(manifest)
+            except CollectionError as exc:
+                if attempt == 2 or isinstance(exc, UnsafeModelError) or self.manifest() == manifest:
+                    raise
+        raise AssertionError("unreachable")
 
     def load(
         self, group: int, item: int = 0, *, trusted_types: Iterable[str] = (), allow_pickle: bool = False
     ) -> Any:
         """One object; ``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.model_formats`."""
-        for meta in self.manifest()["objects"]:
-            if meta["group"] == group and meta["item"] == item:
-                return self._decode(meta, trusted_types, allow_pickle)
-        raise CollectionError(f"model store {self.uri!r} has no object for group {group}, item {item}")
+
+        def read(manifest: dict) -> Any:
+            for meta in manifest["objects"]:
+                if meta.get("group") == group and meta.get("item") == item:
+                    return self._decode(meta, trusted_types, allow_pickle, self.signed)
+            raise CollectionError(f"model store {self.uri!r} has no object for group {group}, item {item}")
+
+        return self._consistent(read)
 
     def load_all(
         self, *, trusted_types: Iterable[str] = (), allow_pickle: bool = False
     ) -> Dict[Tuple[int, int], Any]:
-        return {
-            (m["group"], m["item"]): self._decode(m, trusted_types, allow_pickle)
-            for m in self.manifest()["objects"]
-        }
+        return self._consistent(
+            lambda manifest: {
+                (m["group"], m["item"]): self._decode(m, trusted_types, allow_pickle, self.signed)
+                for m in manifest["objects"]
+            }
+        )

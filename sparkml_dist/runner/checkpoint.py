@@ -190,7 +190,7 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     agree(None if meta is None else int(meta["step"]), root)
     if meta is None:
         return None
-    from ..model_store import checked_name
+    from ..safe_files import checked_name
 
     name = checked_name(meta.get("file"), _CHECKPOINT_FILE, f"the LATEST record of {root}")
     path = posixpath.join(root, name)

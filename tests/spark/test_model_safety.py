@@ -144,11 +144,11 @@ def test_signed_model_refuses_a_changed_byte_and_unsigned_loads_without_a_key(da
         estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS
     ).fit(df)
     signed, signed2 = str(tmp_path / "signed"), str(tmp_path / "signed2")
-    model.write().signed_with("team key").save(signed)
-    model.write().signed_with("team key").save(signed2)
-    loaded = BaggingClassificationModel.read().signed_with("team key").load(signed)
+    model.write().signed_with("team key 0123456789").save(signed)
+    model.write().signed_with("team key 0123456789").save(signed2)
+    loaded = BaggingClassificationModel.read().signed_with("team key 0123456789").load(signed)
     assert np.array_equal(loaded.predict_proba(X), model.predict_proba(X))
-    monkeypatch.setenv(model_store.KEY_ENV, "team key")
+    monkeypatch.setenv(model_store.KEY_ENV, "team key 0123456789")
     assert np.array_equal(BaggingClassificationModel.load(signed).predict_proba(X), model.predict_proba(X))
     _flip_one_byte(os.path.join(signed, "data"))
     with pytest.raises(UnsafeModelError, match="signature"):
@@ -159,7 +159,7 @@ def test_signed_model_refuses_a_changed_byte_and_unsigned_loads_without_a_key(da
     monkeypatch.delenv(model_store.KEY_ENV)
     unsigned = _save(model, str(tmp_path / "unsigned"))  # no key anywhere: not signed
     assert np.array_equal(BaggingClassificationModel.load(unsigned).predict_proba(X), model.predict_proba(X))
-    monkeypatch.setenv(model_store.KEY_ENV, "team key")
+    monkeypatch.setenv(model_store.KEY_ENV, "team key 0123456789")
     with pytest.raises(UnsafeModelError, match="not signed"):
         BaggingClassificationModel.load(unsigned)
 

@@ -85,29 +85,6 @@ def test_hostile_corpus_is_refused_by_the_store_and_runs_nothing(tmp_path):
         assert not os.path.exists(marker), f"{name} ran code"
 
 
-def test_a_crafted_tree_is_refused_before_predict_can_read_out_of_bounds(xy):
-    from sklearn.tree import DecisionTreeClassifier
-
-    X, y = xy
-    tree = DecisionTreeClassifier(max_depth=3).fit(X, y)
-    state = tree.tree_.__getstate__()
-    nodes = state["nodes"].copy()
-    nodes["left_child"][0] = 10**6  # points far outside the node array
-    state["nodes"] = nodes
-    tree.tree_.__setstate__(state)
-    with pytest.raises(UnsafeModelError, match="nodes point outside the tree"):
-        model_formats.decode(*model_formats.encode(tree))
-    cyclic = DecisionTreeClassifier(max_depth=3).fit(X, y)
-    state = cyclic.tree_.__getstate__()
-    nodes = state["nodes"].copy()
-    inner = int(np.flatnonzero(nodes["left_child"] > 0)[-1])
-    nodes["left_child"][inner] = 0  # a loop back to the root
-    state["nodes"] = nodes
-    cyclic.tree_.__setstate__(state)
-    with pytest.raises(UnsafeModelError):
-        model_formats.decode(*model_formats.encode(cyclic))
-
-
 def test_untrusted_types_name_the_opt_in_and_load_once_trusted(tmp_path, monkeypatch):
     from tests.support.helpers import FailingClassifier
 
@@ -134,7 +111,7 @@ def test_pickles_are_written_and_read_only_when_asked_for(tmp_path):
     assert store.load(0, allow_pickle=True)(1) == 2
 
 
-def _signed_store(tmp_path, key="k1"):
+def _signed_store(tmp_path, key="k1-0123456789abcdef"):
     store = collection.ModelStore(str(tmp_path / "signed"), key=key)
     store.commit([store.write(g, 0, {"g": g}) for g in range(2)])
     return str(tmp_path / "signed")
@@ -142,13 +119,13 @@ def _signed_store(tmp_path, key="k1"):
 
 def test_signed_store_refuses_any_change_and_an_unsigned_one_needs_no_key(tmp_path, monkeypatch):
     path = _signed_store(tmp_path)
-    assert collection.ModelStore(path, key="k1").load_all() == {(0, 0): {"g": 0}, (1, 0): {"g": 1}}
+    assert collection.ModelStore(path, key="k1-0123456789abcdef").load_all() == {(0, 0): {"g": 0}, (1, 0): {"g": 1}}
     with pytest.raises(UnsafeModelError, match="signature .* does not match"):
-        collection.ModelStore(path, key="another key").load(0)
+        collection.ModelStore(path, key="another key, 16 bytes+").load(0)
     hostile.plant(path, 1, 0, "json", b'{"g": "tampered"}')  # the file and its checksum, consistently
     with pytest.raises(UnsafeModelError, match="signature .* does not match"):
-        collection.ModelStore(path, key="k1").load(0)
-    monkeypatch.setenv("SPARKML_DIST_MODEL_KEY", "k1")  # the key from the environment
+        collection.ModelStore(path, key="k1-0123456789abcdef").load(0)
+    monkeypatch.setenv("SPARKML_DIST_MODEL_KEY", "k1-0123456789abcdef")  # the key from the environment
     with pytest.raises(UnsafeModelError, match="signature"):
         collection.ModelStore(path).load(0)
     unsigned = collection.ModelStore(str(tmp_path / "plain"), key=None)
@@ -156,7 +133,7 @@ def test_signed_store_refuses_any_change_and_an_unsigned_one_needs_no_key(tmp_pa
     unsigned.commit([unsigned.write(0, 0, [1, 2])])
     assert collection.ModelStore(str(tmp_path / "plain")).load(0) == [1, 2]
     with pytest.raises(UnsafeModelError, match="is not signed, and a signing key is set"):
-        collection.ModelStore(str(tmp_path / "plain"), key="k1").load(0)
+        collection.ModelStore(str(tmp_path / "plain"), key="k1-0123456789abcdef").load(0)
 
 
 def test_one_changed_byte_of_a_signed_manifest_is_refused(tmp_path):
@@ -165,7 +142,7 @@ def test_one_changed_byte_of_a_signed_manifest_is_refused(tmp_path):
     text = open(manifest).read()
     open(manifest, "w").write(text.replace('"group": 1', '"group": 7', 1))
     with pytest.raises(UnsafeModelError, match="signature"):
-        collection.ModelStore(path, key="k1").load_all()
+        collection.ModelStore(path, key="k1-0123456789abcdef").load_all()
 
 
 @pytest.mark.parametrize(
@@ -195,3 +172,91 @@ def test_checkpoint_latest_record_cannot_leave_the_directory(tmp_path):
     (tmp_path / "LATEST").write_text(json.dumps(record))
     with pytest.raises(UnsafeModelError, match="not a plain file name"):
         checkpoint.load(str(tmp_path))
+
+
+KEY = "a team key of 24 bytes!!"
+
+
+def test_short_keys_are_refused_naming_the_setting(tmp_path, monkeypatch):
+    from sparkml_dist import ConfigurationError
+
+    with pytest.raises(ConfigurationError, match=r"key=\) is 5 bytes long; use at least 16"):
+        collection.ModelStore(str(tmp_path / "s"), key="short")
+    monkeypatch.setenv("SPARKML_DIST_MODEL_KEY", "tiny")
+    store = collection.ModelStore(str(tmp_path / "s"))
+    with pytest.raises(ConfigurationError, match="SPARKML_DIST_MODEL_KEY"):
+        store.commit([store.write(0, 0, 1)])
+
+
+def test_the_signature_lives_in_the_manifest_and_interleaved_commits_leave_a_loadable_store(tmp_path):
+    """Two writers commit one store alternately (and a third reads in between): every state a reader
+    can see verifies, because the manifest and its MAC are one file swapped in by one rename."""
+    import threading
+
+    path = str(tmp_path / "shared")
+    writers = [collection.ModelStore(path, key=KEY) for _ in range(2)]
+    errors, stop = [], threading.Event()
+
+    def commit(w, tag):
+        for i in range(30):
+            w.commit([w.write(0, 0, {"by": tag, "i": i})])
+
+    def read():
+        while not stop.is_set():
+            try:
+                value = collection.ModelStore(path, key=KEY).load(0)
+                assert value["by"] in ("a", "b")
+            except CollectionError as exc:  # "no manifest" only before the first commit
+                if "no manifest.json" not in str(exc):
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(w, t)) for w, t in zip(writers, "ab")]
+    reader = threading.Thread(target=read)
+    reader.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    reader.join()
+    assert not errors, errors[:3]
+    assert not os.path.exists(os.path.join(path, "manifest.sig"))
+    assert "signature" in json.loads(open(os.path.join(path, "manifest.json")).read())
+    assert collection.ModelStore(path, key=KEY).load(0)["i"] == 29
+
+
+def test_a_reader_racing_a_recommit_gets_the_old_or_the_new_model(tmp_path):
+    path = str(tmp_path / "s")
+    writer = collection.ModelStore(path, key=KEY)
+    writer.commit([writer.write(0, 0, {"v": "old"})])
+    reader = collection.ModelStore(path, key=KEY)
+    stale = reader.manifest()  # the reader has the old manifest...
+    writer.commit([writer.write(0, 0, {"v": "new"})])  # ...the writer replaces it and its files
+    with pytest.raises(CollectionError):
+        reader.read_bytes(stale["objects"][0])  # the old file is gone
+    assert reader.load(0) == {"v": "new"}  # a load re-reads the manifest instead of failing
+
+
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero_link", "symlink", "longer"])
+def test_objects_that_are_not_plain_files_of_their_size_are_refused_at_once(tmp_path, kind):
+    import time
+
+    path = str(tmp_path / "s")
+    store = collection.ModelStore(path)
+    store.commit([store.write(0, 0, {"x": 1})])
+    meta = store.manifest()["objects"][0]
+    target = os.path.join(path, meta["file"])
+    os.remove(target)
+    if kind == "fifo":
+        os.mkfifo(target)
+    elif kind == "dev_zero_link":
+        os.symlink("/dev/zero", target)
+    elif kind == "symlink":
+        (tmp_path / "elsewhere.json").write_text('{"x": 1}')
+        os.symlink(str(tmp_path / "elsewhere.json"), target)
+    else:
+        open(target, "wb").write(b"0" * (50 << 20))
+    start = time.monotonic()
+    with pytest.raises(UnsafeModelError, match="not a regular file|symbolic link|longer than"):
+        collection.ModelStore(path).load(0)
+    assert time.monotonic() - start < 5
