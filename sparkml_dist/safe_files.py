@@ -4,8 +4,9 @@
   is a plain name inside its directory;
 * :func:`read_regular`: a file is read only if it is a regular file (no link, FIFO or device) and
   never beyond its expected size, so a FIFO cannot hang a load nor ``/dev/zero`` exhaust memory;
-* :func:`safe_members`: the members of a tar archive, refused unless each is a plain file or
-  directory whose path stays inside the destination (whatever Python's ``tarfile`` filters do).
+* :func:`extract_tar` / :func:`extract_zip`: an archive is unpacked only if every member is a
+  plain file or folder whose path stays inside the destination (whatever the Python version's
+  ``tarfile`` filters do: CVE-2025-4517 bypasses ``filter="data"`` on Pythons without its fix).
 
 Example::
 
@@ -18,8 +19,9 @@ import errno
 import os
 import re
 import stat
-from typing import Any, List, Optional
+from typing import Any, Optional
 
+from .errors import ConfigurationError
 from .model_checks import UnsafeModelError
 
 
@@ -64,28 +66,51 @@ def checked_name(name: Any, pattern: "re.Pattern[str]", where: str) -> str:
     return name
 
 
-def safe_members(tar: Any, dest: str, what: str) -> List[Any]:
-    """The members of the open ``tarfile`` ``tar`` to extract into ``dest``; raises
-    :class:`UnsafeModelError` naming the first member that is a link (symbolic or hard), a device
-    or FIFO, has an absolute or ``..`` path, or would resolve outside ``dest``."""
+def _bad_path(name: str) -> bool:
+    parts = name.replace("\\", "/").split("/")
+    return name.startswith(("/", "\\")) or bool(re.match(r"^[A-Za-z]:", name)) or ".." in parts
+
+
+def _outside(root: str, name: str) -> bool:
+    target = os.path.realpath(os.path.join(root, name))
+    return target != root and not target.startswith(root + os.sep)
+
+
+def extract_tar(data: bytes, dest: str, what: str) -> None:
+    """Unpack the tar archive ``data`` into ``dest``, refusing it whole (:class:`ConfigurationError`
+    naming the member) if any member is a link (symbolic or hard), a device, FIFO or other special
+    file, has an absolute or ``..`` path, or would land outside ``dest``.  Nothing is written
+    before every member passed; Python's ``filter="data"`` is applied on top where it exists."""
+    import io
+    import tarfile
+
+    os.makedirs(dest, exist_ok=True)
     root = os.path.realpath(dest)
-    members = tar.getmembers()
-    for m in members:
-        name = m.name
-        if not (m.isfile() or m.isdir()):
-            kind = "a link" if (m.issym() or m.islnk()) else "a device, FIFO or other special file"
-            raise UnsafeModelError(
-                f"{what}: member {name!r} is {kind}; archives may hold only files and folders"
-            )
-        parts = name.replace("\\", "/").split("/")
-        if (
-            name.startswith(("/", "\\"))
-            or os.path.isabs(name)
-            or ".." in parts
-            or re.match(r"^[A-Za-z]:", name)
-        ):
-            raise UnsafeModelError(f"{what}: member {name!r} has an absolute or '..' path")
-        target = os.path.realpath(os.path.join(root, name))
-        if target != root and not target.startswith(root + os.sep):
-            raise UnsafeModelError(f"{what}: member {name!r} would be written outside {dest}")
-    return members
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        members = tar.getmembers()
+        for m in members:
+            if not (m.isfile() or m.isdir()):
+                kind = "a link" if (m.issym() or m.islnk()) else "a device, FIFO or other special file"
+                raise ConfigurationError(f"{what}: member {m.name!r} is {kind}; only files and folders pass")
+            if _bad_path(m.name) or _outside(root, m.name):
+                raise ConfigurationError(f"{what}: member {m.name!r} has an absolute or '..' path")
+        extra = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+        tar.extractall(root, members=members, **extra)
+
+
+def extract_zip(data: bytes, dest: str, what: str) -> None:
+    """Unpack the zip archive ``data`` into ``dest`` under the rules of :func:`extract_tar`
+    (a zip entry whose mode says link or special file is refused too)."""
+    import io
+    import zipfile
+
+    os.makedirs(dest, exist_ok=True)
+    root = os.path.realpath(dest)
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        for info in zf.infolist():
+            kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix mode recorded
+            if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+                raise ConfigurationError(f"{what}: member {info.filename!r} is a link or special file")
+            if _bad_path(info.filename) or _outside(root, info.filename):
+                raise ConfigurationError(f"{what}: member {info.filename!r} has an absolute or '..' path")
+        zf.extractall(root)

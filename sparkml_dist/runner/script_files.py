@@ -20,12 +20,12 @@ from __future__ import annotations
 import io
 import os
 import sys
-import tarfile
 import zipfile
 from dataclasses import dataclass
 from typing import Sequence, Tuple
 
 from ..errors import ConfigurationError
+from ..safe_files import extract_tar, extract_zip
 
 MAX_BYTES = 64 << 20  # what a run carries to every rank; larger inputs belong on shared storage
 _SKIP_DIRS = {"__pycache__", "node_modules", "site-packages", "venv", "env"}
@@ -89,21 +89,11 @@ def bundle(script: str, py_files: Sequence[str] = (), archives: Sequence[str] = 
     return ScriptFiles(folder, py, tuple(arch))
 
 
-def _unzip(data: bytes, dest: str) -> None:
-    root = os.path.realpath(dest)
-    with zipfile.ZipFile(io.BytesIO(data)) as zf:
-        for name in zf.namelist():
-            target = os.path.realpath(os.path.join(dest, name))
-            if not target.startswith(root + os.sep):
-                raise ConfigurationError(f"the archive entry {name!r} points outside its folder")
-        zf.extractall(dest)
-
-
 def install(files: ScriptFiles, workdir: str) -> None:
     """Unpack into ``workdir`` (the rank's working directory) and extend ``sys.path`` as torchrun
     and spark-submit would: the script's folder first, then ``--py-files``."""
     src = os.path.join(workdir, "script-src")
-    _unzip(files.folder, src)
+    extract_zip(files.folder, src, "the script's folder")
     libs = os.path.join(workdir, "py-files")
     os.makedirs(libs, exist_ok=True)
     paths = [src]
@@ -115,8 +105,7 @@ def install(files: ScriptFiles, workdir: str) -> None:
     for name, alias, data in files.archives:
         dest = os.path.join(workdir, alias)
         if name.lower().endswith(".zip"):
-            _unzip(data, dest)
+            extract_zip(data, dest, f"--archives {name}")
         else:
-            with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-                tf.extractall(dest, filter="data")  # no links out, no devices, no absolute paths
+            extract_tar(data, dest, f"--archives {name}")
     sys.path[:0] = list(dict.fromkeys(paths))

@@ -119,7 +119,8 @@ def _signed_store(tmp_path, key="k1-0123456789abcdef"):
 
 def test_signed_store_refuses_any_change_and_an_unsigned_one_needs_no_key(tmp_path, monkeypatch):
     path = _signed_store(tmp_path)
-    assert collection.ModelStore(path, key="k1-0123456789abcdef").load_all() == {(0, 0): {"g": 0}, (1, 0): {"g": 1}}
+    loaded = collection.ModelStore(path, key="k1-0123456789abcdef").load_all()
+    assert loaded == {(0, 0): {"g": 0}, (1, 0): {"g": 1}}
     with pytest.raises(UnsafeModelError, match="signature .* does not match"):
         collection.ModelStore(path, key="another key, 16 bytes+").load(0)
     hostile.plant(path, 1, 0, "json", b'{"g": "tampered"}')  # the file and its checksum, consistently

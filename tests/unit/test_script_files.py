@@ -89,6 +89,82 @@ def test_an_archive_entry_pointing_outside_is_refused(tmp_path):
         zf.writestr("../../outside.py", "print('escaped')\n")
     from sparkml_dist.runner.script_files import ScriptFiles
 
-    with pytest.raises(ConfigurationError, match="points outside its folder"):
+    with pytest.raises(ConfigurationError, match=r"'\.\./\.\./outside.py' has an absolute or '\.\.' path"):
         install(ScriptFiles(folder=evil.getvalue()), str(tmp_path))
     assert not os.path.exists(tmp_path.parent / "outside.py")
+
+
+def _tar(add):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        add(tar)
+    return buf.getvalue()
+
+
+def _entry(tar, name, kind=tarfile.REGTYPE, link="", data=b"x"):
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    if kind == tarfile.REGTYPE:
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    else:
+        tar.addfile(info)
+
+
+def _cve_2025_4517(tar):
+    """The published layout: directory names long enough that realpath() gives up resolving
+    (PATH_MAX), symlinks through them, then a link up and out, and a file written through it."""
+    comp, steps, path = "d" * 247, "abcdefghijklmnop", ""
+    for step in steps:
+        _entry(tar, os.path.join(path, comp), tarfile.DIRTYPE)
+        _entry(tar, os.path.join(path, step), tarfile.SYMTYPE, comp)
+        path = os.path.join(path, comp)
+    link = os.path.join("/".join(steps), "l" * 254)
+    _entry(tar, link, tarfile.SYMTYPE, "../" * len(steps))
+    _entry(tar, "escape", tarfile.SYMTYPE, link + "/" + "../" * 8 + "tmp")
+    _entry(tar, "escape/escaped-by-cve", data=b"escaped")
+
+
+TAR_TRICKS = {
+    "symlink out": lambda t: (_entry(t, "up", tarfile.SYMTYPE, "../.."), _entry(t, "up/escaped", data=b"x")),
+    "absolute symlink": lambda t: _entry(t, "etc", tarfile.SYMTYPE, "/etc"),
+    "hard link": lambda t: _entry(t, "pw", tarfile.LNKTYPE, "etc/passwd"),
+    "character device": lambda t: _entry(t, "zero", tarfile.CHRTYPE),
+    "fifo": lambda t: _entry(t, "pipe", tarfile.FIFOTYPE),
+    "absolute path": lambda t: _entry(t, "/tmp/escaped-absolute"),
+    "dot-dot path": lambda t: _entry(t, "ok/../../escaped-dotdot"),
+    "CVE-2025-4517 layout": _cve_2025_4517,
+}
+
+
+@pytest.mark.parametrize("trick", sorted(TAR_TRICKS))
+def test_hostile_tar_archives_are_refused_whole_and_write_nothing(tmp_path, trick):
+    from sparkml_dist.runner.script_files import ScriptFiles
+
+    box = tmp_path / "box"
+    work = box / "rank"
+    work.mkdir(parents=True)
+    folder = io.BytesIO()
+    zipfile.ZipFile(folder, "w").close()
+    files = ScriptFiles(folder=folder.getvalue(), archives=(("data.tar", "data", _tar(TAR_TRICKS[trick])),))
+    before = set(os.listdir("/tmp"))
+    with pytest.raises(ConfigurationError, match=r"--archives data.tar: member .* (is a|has an absolute)"):
+        install(files, str(work))
+    assert os.listdir(work / "data") == []  # refused before anything was extracted
+    assert sorted(p.name for p in box.iterdir()) == ["rank"]
+    assert not {n for n in set(os.listdir("/tmp")) - before if n.startswith("escaped")}
+
+
+def test_zip_entries_that_are_links_are_refused(tmp_path):
+    import stat
+
+    from sparkml_dist.runner.script_files import ScriptFiles
+
+    evil = io.BytesIO()
+    with zipfile.ZipFile(evil, "w") as zf:
+        info = zipfile.ZipInfo("link")
+        info.external_attr = (stat.S_IFLNK | 0o777) << 16
+        zf.writestr(info, "/etc/passwd")
+    files = ScriptFiles(folder=evil.getvalue())
+    with pytest.raises(ConfigurationError, match="'link' is a link or special file"):
+        install(files, str(tmp_path))
