@@ -13,6 +13,14 @@ takes a pandas DataFrame:
   ensemble's predictions, the same numbers as ``model.transform`` and ``model.predict``;
 * grouped models: the feature columns and the ``groupCol`` column -> each row's key's model.
 
+Hostile model directories: the ``stage`` path an ``MLmodel`` names must be the flavor's own
+(``stage`` or ``sparkml/stages/<name>``, inside the model directory), and when a signing key is set
+(``SPARKML_DIST_MODEL_KEY``) saving also writes ``MLmodel.sig`` (HMAC-SHA256 of ``MLmodel``) and
+loading refuses an ``MLmodel`` whose signature is missing or wrong, as it refuses the stage's store.
+``mlflow.pyfunc.load_model`` imports the ``loader_module`` an ``MLmodel`` names *before* any code
+of ours runs: for directories from elsewhere, load with :func:`load_model` (which reads ``MLmodel``
+itself, checks it, and imports nothing it names).
+
 Example::
 
     from sparkml_dist import mlflow_flavor
@@ -25,7 +33,11 @@ Example::
 from __future__ import annotations
 
 import glob
+import hashlib
+import hmac
+import json
 import os
+import re
 import tempfile
 from typing import Any, Optional
 
@@ -36,6 +48,8 @@ from . import _spark_env
 FLAVOR = "sparkml_dist"
 STAGE_DIR = "stage"
 SPARK_DIR = "sparkml"
+SIGNATURE = "MLmodel.sig"
+_STAGE = re.compile(rf"({STAGE_DIR}|{SPARK_DIR}/stages/[A-Za-z0-9][A-Za-z0-9_.-]{{0,200}})")
 
 
 def _spark_flavor(model: Any, path: str) -> Optional[str]:
@@ -74,6 +88,7 @@ def save_model(model: Any, path: str) -> None:
     if stage != STAGE_DIR:
         mlmodel.add_flavor("spark", pyspark_version=pyspark.__version__, model_data=SPARK_DIR)
     mlmodel.save(os.path.join(path, "MLmodel"))
+    _sign(path)
     import sklearn
 
     with open(os.path.join(path, "requirements.txt"), "w", encoding="utf-8") as fh:
@@ -91,20 +106,77 @@ def log_model(model: Any, run_id: str, artifact_path: str = "model") -> str:
     return f"runs:/{run_id}/{artifact_path}"
 
 
-def _read_stage(stage_path: str):
+def _mac(key: bytes, root: str) -> str:
+    with open(os.path.join(root, "MLmodel"), "rb") as fh:
+        return hmac.new(key, fh.read(), hashlib.sha256).hexdigest()
+
+
+def _sign(root: str) -> None:
+    """``MLmodel.sig`` beside ``MLmodel`` when a signing key is set (the stage's store is signed
+    with the same key)."""
+    from .model_store import _key_bytes
+
+    key = _key_bytes(None)
+    if key is not None:
+        with open(os.path.join(root, SIGNATURE), "w", encoding="utf-8") as fh:
+            json.dump({"alg": "HMAC-SHA256", "mac": _mac(key, root)}, fh)
+
+
+def _verify(root: str) -> None:
+    from .model_formats import UnsafeModelError
+    from .model_store import KEY_ENV, _key_bytes
+    from .safe_files import read_regular
+
+    key = _key_bytes(None)
+    if key is None:
+        return
+    sig = read_regular(os.path.join(root, SIGNATURE), 4096, f"{SIGNATURE} of {root!r}")
+    try:
+        mac = json.loads(sig.decode())["mac"] if sig is not None else None
+    except (ValueError, KeyError, TypeError):
+        mac = ""
+    if mac is None:
+        raise UnsafeModelError(f"the MLflow model {root!r} is not signed, and {KEY_ENV} is set: refused")
+    if not hmac.compare_digest(str(mac), _mac(key, root)):
+        raise UnsafeModelError(f"the MLmodel of {root!r} does not match its signature: refused")
+
+
+def _stage_path(root: str, stage: Any) -> str:
+    """``root/stage``, once ``stage`` is the flavor's own kind of path inside ``root``."""
+    from .safe_files import checked_name
+
+    checked_name(stage, _STAGE, f"the MLmodel of {root!r}")
+    path = os.path.realpath(os.path.join(root, stage))
+    if not path.startswith(os.path.realpath(root) + os.sep):
+        checked_name(None, _STAGE, f"the MLmodel of {root!r}")  # a link out of the directory
+    return path
+
+
+def _read_stage(root: str, stage: Any):
     from .ensemble.persistence import load_stage
 
-    return load_stage(stage_path)
+    _verify(root)
+    return load_stage(_stage_path(root, stage))
 
 
 def load_model(model_uri: str) -> Any:
-    """The pyspark.ml model (``BaggingClassificationModel``, ``GroupedModel``...) logged at ``model_uri``."""
+    """The pyspark.ml model (``BaggingClassificationModel``, ``GroupedModel``...) logged at
+    ``model_uri``: ``MLmodel`` is read as YAML data (nothing it names is imported), its stage path
+    checked, and its signature verified when ``SPARKML_DIST_MODEL_KEY`` is set."""
     import mlflow.artifacts
-    from mlflow.models import Model
+    import yaml
+
+    from .model_formats import UnsafeModelError
+    from .safe_files import read_regular
 
     local = mlflow.artifacts.download_artifacts(model_uri)
-    stage = Model.load(os.path.join(local, "MLmodel")).flavors[FLAVOR]["stage"]
-    return _read_stage(os.path.join(local, stage))
+    text = read_regular(os.path.join(local, "MLmodel"), 1 << 20, f"the MLmodel of {model_uri!r}")
+    conf = yaml.safe_load(text) if text is not None else None
+    try:
+        stage = conf["flavors"][FLAVOR]["stage"]
+    except (TypeError, KeyError):
+        raise UnsafeModelError(f"{model_uri!r} has no MLmodel naming a {FLAVOR} flavor") from None
+    return _read_stage(local, stage)
 
 
 class PyFuncModel:
@@ -128,5 +200,13 @@ class PyFuncModel:
 
 
 def _load_pyfunc(path: str) -> PyFuncModel:
-    """MLflow's pyfunc entry point (``loader_module``): ``path`` is the model's ``stage`` directory."""
-    return PyFuncModel(_read_stage(path))
+    """MLflow's pyfunc entry point (``loader_module``): ``path`` is the model's ``stage`` directory,
+    inside the model directory that holds ``MLmodel`` (found by walking up)."""
+    from .model_formats import UnsafeModelError
+
+    root = os.path.dirname(os.path.abspath(path))
+    for _ in range(3):
+        if os.path.exists(os.path.join(root, "MLmodel")):
+            return PyFuncModel(_read_stage(root, os.path.relpath(os.path.abspath(path), root)))
+        root = os.path.dirname(root)
+    raise UnsafeModelError(f"{path!r} is not inside an MLflow model directory (no MLmodel above it)")

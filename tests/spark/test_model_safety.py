@@ -187,3 +187,80 @@ def test_a_model_saved_by_the_previous_release_loads_only_through_allow_pickle(d
     assert np.array_equal(old.predict_proba(X), model.predict_proba(X))
     converted = _save(old, str(tmp_path / "converted"))  # saved again: safe formats, loads by default
     assert np.array_equal(BaggingClassificationModel.load(converted).predict_proba(X), model.predict_proba(X))
+
+
+def _first_manifest(root):
+    (manifest,) = glob.glob(os.path.join(root, "**", "data", "manifest.json"), recursive=True)
+    return os.path.dirname(manifest)
+
+
+def test_crafted_members_are_refused_by_every_load_entry_point(data, tmp_path):
+    """FAULTS #21: each crafted case of tests/support/crafted.py planted as member 1's model is
+    refused by load, lazy predict, executors' transform and both MLflow loaders, naming the fault."""
+    mlflow = pytest.importorskip("mlflow")
+    from sparkml_dist import mlflow_flavor
+    from tests.support import crafted
+    from tests.unit.test_crafted_models import FAULTS
+
+    X, df = data
+    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS)
+    model = model.fit(df)
+    path = _save(model, str(tmp_path / "bag"))
+    flavor = str(tmp_path / "mlflow-model")
+    mlflow_flavor.save_model(model, flavor)
+    stores = [os.path.join(path, "data"), _first_manifest(flavor)]
+    originals = {}
+    for store_dir in stores:
+        for name in glob.glob(os.path.join(store_dir, "**", "*.*"), recursive=True):
+            originals[name] = open(name, "rb").read()
+    transformed = 0
+    for case, (fmt, payload) in crafted.all_cases().items():
+        for store_dir in stores:
+            hostile.plant(store_dir, 1, 1, fmt, payload)
+        loads = {
+            "load": lambda: BaggingClassificationModel.load(path),
+            "lazy predict": lambda: BaggingClassificationModel.read().lazy().load(path).predict_proba(X),
+            "mlflow.pyfunc": lambda: mlflow.pyfunc.load_model(flavor),
+            "mlflow_flavor.load_model": lambda: mlflow_flavor.load_model(flavor),
+        }
+        if transformed < 2:  # executors decode lazily loaded members themselves: a Spark job each
+            lazy = BaggingClassificationModel.read().lazy().load(path)
+            loads["executors' transform"] = lambda lazy=lazy: lazy.transform(df).collect()
+            transformed += 1
+        for entry, load in loads.items():
+            with pytest.raises(Exception) as info:
+                load()
+            assert FAULTS[case] in str(info.value) and "refused" in str(info.value), (case, entry)
+        for name, original in originals.items():
+            open(name, "wb").write(original)
+    assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), model.predict_proba(X))
+
+
+def test_mlflow_model_directories_are_checked_like_stores(data, tmp_path, monkeypatch):
+    mlflow = pytest.importorskip("mlflow")
+    import yaml
+
+    from sparkml_dist import mlflow_flavor
+
+    X, df = data
+    model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS)
+    model = model.fit(df)
+    monkeypatch.setenv(model_store.KEY_ENV, "team key 0123456789")
+    signed = str(tmp_path / "signed")
+    mlflow_flavor.save_model(model, signed)
+    assert os.path.exists(os.path.join(signed, "MLmodel.sig"))
+    pdf = df.toPandas()[COLS]
+    assert np.array_equal(mlflow.pyfunc.load_model(signed).predict(pdf), model.predict(X))
+    mlmodel = os.path.join(signed, "MLmodel")
+    conf = yaml.safe_load(open(mlmodel))
+    conf["flavors"]["sparkml_dist"]["version"] = "9.9"  # any change to MLmodel breaks its signature
+    open(mlmodel, "w").write(yaml.safe_dump(conf))
+    for load in (mlflow.pyfunc.load_model, mlflow_flavor.load_model):
+        with pytest.raises(UnsafeModelError, match="does not match its signature"):
+            load(signed)
+    monkeypatch.delenv(model_store.KEY_ENV)
+    for stage in ("../../etc", "/etc", "stage/../../x", "sparkml/stages/../../../x"):
+        conf["flavors"]["sparkml_dist"]["stage"] = stage
+        open(mlmodel, "w").write(yaml.safe_dump(conf))
+        with pytest.raises(UnsafeModelError, match="not a plain file name"):
+            mlflow_flavor.load_model(signed)
