@@ -70,7 +70,7 @@ class Reporter:
             from .runner.channel import LogClient
 
             with contextlib.suppress(OSError):
-                self._client = LogClient(*self._channel, timeout=5.0)
+                self._client = LogClient(*self._channel, timeout=5.0, retry_for=5.0)
         return self
 
     def __call__(self) -> None:

@@ -141,7 +141,8 @@ class _RankTask:
                 listener.close()  # the rank process holds its own copy
         if spec.channel is not None:
             try:
-                self.client = LogClient(spec.channel[0], spec.channel[1], spec.secret)
+                retry = min(spec.start_timeout or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
+                self.client = LogClient(spec.channel[0], spec.channel[1], spec.secret, retry_for=retry)
             except OSError:
                 self.client = None  # the driver is unreachable (a remote Connect client): no live logs
         log_path = (

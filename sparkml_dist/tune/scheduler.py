@@ -148,6 +148,8 @@ class Tuning:
             return  # Trial.report never sends these
         metrics = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
         with self.lock:
+            if rec.state != "running":
+                return  # a report arriving after its trial ended: Optuna would refuse it
             rec.send = send
             rec.history[step] = metrics
             value = metrics.get(self.t.metric)

@@ -130,7 +130,7 @@ def run_trial(spec: TrialSpec) -> dict:
     started = time.time()
     unreachable = None
     try:
-        trial._client = LogClient(*spec.channel, spec.secret, on_frame=trial._on_frame)
+        trial._client = LogClient(*spec.channel, spec.secret, on_frame=trial._on_frame, retry_for=10.0)
     except OSError as exc:  # the trial still runs: its reports come back with its result
         unreachable = f"{spec.channel[0]}:{spec.channel[1]} ({exc})"
     os.environ[IN_TRIAL_ENV] = str(spec.number)

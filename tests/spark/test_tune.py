@@ -3,7 +3,7 @@
 import pytest
 
 from sparkml_dist import ConfigurationError, WorkerError, tune
-from tests.conftest import IS_CONNECT
+from tests.conftest import IS_CONNECT, only_local
 from tests.support import tune_helpers as th
 
 FAST = {"pause": 0.02}
@@ -163,3 +163,37 @@ def test_trial_resources_cap_concurrency_and_impossible_ones_are_refused(spark):
     assert resources.plan_slots(spark, resources.check({"cpus": 1}), 1000, 1).concurrency == 1
     with pytest.raises(InsufficientResourcesError, match="asks 64 CPUs per trial"):
         run(th.curve, {"x": [1]}, max_trials=1, trial_resources={"cpus": 64})
+
+
+@only_local
+def test_early_stopping_works_while_500_idle_connections_flood_the_channel(spark, monkeypatch):
+    """FAULTS #22: trials' reports and stop answers still get through."""
+    from sparkml_dist.tune import scheduler
+    from tests.support.flood import Flood
+
+    real_listen, floods = scheduler.listen, []
+
+    def flooded_listen(*args, **kwargs):
+        server = real_listen(*args, **kwargs)
+        floods.append(Flood(server.port, 500, server.address).__enter__())
+        return server
+
+    monkeypatch.setattr(scheduler, "listen", flooded_listen)
+    xs = [0.3, 0.95, 0.35, 0.9, 0.85, 0.8]
+    try:
+        early = run(
+            th.curve,
+            {"x": xs, "steps": 8, **FAST},
+            sampler="grid",
+            max_trials=6,
+            seed=0,
+            max_concurrent=2,
+            early_stopping={"policy": "median", "startup_trials": 2},
+        )
+    finally:
+        for flood in floods:
+            flood.__exit__()
+    assert floods and floods[0].opened >= 500
+    stopped = early.trials[early.trials["state"] == "stopped"]
+    assert len(stopped) >= 1 and stopped["params_x"].min() >= 0.8, early.trials
+    assert early.best_params["x"] == 0.3

@@ -266,3 +266,17 @@ def spawn_and_hang(info_path):
     init_process_group()
     dist.barrier()
     time.sleep(600)
+
+
+def print_lines(n=30):
+    """Print ``n`` numbered lines on every rank (with a pause, so they stream while the run goes on)."""
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    for i in range(n):
+        print(f"line {i}", flush=True)
+        time.sleep(0.01)
+    dist.barrier()
+    return "done"
