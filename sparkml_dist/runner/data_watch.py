@@ -5,7 +5,10 @@ row ranges) may legitimately take long for a big shard, so it is not counted aga
 ``start_timeout`` (that deadline starts when the ranks get their start message).  What is bounded
 is *progress*: when no batch arrives for ``data_timeout`` seconds the task reports the stall (the
 driver then cancels the run at once, which also stops the task that is blocked reading) and the
-task fails naming the rank and its shard.
+task fails naming the rank and its shard.  If the read is still blocked :data:`STUCK_GRACE`
+seconds later (the report could not reach the driver: its channel is gone), ``on_stuck`` runs: a
+Spark task then writes the stall to the executor's log and ends its own Python worker, so the job
+fails instead of hanging.
 
 Example::
 
@@ -25,15 +28,22 @@ from typing import Callable, Iterable, Iterator, Optional
 import pyarrow as pa
 
 _POLL_S = 0.25
+STUCK_GRACE = 10.0
 
 
 class DataWatch:
     """Calls ``on_stall(idle_s, rows_so_far)`` once when no batch arrived for ``timeout`` seconds
     (``timeout`` None: never); what it returns is raised by :meth:`check`."""
 
-    def __init__(self, timeout: Optional[float], on_stall: Callable[[float, int], BaseException]) -> None:
+    def __init__(
+        self,
+        timeout: Optional[float],
+        on_stall: Callable[[float, int], BaseException],
+        on_stuck: Optional[Callable[[BaseException], None]] = None,
+    ) -> None:
         self.timeout = timeout
         self._on_stall = on_stall
+        self._on_stuck = on_stuck
         self._last = time.monotonic()
         self.rows = 0
         self.failure: Optional[BaseException] = None
@@ -53,6 +63,8 @@ class DataWatch:
             idle = time.monotonic() - self._last
             if idle > self.timeout:
                 self.failure = self._on_stall(idle, self.rows)
+                if self._on_stuck is not None and not self._done.wait(STUCK_GRACE):
+                    self._on_stuck(self.failure)
                 return
 
     def __enter__(self) -> "DataWatch":

@@ -35,6 +35,18 @@ def _stalled(members: list) -> Callable[[float, int], RankFailure]:
     return report
 
 
+def _end_worker(failure: BaseException) -> None:
+    """The read is still blocked after the stall was reported (the driver did not cancel: its
+    channel is gone): say why in the executor's log and end this Python worker, so that Spark fails
+    the task instead of waiting forever.  The reaper beside each rank then removes what it left."""
+    import signal
+    import sys
+
+    sys.stderr.write(f"sparkml_dist: ending this task's Python worker: {failure}\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 def feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
     """Write each rank's shard and the function into its work directory; each shard's environment.
     Bounded by progress (:mod:`.data_watch`), not by ``start_timeout``."""
@@ -45,7 +57,8 @@ def feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str
     envs: List[Dict[str, str]] = [{} for _ in members]
     if spec.has_data:
         paths = [os.path.join(m.workdir, protocol.SHARD_FILE) for m in members]
-        watch = DataWatch(spec.data_timeout, _stalled(members))
+        stuck = _end_worker if members[0].gang.echo_output else None  # Spark tasks only, not the driver
+        watch = DataWatch(spec.data_timeout, _stalled(members), stuck)
         with watch:
             if spec.file_split is not None:  # each rank reads its own row ranges from the files
                 read = lambda m: watch.batches(parquet_split.read(spec.file_split, m.rank))  # noqa: E731

@@ -412,3 +412,34 @@ def test_a_rank_dead_before_its_start_message_is_reported_with_its_own_exit_code
     detail = protocol.parse_failure(str(err.value))
     assert detail["message"] == "rank 1 exited with code 7 before it started" and detail["exit_code"] == 7
     assert any("cannot start: injected" in ln for ln in detail["tail"])
+
+
+def test_a_read_still_blocked_after_the_stall_report_ends_the_task(monkeypatch):
+    """When the driver never cancels (its channel is gone), the blocked task is ended by on_stuck
+    (in a Spark task: its Python worker) instead of waiting forever."""
+    import threading
+
+    from sparkml_dist.runner import data_watch
+
+    monkeypatch.setattr(data_watch, "STUCK_GRACE", 0.5)
+    release, stuck = threading.Event(), []
+
+    def forever():
+        yield pa.record_batch({"x": pa.array([1.0])})
+        release.wait(30)  # a shuffle fetch from a lost executor
+
+    watch = data_watch.DataWatch(0.5, lambda idle, rows: RuntimeError(f"stalled after {rows}"), stuck.append)
+    reader = threading.Thread(target=lambda: [None for _ in watch.batches(forever())])
+    started = time.monotonic()
+    with watch:
+        reader.start()
+        deadline = time.monotonic() + 10
+        while not stuck and time.monotonic() < deadline:
+            time.sleep(0.05)
+        release.set()
+        reader.join()
+    assert [str(e) for e in stuck] == ["stalled after 1"] and time.monotonic() - started < 5
+    fine = data_watch.DataWatch(0.5, lambda idle, rows: RuntimeError("x"), stuck.append)
+    with fine:
+        list(fine.batches(iter([pa.record_batch({"x": pa.array([1.0])})])))
+    assert len(stuck) == 1  # a read that keeps moving is never ended
