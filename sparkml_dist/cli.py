@@ -21,7 +21,7 @@ Job file (YAML)::
     params: {numModels: 8, sampling: bootstrap, sampleRatio: 0.5, labelCol: label}
     # featuresCols defaults to every numeric column but the label and weight columns
     evaluate: {test_fraction: 0.2, seed: 0}            # optional hold-out metrics
-    output: {model_path: /tmp/model, overwrite: true}
+    output: {model_path: out/model, overwrite: true}   # relative: under the job file's folder
 
 Search job file (YAML)::
 
@@ -33,7 +33,7 @@ Search job file (YAML)::
     cv: 3
     scoring: accuracy
     max_concurrent: null           # null: as many fits as slots and memory allow
-    output: {results_csv: /tmp/cv_results.csv, best_model: /tmp/best.pkl}
+    output: {results_csv: out/cv_results.csv, best_model: out/best.skops}
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def run_search_job(spark, job: dict) -> dict:
     from pyspark.sql import types as T
 
     from sparkml_dist import model_formats
+    from sparkml_dist.job_files import write_new
     from sparkml_dist.search import ParallelSearchCV
 
     label = job.get("labelCol", "label")
@@ -171,12 +172,11 @@ def run_search_job(spark, job: dict) -> dict:
     }
     out = job.get("output") or {}
     if out.get("results_csv"):
-        results.to_csv(out["results_csv"], index=False)
+        write_new(out["results_csv"], results.to_csv(index=False).encode())
         report["results_csv"] = out["results_csv"]
     if out.get("best_model"):  # skops (or XGBoost's own format): loading it runs no code
         fmt, data = model_formats.encode(search.best_estimator_)
-        with open(out["best_model"], "wb") as fh:
-            fh.write(data)
+        write_new(out["best_model"], data)
         report["best_model"], report["best_model_format"] = out["best_model"], fmt
     return report
 
@@ -326,8 +326,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         else:
             import yaml
 
+            from sparkml_dist.job_files import resolve_paths
+
             with open(args.conf) as fh:
-                job = yaml.safe_load(fh)
+                job = resolve_paths(yaml.safe_load(fh), os.path.dirname(os.path.abspath(args.conf)))
             if args.command == "tune":
                 from sparkml_dist.tune.job import run_tune_job
 

@@ -18,7 +18,7 @@ Job file::
     timeout: null
     seed: 0
     mlflow: false
-    output: {trials_csv: /tmp/trials.csv}
+    output: {trials_csv: out/trials.csv}   # relative: under the job file's folder
 
 A function from a module that is not an installed package (a file beside the job) travels to the
 executors by value, so they need not have it.
@@ -34,6 +34,7 @@ from typing import Any, Dict
 
 from .. import serialization
 from ..errors import ConfigurationError
+from ..job_files import write_new
 from . import space as spaces
 
 _BUILDERS = {
@@ -133,6 +134,6 @@ def run_tune_job(spark, job: Dict[str, Any], base_dir: str = ".") -> Dict[str, A
     }
     out = job.get("output") or {}
     if out.get("trials_csv"):
-        trials.drop(columns=["returned"]).to_csv(out["trials_csv"], index=False)
+        write_new(out["trials_csv"], trials.drop(columns=["returned"]).to_csv(index=False).encode())
         report["trials_csv"] = out["trials_csv"]
     return report
