@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from typing import Callable, Dict, List, Optional, Sequence
 
 from . import protocol
@@ -38,10 +39,16 @@ def exit_text(code: int) -> str:
 
 
 # Runs beside each rank, in a session of its own: it waits for EOF on a pipe that only the task
-# holds, then kills the rank's process group and removes its work directory.  A task killed by
+# holds, then kills the rank's process group and every process whose environment carries the
+# rank's token (what the rank started in sessions of their own, with setsid or daemonised, after
+# their parent died), twice (a fork in between), and removes its work directory.  A task killed by
 # Spark (a cancel, a timeout: the Python worker gets SIGKILL, no ``finally`` runs) thus leaves
 # neither the processes its rank started (data loader workers, subprocesses) nor its files.
-_REAPER = 'cat >/dev/null; kill -9 "-$1" 2>/dev/null; rm -rf -- "$2"'  # dash: no -- for kill
+_REAPER = (
+    'cat >/dev/null; kill -9 "-$1" 2>/dev/null; '  # dash: no -- for kill
+    'for _ in 1 2; do for e in $(grep -lsxzF -- "$3" /proc/[0-9]*/environ); do '
+    'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; done; done; rm -rf -- "$2"'
+)
 
 
 class RankProcess:
@@ -65,9 +72,11 @@ class RankProcess:
         self._forward, self._client, self._echo, self._log = False, None, False, None
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
+        token = f"{protocol.TOKEN_ENV}={uuid.uuid4().hex}"
         try:
             env = {
                 **env,
+                protocol.TOKEN_ENV: token.split("=", 1)[1],
                 protocol.CTRL_ENV: str(ctrl_w),
                 protocol.PARENT_ENV: str(os.getpid()),
                 protocol.WORKDIR_ENV: workdir,
@@ -88,15 +97,15 @@ class RankProcess:
         finally:
             os.close(ctrl_w)
         self._ctrl_r = ctrl_r
-        self._reaper_w = self._start_reaper(workdir)
+        self._reaper_w = self._start_reaper(workdir, token)
 
-    def _start_reaper(self, workdir: str) -> Optional[int]:
+    def _start_reaper(self, workdir: str, token: str) -> Optional[int]:
         if not os.path.exists("/bin/sh"):
             return None
         reap_r, reap_w = os.pipe()  # not inheritable: only this process holds the write end
         try:
             subprocess.Popen(
-                ["/bin/sh", "-c", _REAPER, "sparkml_dist-reaper", str(self.proc.pid), workdir],
+                ["/bin/sh", "-c", _REAPER, "sparkml_dist-reaper", str(self.proc.pid), workdir, token],
                 stdin=reap_r,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,

@@ -186,16 +186,24 @@ class _RankTask:
         if ev is not None:
             self._report(protocol.FRAME_RENDEZVOUS)
 
+    @property
+    def _returns(self) -> bool:
+        return self.rank == 0 or self.spec.return_all
+
+    def _no_result(self) -> bool:
+        return self._returns and not os.path.exists(os.path.join(self.workdir, protocol.RESULT_FILE))
+
     def await_exit(self) -> None:
         code = self.process.wait_exit(self.cancel)
         if code is None:
             raise self.fail(f"rank {self.rank} was stopped because the run was cancelled", None, "cancelled")
-        if code != 0:
-            raise self.fail(f"rank {self.rank} {exit_text(code)}", code)
+        if code != 0 or self._no_result():  # sys.exit(0) / os._exit(0) inside the function too
+            early = " before returning a result" if self._no_result() else ""
+            raise self.fail(f"rank {self.rank} {exit_text(code)}{early}", code)
 
     def result(self) -> Iterator[pa.RecordBatch]:
         """The result as chunk rows (rank 0, or every rank with ``return_all``)."""
-        if self.rank == 0 or self.spec.return_all:
+        if self._returns:
             path = os.path.join(self.workdir, protocol.RESULT_FILE)
             size = os.path.getsize(path)
             if size > self.spec.max_result_bytes:

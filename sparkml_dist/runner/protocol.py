@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 # ---------------------------------------------------------------- rank process environment
 WORKDIR_ENV = "SPARKML_DIST_WORKDIR"
+TOKEN_ENV = "SPARKML_DIST_RANK_TOKEN"  # inherited by everything a rank starts: how its reaper finds them
 CTRL_ENV = "SPARKML_DIST_CTRL_FD"
 PARENT_ENV = "SPARKML_DIST_PARENT_PID"
 TIMEOUT_ENV = "SPARKML_DIST_COLLECTIVE_TIMEOUT"

@@ -280,3 +280,35 @@ def print_lines(n=30):
         time.sleep(0.01)
     dist.barrier()
     return "done"
+
+
+def exits_with(rank_to_exit, code):
+    """Rank ``rank_to_exit`` calls sys.exit(code) inside the function (the others return)."""
+    import sys
+
+    from sparkml_dist.runner import context
+
+    if context().rank == rank_to_exit:
+        sys.exit(code)
+    return "returned"
+
+
+def setsid_children(marker, outcome):
+    """Every rank starts a child in a session of its own (``setsid``) and a daemon that double-forks
+    away from it, both running ``sleep`` with ``marker`` in their command line; then the function
+    returns, raises or hangs (``outcome``: "return", "raise", "hang")."""
+    import subprocess
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    subprocess.Popen(["sleep", f"{marker}"], start_new_session=True)
+    subprocess.Popen(["sh", "-c", f"(setsid sleep {marker}.5 &) &"])  # reparented to init at once
+    init_process_group()
+    dist.barrier()
+    if outcome == "raise":
+        raise RuntimeError("failing after starting children")
+    if outcome == "hang":
+        time.sleep(3600)
+    return "done"

@@ -1,10 +1,11 @@
 """BarrierRunner with np < 0: ranks as local processes on the driver, no Spark at all."""
 
 import os
+import time
 
 import pytest
 
-from sparkml_dist import ConfigurationError, InsufficientResourcesError
+from sparkml_dist import ConfigurationError, InsufficientResourcesError, WorkerError
 from sparkml_dist.runner import BarrierRunner
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
@@ -138,3 +139,33 @@ def test_a_rank_that_dies_before_its_start_message_is_reported_as_itself(monkeyp
     assert "rank 1 exited with code 7" in str(err.value) and "BrokenPipe" not in str(err.value)
     assert "cannot start: injected" in (err.value.worker_traceback or "") + str(err.value)
     assert_no_rank_left()
+
+
+def test_sys_exit_inside_the_function_is_reported_as_an_early_exit():
+    with pytest.raises(WorkerError, match="rank 0 exited with code 0 before returning a result"):
+        BarrierRunner(-2, timeout=60).run(h.exits_with, 0, 0)
+    with pytest.raises(WorkerError, match="rank 1 exited with code 3"):
+        BarrierRunner(-2, timeout=60).run(h.exits_with, 1, 3)
+    assert BarrierRunner(-2, timeout=60).run(h.exits_with, 1, 0) == "returned"  # rank 1 owes no result
+    assert_no_rank_left()
+
+
+@pytest.mark.parametrize("outcome", ["return", "raise", "hang"])
+def test_children_in_their_own_session_are_killed_after_success_failure_or_timeout(outcome):
+    import psutil
+
+    marker = str(600 + ["return", "raise", "hang"].index(outcome) + 0.25)  # "sleep 600.25", ...
+
+    def left():
+        return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+    runner = BarrierRunner(-2, timeout=15 if outcome == "hang" else 60)
+    if outcome == "return":
+        assert runner.run(h.setsid_children, marker, outcome) == "done"
+    else:
+        with pytest.raises(Exception, match="failing after starting children|timeout"):
+            runner.run(h.setsid_children, marker, outcome)
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left(), [p.info["cmdline"] for p in left()]
