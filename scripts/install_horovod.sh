@@ -17,6 +17,9 @@ PY="${1:-python3}"
 # the build runs in another directory: resolve a relative interpreter path (.venv/bin/python) first
 if [[ "$PY" == */* ]]; then PY="$(cd "$(dirname "$PY")" && pwd)/$(basename "$PY")"; fi
 VERSION=0.28.1
+# the sdist is pinned by its SHA-256: pip refuses any other file under that name (a mirror or a
+# man in the middle cannot substitute one)
+SDIST_SHA256=92a43f5a94c43907a56805bad15f19700c62ffc83b7ca483f9e104e229f67ef0
 CACHE_ROOT="${SPARKML_DIST_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sparkml_dist}"
 
 torch_version="$("$PY" -c 'import torch; print(torch.__version__)' 2>/dev/null)" || {
@@ -55,7 +58,9 @@ if [[ -z "$wheel" ]]; then
     echo "install_horovod: building Horovod $VERSION against torch $torch_version (~15 min on 2 cores)"
     "$PY" -m pip install -q "setuptools" "wheel"
     command -v cmake >/dev/null || "$PY" -m pip install -q "cmake>=3.13"
-    "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation "horovod==$VERSION" -d "$work"
+    echo "horovod==$VERSION --hash=sha256:$SDIST_SHA256" > "$work/requirements.txt"
+    "$PY" -m pip download -q --no-deps --no-binary :all: --no-build-isolation --require-hashes \
+        -r "$work/requirements.txt" -d "$work"
     tar -xzf "$work"/horovod-"$VERSION".tar.gz -C "$work"
     src="$work/horovod-$VERSION"
     # The C++17 fix: torch >= 2.1 headers need C++17; Horovod 0.28.1 asks CMake for C++14.
@@ -74,9 +79,11 @@ if [[ -z "$wheel" ]]; then
             "$PY" -m pip wheel -q --no-deps --no-build-isolation -w "$work/dist" .
     )
     built="$(ls "$work"/dist/horovod-"$VERSION"-*.whl)"
-    # publish atomically: a concurrent or interrupted build never leaves half a wheel in the cache
-    cp "$built" "$cache/.partial.whl"
-    mv "$cache/.partial.whl" "$cache/$(basename "$built")"
+    # publish atomically under a name of its own: a concurrent or interrupted build never leaves
+    # half a wheel in the cache, and two builds never write the same partial file
+    partial="$(mktemp "$cache/.partial-XXXXXXXX.whl")"
+    cp "$built" "$partial"
+    mv "$partial" "$cache/$(basename "$built")"
     wheel="$cache/$(basename "$built")"
 else
     echo "install_horovod: using cached $wheel"
