@@ -39,6 +39,12 @@ def loads(data: bytes) -> Any:
     return pickle.loads(data)
 
 
+def load_stream(stream) -> Any:
+    """:func:`loads` from a binary file object (what :mod:`sparkml_dist.collection` decodes chunks
+    with, without joining them first)."""
+    return pickle.load(stream)
+
+
 def digest(data: bytes) -> str:
     """The key :func:`cached_loads` files ``data`` under (SHA-256, hex)."""
     return hashlib.sha256(data).hexdigest()
