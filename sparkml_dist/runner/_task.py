@@ -120,6 +120,7 @@ class _RankTask:
             "WORLD_SIZE": str(spec.world_size),
             "PYTHONUNBUFFERED": "1",
             protocol.TIMEOUT_ENV: str(spec.collective_timeout),
+            protocol.START_TIMEOUT_ENV: str(spec.start_timeout or ""),
             protocol.BACKEND_ENV: spec.backend,
             protocol.RUN_ENV: spec.run_id,
             protocol.USE_GPU_ENV: "1" if spec.use_gpu else "0",
@@ -198,8 +199,8 @@ class _RankTask:
         if code is None:
             raise self.fail(f"rank {self.rank} was stopped because the run was cancelled", None, "cancelled")
         if code != 0 or self._no_result():  # sys.exit(0) / os._exit(0) inside the function too
-            early = " before returning a result" if self._no_result() else ""
-            raise self.fail(f"rank {self.rank} {exit_text(code)}{early}", code)
+            early = self._no_result() and (code == 0 or self.process.called_exit)
+            raise self.fail(f"rank {self.rank} {exit_text(code)}{' before returning a result' * early}", code)
 
     def result(self) -> Iterator[pa.RecordBatch]:
         """The result as chunk rows (rank 0, or every rank with ``return_all``)."""

@@ -111,7 +111,8 @@ class TorchBackend(Backend):
         # joining the store is reaching the rendezvous, whichever c10d path connects to it
         # (init_process_group, init_device_mesh, rpc.init_rpc, a launcher); the hook is the
         # fallback where /proc cannot be watched
-        store_watch.watch(int(os.environ["MASTER_PORT"]), reached)
+        within = float(os.environ.get(protocol.START_TIMEOUT_ENV) or 0) or None
+        store_watch.watch(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), reached, within)
         report_first_call([dist], "init_process_group", reached)
         return state
 

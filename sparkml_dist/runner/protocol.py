@@ -35,6 +35,7 @@ from typing import Dict, List, Optional, Sequence
 
 # ---------------------------------------------------------------- rank process environment
 WORKDIR_ENV = "SPARKML_DIST_WORKDIR"
+START_TIMEOUT_ENV = "SPARKML_DIST_START_TIMEOUT"  # seconds a rank may take to join the rendezvous
 TOKEN_ENV = "SPARKML_DIST_RANK_TOKEN"  # inherited by everything a rank starts: how its reaper finds them
 CTRL_ENV = "SPARKML_DIST_CTRL_FD"
 PARENT_ENV = "SPARKML_DIST_PARENT_PID"
@@ -59,6 +60,7 @@ RESULT_FILE = "result.pkl"  # the function's return value, written by the rank p
 EVENT_RENDEZVOUS = "rendezvous"
 EVENT_DONE = "done"
 EVENT_LOG = "log"
+EVENT_EXIT = "exit"  # {"code"}: the function called sys.exit(code)
 EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
 
 # ---------------------------------------------------------------- channel frames (task -> driver)

@@ -4,17 +4,20 @@ Every c10d path to distribution (``init_process_group``, ``init_device_mesh``,
 ``torch.distributed.rpc.init_rpc``, launchers built on them, a ``TCPStore`` made by hand) opens a
 TCP connection to the store at ``MASTER_ADDR:MASTER_PORT``.  :func:`watch` polls this process's
 own sockets (``/proc/self/fd`` against ``/proc/self/net/tcp{,6}``) for an established connection
-to that port and calls ``on_join`` once, so reaching the rendezvous does not depend on which
-function got there.  Where ``/proc`` is missing (not Linux), it returns False and the backend's
-function hook is all there is.
+to that address *and* port (a connection to the same port number on another host is not the
+store) and calls ``on_join`` once, so reaching the rendezvous does not depend on which function
+got there.  It stops polling after ``within`` seconds (the run's ``start_timeout``: by then the
+task has failed a rank that never joined).  Where ``/proc`` is missing (not Linux), it returns
+False and the backend's function hook is all there is.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import threading
 import time
-from typing import Callable, Set
+from typing import Callable, Optional, Set
 
 ESTABLISHED = "01"
 POLL_S = 0.1  # the first FAST_S seconds (a rank usually joins then), every SLOW_S after
@@ -33,8 +36,29 @@ def _own_socket_inodes() -> Set[str]:
     return inodes
 
 
-def connected_to(port: int) -> bool:
-    """True when one of this process's TCP sockets is connected to ``port`` (as a client)."""
+def _address(hex_addr: str) -> str:
+    """An address of /proc/net/tcp{,6} ("0100007F", or 32 hex digits) as text; an IPv4-mapped
+    IPv6 address as its IPv4 form."""
+    raw = bytes.fromhex(hex_addr)
+    if len(raw) == 4:
+        return socket.inet_ntoa(raw[::-1])
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
+    if raw[:12] == b"\0" * 10 + b"\xff\xff":
+        return socket.inet_ntoa(raw[12:])
+    return socket.inet_ntop(socket.AF_INET6, raw)
+
+
+def addresses(host: str) -> Set[str]:
+    """The addresses ``host`` (a name or an address) resolves to."""
+    try:
+        return {info[4][0] for info in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return {host}
+
+
+def connected_to(port: int, hosts: Optional[Set[str]] = None) -> bool:
+    """True when one of this process's TCP sockets is connected to ``port`` (as a client) on one
+    of ``hosts`` (any host when None)."""
     inodes = _own_socket_inodes()
     if not inodes:
         return False
@@ -49,25 +73,29 @@ def connected_to(port: int) -> bool:
             if len(fields) < 10 or fields[3] != ESTABLISHED or fields[9] not in inodes:
                 continue
             local_port = int(fields[1].rsplit(":", 1)[1], 16)
-            remote_port = int(fields[2].rsplit(":", 1)[1], 16)
-            if remote_port == port and local_port != port:  # a client of the store, not its server side
+            remote, remote_port = fields[2].rsplit(":", 1)
+            if int(remote_port, 16) != port or local_port == port:  # not a client of the store
+                continue
+            if hosts is None or _address(remote) in hosts:
                 return True
     return False
 
 
-def watch(port: int, on_join: Callable[[], None]) -> bool:
-    """Call ``on_join()`` (once, from a daemon thread) when this process connects to ``port``.
+def watch(host: str, port: int, on_join: Callable[[], None], within: Optional[float] = None) -> bool:
+    """Call ``on_join()`` (once, from a daemon thread) when this process connects to
+    ``host:port``; stop watching after ``within`` seconds (None: until it does).
 
     Returns False when this platform has no ``/proc`` to watch.
     """
     if not os.path.isdir("/proc/self/fd") or not os.path.exists("/proc/self/net/tcp"):
         return False
+    hosts = addresses(host)
 
     def poll() -> None:
         started = time.monotonic()
-        while True:
+        while within is None or time.monotonic() - started < within:
             time.sleep(POLL_S if time.monotonic() - started < FAST_S else SLOW_S)
-            if connected_to(port):
+            if connected_to(port, hosts):
                 on_join()
                 return
 

@@ -102,3 +102,27 @@ def test_authenticated_cluster_is_refused_unless_opted_in():
     with pytest.raises(ConfigurationError, match=r"spark.authenticate=true.*allow_unauthenticated=True"):
         admission.check_authentication(conf({"spark.authenticate": "true"}), False)
     assert "running anyway" in admission.check_authentication(conf({"spark.authenticate": "true"}), True)
+
+
+def test_the_store_watch_matches_the_store_address_and_gives_up_after_start_timeout():
+    from sparkml_dist.runner import store_watch
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    client = socket.create_connection(("127.0.0.1", port))
+    try:
+        assert store_watch.connected_to(port, store_watch.addresses("localhost"))
+        assert store_watch.connected_to(port, {"127.0.0.1"})
+        assert not store_watch.connected_to(port, {"10.1.2.3"})  # the same port on another host
+        joined = []
+        assert store_watch.watch("127.0.0.1", port, lambda: joined.append(1), within=5)
+        assert _wait(lambda: joined == [1], within=5)
+        other = []
+        store_watch.watch("10.1.2.3", port, lambda: other.append(1), within=0.5)
+        assert _wait(lambda: "sparkml_dist-store-watch" not in {t.name for t in threading.enumerate()}, 5)
+        assert other == []
+    finally:
+        client.close()
+        server.close()
+    assert store_watch._address("0100007F") == "127.0.0.1"
+    assert store_watch._address("0000000000000000FFFF00000100007F") == "127.0.0.1"

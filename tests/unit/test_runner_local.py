@@ -144,6 +144,8 @@ def test_a_rank_that_dies_before_its_start_message_is_reported_as_itself(monkeyp
 def test_sys_exit_inside_the_function_is_reported_as_an_early_exit():
     with pytest.raises(WorkerError, match="rank 0 exited with code 0 before returning a result"):
         BarrierRunner(-2, timeout=60).run(h.exits_with, 0, 0)
+    with pytest.raises(WorkerError, match="rank 0 exited with code 4 before returning a result"):
+        BarrierRunner(-2, timeout=60).run(h.exits_with, 0, 4)
     with pytest.raises(WorkerError, match="rank 1 exited with code 3"):
         BarrierRunner(-2, timeout=60).run(h.exits_with, 1, 3)
     assert BarrierRunner(-2, timeout=60).run(h.exits_with, 1, 0) == "returned"  # rank 1 owes no result
