@@ -107,7 +107,7 @@ class ModelStore:
     """
 
     MANIFEST = "manifest.json"
-    SIGNATURE = "manifest.sig"  # written by sparkml_dist <= 0.4 beside the manifest; still read
+    SIGNATURE = "manifest.sig"  # where earlier releases signed, beside the manifest; still read
     FORMAT = "sparkml_dist.model_store/2"
     FORMAT_V1 = "sparkml_dist.model_store/1"  # sparkml_dist 0.1: pickles, no formats recorded
 
@@ -258,7 +258,7 @@ class ModelStore:
             mac = signature.get("mac", "") if isinstance(signature, dict) else ""
             expected = _mac(key, manifest)
         else:
-            legacy = self._read(self.SIGNATURE, 4096)  # a store signed by sparkml_dist <= 0.4
+            legacy = self._read(self.SIGNATURE, 4096)  # a store signed by an earlier release
             if legacy is None:
                 raise UnsafeModelError(
                     f"model store {self.uri!r} is not signed, and a signing key is set "

@@ -4,14 +4,15 @@ Layout of a saved stage::
 
     <path>/metadata/            pyspark.ml metadata (class, uid, JSON params) written by Spark
     <path>/data/manifest.json   the model store's manifest: every file's format, size and SHA-256,
-                                and the SHA-256 of the stage's metadata
-    <path>/data/manifest.sig    HMAC-SHA256 of the manifest, when saved with a signing key
+                                the SHA-256 of the stage's metadata and, when saved with a signing
+                                key, the HMAC-SHA256 of all that
     <path>/data/objects/...     group -1: the base estimator; group g >= 0: member g's record
                                 (item 0, JSON) and its model (item 1)
 
 Loading runs no code from the files (see :mod:`sparkml_dist.model_formats`): the stage class is
 looked up in a fixed registry (:data:`STAGES`), member records are JSON, models are read with
-``skops`` against an explicit list of trusted types, or in XGBoost's own format.  A signed model
+``skops`` against an explicit list of trusted types, or in XGBoost's own format, and every tree
+structure is validated before use (:mod:`sparkml_dist.model_checks`).  A signed model
 is checked against the key in ``SPARKML_DIST_MODEL_KEY`` (or ``.signed_with(key)``).  Models saved
 by sparkml_dist 0.1 (pickles) load only with ``.allow_pickle()``.
 
