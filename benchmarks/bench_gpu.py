@@ -29,8 +29,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 def _device():
     import torch
 
-    # ours: CUDA_VISIBLE_DEVICES holds this rank's GPU alone; torchrun: every GPU, pick LOCAL_RANK
-    return torch.device("cuda", 0 if torch.cuda.device_count() == 1 else int(os.environ.get("LOCAL_RANK", 0)))
+    # torchrun's rule, which the runner follows too: every GPU visible, LOCAL_RANK picks the rank's
+    return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
 
 
 def gpu_noop():

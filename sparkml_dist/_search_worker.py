@@ -13,7 +13,7 @@ import pyarrow as pa
 from sklearn.base import clone
 from sklearn.model_selection._validation import _fit_and_score
 
-from . import collection, progress, serialization
+from . import collection, member_gpus, progress, serialization
 
 
 @dataclass(frozen=True)
@@ -23,6 +23,7 @@ class SearchSpec:
     n_units: int
     n_parts: int
     progress: Optional[tuple] = None  # (host, port, secret): tell the driver's bar of each fit
+    gpus: Optional[tuple] = None  # use_gpu: () the task's GPU, else the driver's to deal (member_gpus)
 
 
 @dataclass
@@ -51,8 +52,11 @@ def _units(parts, job, spec, n_splits, n_cand, report) -> Iterator[pa.RecordBatc
         for unit in range(part, spec.n_units, spec.n_parts):
             cand, split = divmod(unit, n_splits)
             train, test = job.splits[split]
+            estimator = clone(job.estimator)
+            if spec.gpus is not None:
+                member_gpus.place(estimator, spec.gpus, unit)
             result = _fit_and_score(
-                clone(job.estimator),
+                estimator,
                 job.X,
                 job.y,
                 train=train,

@@ -53,7 +53,7 @@ class TorchDistributor:
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True, **options: Any):
         if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
             raise ConfigurationError(f"num_processes has to be a positive integer, got {num_processes!r}")
-        for reserved in ("np", "backend"):
+        for reserved in ("np", "backend", "nodes"):
             if reserved in options:
                 raise ConfigurationError(
                     f"TorchDistributor sets {reserved!r} itself; "
@@ -95,6 +95,9 @@ class TorchDistributor:
             if str(ignore_ssl).lower() == "true":
                 options.setdefault("allow_unencrypted", True)
         n = self._ranks(spark)
+        # pyspark's node rules: local mode is one torchrun node; on a cluster each task is a node
+        # (LOCAL_RANK 0 and GROUP_RANK = the task's number with one process per task)
+        options["nodes"] = "host" if self.local_mode else "task"
         return BarrierRunner(-n if self.local_mode else n, use_gpu=self.use_gpu, **options)
 
     def _session(self):

@@ -234,7 +234,7 @@ def unkeyable_part(dtype, *, hashing: bool = False) -> str:
     return ""
 
 
-def _orderable(df, key_cols: Sequence[str]) -> List[str]:
+def orderable(df, key_cols: Sequence[str]) -> List[str]:
     """The key columns Spark can sort by."""
     types = {f.name: f.dataType for f in df.schema.fields}
     return [c for c in key_cols if c in types and not unkeyable_part(types[c])]
@@ -267,7 +267,7 @@ def balanced_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
     offsets = np.concatenate([[0], np.cumsum([counts.get(b, 0) for b in range(_BUCKETS)])])
     n = int(offsets[-1])
     keep = n if spec.sample_ratio >= 1.0 else int(round(float(spec.sample_ratio) * n))
-    order = Window.partitionBy(bucket).orderBy(KEY_COL, *[F.col(c) for c in _orderable(df, key_cols)])
+    order = Window.partitionBy(bucket).orderBy(KEY_COL, *[F.col(c) for c in orderable(df, key_cols)])
     position = F.element_at(F.lit([int(o) for o in offsets[:-1]]), F.col(bucket) + 1) + F.row_number().over(
         order
     )

@@ -43,7 +43,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from . import _spark_env, launch, plan, progress, serialization, tracking
+from . import _spark_env, launch, member_gpus, plan, progress, serialization, tracking
 from ._search_worker import Job, SearchSpec, search_task
 from .errors import ConfigurationError
 
@@ -91,6 +91,8 @@ class ParallelSearchCV(BaseSearchCV):
         mlflow: True: log the search as an MLflow run (its settings, best score, refit time) with a
             child run per candidate (its parameters and scores); None: only when an MLflow run is
             active; False: never (:mod:`sparkml_dist.tracking`).
+        use_gpu: fit each candidate on a GPU of its task, through the estimator's ``device``
+            parameter (XGBoost's); see :mod:`sparkml_dist.member_gpus`.
     """
 
     def __init__(
@@ -110,6 +112,7 @@ class ParallelSearchCV(BaseSearchCV):
         verbose=0,
         progress=True,
         mlflow=None,
+        use_gpu=False,
     ):
         super().__init__(
             estimator=estimator,
@@ -128,6 +131,7 @@ class ParallelSearchCV(BaseSearchCV):
         self.max_concurrent = max_concurrent
         self.progress = progress
         self.mlflow = mlflow
+        self.use_gpu = use_gpu
 
     # ------------------------------------------------------------------ candidates
     def _candidates(self) -> List[dict]:
@@ -287,7 +291,8 @@ class ParallelSearchCV(BaseSearchCV):
             ) from None
         n_units = len(candidates) * len(splits)
         p, n_parts = self._tasks(spark, base_estimator, X, y, len(payload), n_units)
-        spec = SearchSpec(serialization.digest(payload), payload, n_units, n_parts)
+        gpus, profile = member_gpus.plan(spark, base_estimator, self.use_gpu, "use_gpu")
+        spec = SearchSpec(serialization.digest(payload), payload, n_units, n_parts, gpus=gpus)
         log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, p.summary())
         df = spark.range(0, n_parts, 1, n_parts)
         with progress.fits(spark, n_units, "fits", self.progress) as channel:
@@ -299,6 +304,7 @@ class ParallelSearchCV(BaseSearchCV):
                 expected_groups=range(n_units),
                 description="sparkml_dist-search",
                 what="fit",
+                profile=profile,
             )
         return [results[(u, 0)] for u in range(n_units)]
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import collection, serialization
+from .. import collection, member_gpus, serialization
 from ..group_rows import GROUP_COL, KEY_COL, order_rows
 from .aggregation import Member, mean_prediction, probabilities, vote
 
@@ -33,6 +33,7 @@ class FitSpec:
     n_features: int
     has_weight: bool
     members_store: Optional[Any] = None  # a ModelStore: executors write members there (membersDir)
+    gpus: Optional[Tuple[str, ...]] = None  # useGpu: () the task's own GPU, else the driver's to deal
 
 
 def features_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str = "features") -> np.ndarray:
@@ -92,6 +93,8 @@ def _fit_member(spec: FitSpec, group: int, table: pa.Table) -> Member:
     model = _clone(_estimator_from(spec.estimator_blob))
     if hasattr(model, "get_params") and "random_state" in model.get_params(deep=False):
         model.set_params(random_state=spec.seeds[group])
+    if spec.gpus is not None:
+        member_gpus.place(model, spec.gpus, group)
     if wg is not None:
         model.fit(Xg, yg, sample_weight=wg)
     else:

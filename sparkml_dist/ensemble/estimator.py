@@ -25,7 +25,7 @@ from typing import Any, List, Optional
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import _spark_env, launch, partitioning, serialization, tracking
+from .. import _spark_env, launch, member_gpus, partitioning, serialization, tracking
 from ..errors import ConfigurationError
 from . import _worker, member_store, validation
 
@@ -181,6 +181,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         else:
             grouped = partitioning.assign_groups(prepared, spec, key_cols)
         info = self._check_groups(spark, dataset, grouped, spec, est, weight_col, max_classes)
+        gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")
         fit_spec = _worker.FitSpec(
             estimator_blob=blob,
             is_classifier=self._is_classifier,
@@ -190,6 +191,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             n_features=info["n_features"],
             has_weight=bool(weight_col),
             members_store=member_store.new_store(self.getMembersDir(), self.uid),
+            gpus=gpus,
         )
         results = launch.run_on_groups(
             grouped,
@@ -197,6 +199,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             fit_spec,
             expected_groups=range(spec.num_groups),
             description=f"sparkml_dist: fitting {spec.num_groups} models",
+            profile=profile,
         )
         members = [results[(g, 0)] for g in range(spec.num_groups)]
         if fit_spec.members_store is not None:
@@ -216,7 +219,9 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
     ``probabilityCol``, ``rawPredictionCol``, ``voting`` ("soft" | "hard"), ``membersDir`` (shared
     storage where executors write the members, for ensembles too big to collect), ``maxClasses`` (1000:
     a label with more distinct values is refused, naming the column, instead of fitting a
-    continuous label as thousands of classes).
+    continuous label as thousands of classes), ``useGpu`` (False: each member fitted on a GPU of its
+    task through the estimator's ``device`` parameter, e.g. XGBoost's; ``model.models[i].model.
+    get_params()["device"]`` says which).
 
     Labels are numbers; classes are their sorted distinct values, and ``probability`` follows that
     order (labels 0..C-1, as MLlib uses, give class ``i`` at index ``i``).
@@ -245,6 +250,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         maxClasses: int = 1000,
         membersDir: Optional[str] = None,
         mlflow: Optional[bool] = None,
+        useGpu: bool = False,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -282,6 +288,7 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
         predictionCol: str = "prediction",
         membersDir: Optional[str] = None,
         mlflow: Optional[bool] = None,
+        useGpu: bool = False,
     ):
         super().__init__()
         self._set(**self._input_kwargs)

@@ -81,6 +81,13 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
         TypeConverters.toString,
     )
 
+    useGpu = declare(
+        "useGpu",
+        "fit each member on a GPU of its task: the estimator's device parameter is set to that GPU "
+        "(XGBoost: device='cuda:<n>'); the tasks ask one GPU each on clusters that schedule GPUs",
+        TypeConverters.toBoolean,
+    )
+
     def __init__(self, *args):
         super().__init__(*args)
         self._setDefault(
@@ -93,7 +100,11 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
             sampleRatio=1.0,
             featureRatio=1.0,
             seed=42,
+            useGpu=False,
         )
+
+    def getUseGpu(self) -> bool:
+        return self.getOrDefault(self.useGpu)
 
     def getNumModels(self) -> int:
         return self.getOrDefault(self.numModels)

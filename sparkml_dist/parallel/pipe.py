@@ -193,10 +193,13 @@ class Pipeline:
     def step(self, inputs: torch.Tensor, target: torch.Tensor) -> float:
         """One training step on the mini-batch: gradients of its mean loss; that loss on every rank.
 
-        Every rank of a replica passes the same mini-batch.  Call ``optimizer.zero_grad()`` before
-        and ``optimizer.step()`` after, as in single-process training.
+        Every rank of a replica passes the same mini-batch (checked: a digest of ``inputs`` and
+        ``target`` is compared over the replica's ranks, and a mismatch is refused before anything
+        is computed).  Call ``optimizer.zero_grad()`` before and ``optimizer.step()`` after, as in
+        single-process training.
         """
         self._check_batch(inputs, "inputs")
+        self._check_same_batch(inputs, target)
         self._local.train()
         args = (inputs.to(self._device),) if self._first else ()
         losses: List[torch.Tensor] = []
@@ -211,6 +214,23 @@ class Pipeline:
         else:
             loss = torch.zeros((), device=self._device)
         return self._share(loss).item()
+
+    def _check_same_batch(self, inputs: torch.Tensor, target: torch.Tensor) -> None:
+        """Refuse a step whose ranks of one replica were given different batches: the first stage
+        would train on one rank's inputs and the last stage score another rank's targets."""
+        if self._layout.pp_ranks < 2:
+            return
+        mine = torch.cat([_digest(inputs), _digest(target)]).to(self._device)
+        every = [torch.empty_like(mine) for _ in range(self._layout.pp_ranks)]
+        dist.all_gather(every, mine, group=self._pp_group)
+        if not all(torch.allclose(d, every[0], rtol=1e-6, atol=1e-9) for d in every[1:]):
+            raise ConfigurationError(
+                f"the ranks of a pipeline replica must be given the same batch, but the "
+                f"{self._layout.pp_ranks} ranks of replica {self.replica} were given different ones. "
+                "Feed a pipeline from a DataFrame with BarrierRunner.run_with_data(df, fn, "
+                "replicas=data_parallel) (every rank of a replica then reads the same rows in the "
+                "same order from shard()), or give every rank the same tensors."
+            )
 
     def _share(self, t: torch.Tensor) -> torch.Tensor:
         """The last stage's tensor on every rank of the replica (then averaged over replicas)."""
@@ -348,3 +368,10 @@ def _to_cpu(tree: Any) -> Any:
     if isinstance(tree, (list, tuple)):
         return [_to_cpu(v) for v in tree]
     return tree
+
+
+def _digest(t: torch.Tensor) -> torch.Tensor:
+    """Two numbers that differ for different batches (their sum, and a sum weighted by position),
+    computed in float64 on the CPU whatever the device."""
+    flat = t.detach().reshape(-1).to("cpu", torch.float64)
+    return torch.stack([flat.sum(), (flat * torch.arange(1, flat.numel() + 1, dtype=torch.float64)).sum()])

@@ -52,7 +52,8 @@ _REAPER = (
 
 
 class RankProcess:
-    """Start ``python -c RANK_ENTRY`` in ``workdir`` with ``env``; watch it until it ends.
+    """Start ``python -c RANK_ENTRY`` in ``cwd`` (default ``workdir``, the rank's private directory)
+    with ``env``; watch it until it ends.
 
     ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
     The process starts at once; :meth:`watch` starts reading its output (meanwhile it waits in
@@ -60,7 +61,14 @@ class RankProcess:
     ends the task, the rank's process group and ``workdir`` go with it (``_REAPER``).
     """
 
-    def __init__(self, rank: int, workdir: str, env: Dict[str, str], pass_fds: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        rank: int,
+        workdir: str,
+        env: Dict[str, str],
+        pass_fds: Sequence[int] = (),
+        cwd: Optional[str] = None,
+    ) -> None:
         self.rank = rank
         # the last lines per stream: a failure report shows stdout's, then stderr's (the traceback),
         # so a chatty stdout read later than stderr cannot push the traceback out
@@ -85,7 +93,7 @@ class RankProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-c", protocol.RANK_ENTRY],
                 env=env,
-                cwd=workdir,
+                cwd=cwd or workdir,  # where the user's code runs; the runner's files stay in workdir
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,

@@ -28,7 +28,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 import pyarrow as pa
 
 from .. import collection, parquet_split
-from . import backends, network, protocol, rendezvous
+from . import backends, network, protocol, rendezvous, workdirs
 from ._rank_process import RankProcess, exit_text
 from .channel import LogClient
 from .feeding import feed as _feed
@@ -58,6 +58,13 @@ class TaskSpec:
     ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
     log_dir: Optional[str] = None  # every rank's whole output, one file per rank and attempt
     attempt: int = 1
+    nodes: str = "host"  # what LOCAL_RANK / GROUP_RANK count: a host's ranks, or a task's
+    launch: Optional[Tuple[str, str]] = None  # (driver host, driver's cwd): torchrun's cwd rule
+    work_dir: Optional[str] = None  # BarrierRunner(work_dir=): every rank's cwd
+    clean_work_dir: bool = False
+    job: str = "function"  # names the kept working directory on executors
+    gpus_per_rank: int = 1
+    echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
     data_timeout: Optional[float] = None  # seconds the data phase may go without a new batch
 
 
@@ -68,21 +75,29 @@ class _RankTask:
         k = spec.ranks_per_task
         self.gang, self.spec, self.cancel = gang, spec, cancel
         self.rank = gang.rank * k + member  # task t runs ranks t*k ... t*k+k-1
+        self.member = member
         self.backend = backends.get(spec.backend)
         self.started = time.monotonic()
         self.silent = False  # a sibling rank failed first: this one's stop is not a failure to report
         if spec.local_gpus is not None:
-            self.gpus = [spec.local_gpus[self.rank]]
+            self.gpus = list(spec.local_gpus[self.rank])
         else:
             self.gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, self.rank)
             if k > 1 and self.gpus is not None:
-                self.gpus = rendezvous.member_gpu(self.gpus, member, k, self.rank)
+                self.gpus = rendezvous.member_gpu(self.gpus, member, k, self.rank, spec.gpus_per_rank)
         dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
         base = dirs[self.rank % len(dirs)] if dirs else None  # spread shard files over spark.local.dir
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)
         self.client: Optional[LogClient] = None
         self.process: Optional[RankProcess] = None
         self.rows = 0
+        self.local_rank = 0  # set when the ranks have exchanged addresses
+        launch_host, launch_dir = spec.launch or (None, None)
+        here = not gang.echo_output or network.is_this_host(
+            launch_host
+        )  # local processes, or the same machine
+        self.cwd = workdirs.rank_cwd(spec.work_dir, launch_dir, here, spec.job)
+        self.kept_cwd = not here and not spec.work_dir  # the default directory of an executor
 
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -135,7 +150,7 @@ class _RankTask:
                 port = listener.getsockname()[1]
                 env[protocol.STORE_FD_ENV] = str(listener.fileno())
             self.process = RankProcess(
-                self.rank, self.workdir, env, pass_fds=(listener.fileno(),) if listener else ()
+                self.rank, self.workdir, env, (listener.fileno(),) if listener else (), self.cwd
             )
         finally:
             if listener is not None:
@@ -154,9 +169,16 @@ class _RankTask:
         self.process.watch(
             forward=self.rank in spec.log_ranks,
             client=self.client,
-            echo=self.gang.echo_output,  # a Spark task: every line into the executor's log
+            echo=self.gang.echo_output and spec.echo,  # a Spark task: every line into the executor's log
             log_path=log_path,
         )
+        if self.kept_cwd and self.member == 0:
+            self._report(
+                protocol.FRAME_LINE,
+                stream="log",
+                text=f"working directory on {network.host_address()}: {self.cwd} "
+                + ("(removed after the run)" if spec.clean_work_dir else "(kept after the run)"),
+            )
         return port
 
     def send_start(self, message: bytes) -> None:
@@ -237,9 +259,12 @@ def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, s
     peers = protocol.peers(gang.allgather(mine))
     sizes = json.dumps([p["rows"] for p in peers])
     for m, shard_env in zip(members, envs):
-        env, extra = m.backend.rank_env(m.rank, peers, m.gpus, spec.collective_timeout)
+        env, extra = m.backend.rank_env(
+            m.rank, peers, m.gpus, spec.collective_timeout, spec.nodes, spec.ranks_per_task
+        )
         env.update(shard_env)
         env[protocol.SHARD_SIZES_ENV] = sizes
+        m.local_rank = int(env.get("LOCAL_RANK", "0"))
         m.send_start(protocol.start_message(env, **extra))
         m.started = time.monotonic()  # start_timeout counts from here: the data phase is bounded apart
 
@@ -326,6 +351,14 @@ def _check_results_fit(members: List[_RankTask]) -> None:
         )
 
 
+def _clean_work_dir(members: List[_RankTask]) -> None:
+    """Every rank succeeded: once all tasks are here, the machine's first rank removes the kept
+    working directory (``clean_work_dir=True``)."""
+    members[0].gang.allgather("done")
+    if any(m.local_rank == 0 for m in members):
+        shutil.rmtree(members[0].cwd, ignore_errors=True)
+
+
 def supervise(
     gang, batches: Iterable[pa.RecordBatch], spec: TaskSpec, cancel: Optional[threading.Event] = None
 ) -> Iterator[pa.RecordBatch]:
@@ -344,6 +377,8 @@ def supervise(
         _await(members, cancel)
         if spec.return_all:
             _check_results_fit(members)
+        if spec.clean_work_dir and members[0].kept_cwd:
+            _clean_work_dir(members)
         for m in members:
             yield from m.result()
     finally:

@@ -11,7 +11,7 @@ import logging
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import _spark_env, plan, serialization
 from .._spark_env import Conf
@@ -237,8 +237,8 @@ def check_authentication(conf: Conf, allow_unauthenticated: bool) -> Optional[st
     return text + "; running anyway because allow_unauthenticated=True."
 
 
-def gpu_profile(spark, use_gpu: bool):
-    """A stage-level profile asking one GPU per task, when the cluster does not set one.
+def gpu_profile(spark, use_gpu: bool, per_rank: int = 1):
+    """A stage-level profile asking ``per_rank`` GPUs per task, when the cluster does not set one.
 
     With ``spark.task.resource.gpu.amount`` set, Spark already gives each task its GPUs.
     Otherwise (executors have GPUs, tasks request none by default) this stage asks for one.
@@ -250,14 +250,64 @@ def gpu_profile(spark, use_gpu: bool):
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
     cpus = _spark_env.task_cpus(_spark_env.conf_of(spark))
-    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", 1)).build
+    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", per_rank)).build
 
 
-def local_gpus(spark, world: int, use_gpu: bool, local_processes: bool) -> Optional[tuple]:
-    """The GPU of each rank when the ranks run on the driver's machine, else None.
+def _ranks_per_task_of(spark, np_: int, per_rank: int) -> int:
+    amount = _spark_env.conf_of(spark)("spark.task.resource.gpu.amount", None)
+    if amount is None:
+        return 1  # the stage-level profile asks per_rank GPUs for each task
+    k = float(amount)
+    if k != int(k) or int(k) % per_rank:
+        raise ConfigurationError(
+            f"gpus_per_rank={per_rank} does not divide spark.task.resource.gpu.amount={amount}: a task "
+            f"runs whole ranks of {per_rank} GPUs each"
+        )
+    ranks = int(k) // per_rank
+    if np_ % ranks:
+        raise ConfigurationError(
+            f"np={np_} ranks cannot fill tasks of {ranks} ranks ({amount} GPUs, {per_rank} per rank); "
+            f"use a multiple of {ranks}"
+        )
+    return ranks
+
+
+def check_gpus_per_rank(gpus_per_rank: Any, use_gpu: bool) -> int:
+    if not isinstance(gpus_per_rank, int) or isinstance(gpus_per_rank, bool) or gpus_per_rank < 1:
+        raise ConfigurationError(f"gpus_per_rank must be an integer >= 1, got {gpus_per_rank!r}")
+    if gpus_per_rank > 1 and not use_gpu:
+        raise ConfigurationError(f"gpus_per_rank={gpus_per_rank} needs use_gpu=True")
+    return gpus_per_rank
+
+
+def check_replicas(replicas: Any, world: int) -> Optional[int]:
+    """``run_with_data(replicas=)``: None, or a positive integer dividing the world size."""
+    if replicas is None:
+        return None
+    if not isinstance(replicas, int) or isinstance(replicas, bool) or replicas < 1 or world % replicas:
+        raise ConfigurationError(
+            f"replicas must be a positive integer dividing np={world} (the pipeline's data_parallel: "
+            f"np / replicas ranks, its stages, read each shard), got {replicas!r}"
+        )
+    return replicas
+
+
+def check_nodes(nodes: Any) -> str:
+    """``nodes`` of BarrierRunner, refused unless it names a rule of :mod:`.rendezvous`."""
+    if nodes not in rendezvous.NODE_RULES:
+        raise ConfigurationError(
+            f"nodes must be one of {rendezvous.NODE_RULES} (what LOCAL_RANK and GROUP_RANK count: a "
+            f"machine's ranks, as torchrun, or a Spark task's, as pyspark's TorchDistributor), got {nodes!r}"
+        )
+    return nodes
+
+
+def local_gpus(spark, world: int, use_gpu: bool, local_processes: bool, per_rank: int = 1) -> Optional[tuple]:
+    """The GPUs of each rank (a tuple of ``per_rank`` addresses per rank) when the ranks run on the
+    driver's machine, else None.
 
     Local processes (``np < 0``) and local Spark masters (``local[N]``, where Spark assigns no
-    GPU to tasks) take one GPU each, in order, from the driver's GPUs: Spark's
+    GPU to tasks) take ``per_rank`` GPUs each, in order, from the driver's GPUs: Spark's
     ``spark.driver.resource.gpu.*`` when configured, else ``CUDA_VISIBLE_DEVICES`` / every device.
     """
     if not use_gpu:
@@ -269,21 +319,25 @@ def local_gpus(spark, world: int, use_gpu: bool, local_processes: bool) -> Optio
     if gpus is None:
         gpus = rendezvous.visible_gpus()
         source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "torch.cuda"
-    if world > len(gpus):
+    need = world * per_rank
+    if need > len(gpus):
+        each = "one GPU per rank" if per_rank == 1 else f"{per_rank} GPUs per rank (gpus_per_rank)"
         raise InsufficientResourcesError(
-            f"use_gpu=True runs one rank per GPU: {world} ranks need {world} GPUs, but this machine "
-            f"shows {len(gpus)} ({source}: {gpus or 'none'}). Lower np to {len(gpus) or 'a CPU run'} "
-            "or set use_gpu=False."
+            f"use_gpu=True runs {each}: {world} ranks need {need} GPUs, but this machine shows "
+            f"{len(gpus)} ({source}: {gpus or 'none'}). Lower np to "
+            f"{len(gpus) // per_rank or 'a CPU run'} or set use_gpu=False."
         )
-    return tuple(gpus[:world])
+    return tuple(tuple(gpus[r * per_rank : (r + 1) * per_rank]) for r in range(world))
 
 
-def ranks_per_task(spark, np_: int, use_gpu: bool) -> int:
-    """How many ranks each barrier task runs: one per GPU it holds (``spark.task.resource.gpu.amount``
-    whole and >= 2 on a cluster), else 1.  ``np`` counts ranks, as on Databricks; it must then be a
-    multiple of that amount."""
+def ranks_per_task(spark, np_: int, use_gpu: bool, per_rank: int = 1) -> int:
+    """How many ranks each barrier task runs: one per ``per_rank`` GPUs it holds
+    (``spark.task.resource.gpu.amount`` whole and >= 2 on a cluster), else 1.  ``np`` counts
+    ranks, as on Databricks; it must then be a multiple of that number."""
     if np_ <= 0 or not use_gpu or _spark_env.is_local(_spark_env.master_of(spark)):
         return 1
+    if per_rank > 1:
+        return _ranks_per_task_of(spark, np_, per_rank)
     amount = _spark_env.conf_of(spark)("spark.task.resource.gpu.amount", None)
     try:
         k = float(amount) if amount is not None else 1.0

@@ -72,9 +72,16 @@ class Backend:
         """Driver: raise ConfigurationError when the backend cannot run here."""
 
     def rank_env(
-        self, rank: int, peers: Sequence[dict], gpus: Optional[List[str]], collective_timeout: float
+        self,
+        rank: int,
+        peers: Sequence[dict],
+        gpus: Optional[List[str]],
+        collective_timeout: float,
+        nodes: str = "host",
+        ranks_per_task: int = 1,
     ) -> Tuple[Dict[str, str], Dict[str, Any]]:
-        """Task: (rank ``rank``'s rendezvous environment, extra fields of its start message)."""
+        """Task: (rank ``rank``'s rendezvous environment, extra fields of its start message);
+        ``nodes``: what LOCAL_RANK counts (:func:`rendezvous.node_keys`)."""
         raise NotImplementedError
 
     def prepare(self, rank: int, world: int, store_fd: Optional[int]) -> Any:
@@ -94,9 +101,10 @@ class TorchBackend(Backend):
     name = "torch"
     start_call = "init_process_group"
 
-    def rank_env(self, rank, peers, gpus, collective_timeout):
-        hosts = [p["host"] for p in peers]
-        return rendezvous.rank_env(rank, hosts, peers[0]["host"], peers[0]["port"], gpus), {}
+    def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1):
+        keys = rendezvous.node_keys([p["host"] for p in peers], nodes, ranks_per_task)
+        all_gpus = [p["gpus"] for p in peers]
+        return rendezvous.rank_env(rank, keys, peers[0]["host"], peers[0]["port"], all_gpus), {}
 
     def prepare(self, rank, world, store_fd):
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
@@ -155,16 +163,13 @@ class HorovodBackend(Backend):
                 f"Python ({sys.executable}). {INSTALL_HINT}"
             )
 
-    def rank_env(self, rank, peers, gpus, collective_timeout):
-        hosts = [p["host"] for p in peers]
+    def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1):
+        hosts = [p["host"] for p in peers]  # Horovod's local ranks are a machine's, whatever nodes says
         me = peers[rank]["host"]
         env = horovod_env(
             rank, hosts, peers[0]["host"], peers[0]["port"], network.interface_of(me), collective_timeout
         )
-        visible = host_gpus(rank, hosts, [p["gpus"] for p in peers])
-        if visible is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(visible)
-            env[protocol.DEVICE_ENV] = str(visible.index(gpus[0]))
+        env.update(rendezvous.gpu_env(rank, hosts, [p["gpus"] for p in peers]))
         return env, ({"slots": horovod_slots(hosts)} if rank == 0 else {})
 
     def prepare(self, rank, world, store_fd):
@@ -244,24 +249,6 @@ def horovod_env(
     if iface:
         env["HOROVOD_GLOO_IFACE"] = iface
     return env
-
-
-def host_gpus(
-    rank: int, hosts: Sequence[str], gpus: Sequence[Optional[Sequence[str]]]
-) -> Optional[List[str]]:
-    """CUDA_VISIBLE_DEVICES for a Horovod rank: its host's task GPUs in local-rank order.
-
-    Horovod code pins a GPU with ``torch.cuda.set_device(hvd.local_rank())``: device index
-    ``local_rank`` is then the GPU Spark assigned to this rank's task, and NCCL sees its peers.
-    When a task holds other than one GPU, the rank sees only its own (index 0).
-    """
-    mine = gpus[rank]
-    if mine is None:
-        return None
-    same_host = [gpus[r] for r, h in enumerate(hosts) if h == hosts[rank]]
-    if all(g is not None and len(g) == 1 for g in same_host):
-        return [g[0] for g in same_host]  # type: ignore[index]
-    return list(mine)
 
 
 BACKENDS: Dict[str, Backend] = {b.name: b for b in (TorchBackend(), HorovodBackend())}

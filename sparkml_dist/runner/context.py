@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Tuple
 
 from ..errors import ConfigurationError
 from . import _rank, backends, protocol
@@ -26,8 +26,9 @@ class RankContext:
     world_size: int
     local_rank: int
     local_world_size: int
-    device: str  # "cpu", or the task's GPU ("cuda:0"; horovod: "cuda:<local index>")
+    device: str  # "cpu", or the rank's GPU: "cuda:<LOCAL_RANK>" when a node's GPUs are all visible
     use_gpu: bool
+    devices: Tuple[str, ...] = ()  # every GPU of the rank ("cuda:0", "cuda:1" with gpus_per_rank=2)
 
     def log_metrics(self, step: Optional[int] = None, **metrics) -> None:
         """:func:`log_metrics`: rank 0's metrics reach the run's MLflow run."""
@@ -48,6 +49,9 @@ def context() -> RankContext:
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
         device=f"cuda:{os.environ.get(protocol.DEVICE_ENV, '0')}" if use_gpu else "cpu",
         use_gpu=use_gpu,
+        devices=tuple(f"cuda:{i}" for i in os.environ.get(protocol.DEVICES_ENV, "0").split(","))
+        if use_gpu
+        else (),
     )
 
 
@@ -83,7 +87,7 @@ def init_process_group(backend: str = None, **kwargs) -> None:
     if backend is None:
         backend = "nccl" if ctx.use_gpu else "gloo"
     if ctx.use_gpu:
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(torch.device(ctx.device))
     kwargs.setdefault("timeout", backends.collective_timeout())
     dist.init_process_group(backend=backend, **kwargs)
     from . import checkpoint

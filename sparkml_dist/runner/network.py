@@ -35,3 +35,22 @@ def interface_of(address: str) -> Optional[str]:
         if any(a.address == address for a in addrs):
             return name
     return None
+
+
+def is_this_host(host: Optional[str]) -> bool:
+    """True when ``host`` (a name or an address) is an address of this machine: one a socket can
+    bind here (the driver's host, seen from a task on the same machine)."""
+    if not host:
+        return False
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None, socket.AF_INET)}
+    except OSError:
+        return False
+    for address in addresses:
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind((address, 0))
+            return True
+        except OSError:
+            continue
+    return False

@@ -100,6 +100,18 @@ class BarrierRunner:
         mlflow: True: log the run as an MLflow run (its settings, wall time, attempts, and what
             rank 0 logs with ``context().log_metrics(step, **metrics)``); None: only when an
             MLflow run is active; False: never.
+        work_dir: the directory every rank runs in (created where missing). Default: torchrun's
+            rule, ranks on this machine run in the current directory, ranks on other machines in
+            ``<tmp>/sparkml_dist-work-<uid>/<script or function>``, one per machine, kept after the
+            run (said in the output) so that a second run finds what the first wrote.
+        clean_work_dir: remove that default directory on executors once every rank succeeded.
+        gpus_per_rank: GPUs each rank holds (with ``use_gpu``), for one-process multi-GPU code: the
+            rank then sees its own GPUs as ``cuda:0 ...`` (``context().devices``).
+        nodes: what a "node" is for ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` /
+            ``NODE_RANK`` and ``CUDA_VISIBLE_DEVICES``: ``"host"`` (torchrun's rule: the ranks of
+            one machine; each sees the machine's assigned GPUs in local-rank order, so
+            ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` picks its own) or ``"task"``
+            (pyspark TorchDistributor's rule: each Spark task is a node, whose ranks see its GPUs).
     """
 
     def __init__(
@@ -123,6 +135,10 @@ class BarrierRunner:
         log_sink: Optional[Callable[[str], Any]] = None,
         log_dir: Optional[str] = None,
         mlflow: Optional[bool] = None,
+        nodes: str = "host",
+        work_dir: Optional[str] = None,
+        clean_work_dir: bool = False,
+        gpus_per_rank: int = 1,
     ) -> None:
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
@@ -151,6 +167,11 @@ class BarrierRunner:
         self._per_task = 1  # ranks per barrier task: one per GPU the task holds
         self._attempt_no = 0  # attempts of the current run, for log file names
         self.mlflow = mlflow
+        self.nodes = admission.check_nodes(nodes)
+        self.gpus_per_rank = admission.check_gpus_per_rank(gpus_per_rank, self.use_gpu)
+        self.work_dir = work_dir
+        self.clean_work_dir = bool(clean_work_dir)
+        self._job = "function"  # names the kept working directory on executors (the script or function)
         self._track = tracking.NullRun()  # the current run's MLflow run (rank 0's metrics land there)
 
     # ------------------------------------------------------------------ public API
@@ -158,16 +179,25 @@ class BarrierRunner:
         """Run ``main(*args, **kwargs)`` on every rank; rank 0's return value (or all, in rank order)."""
         return self._run(None, main, args, kwargs, return_all)
 
-    def run_with_data(self, df, main: Callable, *args, return_all: bool = False, **kwargs):
+    def run_with_data(
+        self, df, main: Callable, *args, return_all: bool = False, replicas: Optional[int] = None, **kwargs
+    ):
         """As :meth:`run`, with each rank's shard of ``df`` available as ``sparkml_dist.runner.shard()``.
 
         Rows are split into ``np`` disjoint shards: read straight from the files when ``df`` is a
         plain Parquet scan (contiguous row ranges whose sizes differ by at most one row, see
         ``read_files``), else by the shared partitioning layer (rows dealt in the order of a hash of
         their content: sizes differ by at most one row whatever the rows, and the shards do not
-        depend on how ``df`` is partitioned).
+        depend on how ``df`` is partitioned).  That is what data parallelism (DDP, FSDP2, Horovod)
+        wants: each rank its own rows.
+
+        ``replicas``: for pipelines (``sparkml_dist.parallel.pipeline(..., data_parallel=D)``),
+        whose ranks of one replica must all read the *same* rows: the rows are split into D shards
+        and the ``np / D`` ranks of replica ``d`` (ranks ``d*np/D ...``, the pipeline's layout) all
+        read shard ``d``, in the same order.
         """
-        return self._run(df, main, args, kwargs, return_all)
+        replicas = admission.check_replicas(replicas, self.world_size)
+        return self._run(df, main, args, kwargs, return_all, replicas)
 
     # ------------------------------------------------------------------ running
     def _session(self, df):
@@ -196,7 +226,7 @@ class BarrierRunner:
         if self.np < 0 and self.use_gpu and self.model_bytes:
             from .. import plan
 
-            gpus = admission.local_gpus(None, self.world_size, True, True)
+            gpus = admission.local_gpus(None, self.world_size, True, True, self.gpus_per_rank)[0]
             plan.check_fits_gpu(self.model_bytes, plan.gpu_bytes(None, gpus))
         if self.np > 0:
             admission.check_cluster(
@@ -209,7 +239,7 @@ class BarrierRunner:
                 wait_s=deadline.remaining(self.start_timeout or 60.0),
             )
 
-    def _run(self, df, main, args, kwargs, return_all: bool):
+    def _run(self, df, main, args, kwargs, return_all: bool, replicas: Optional[int] = None):
         settings = {
             "np": self.np,
             "backend": self.backend,
@@ -222,22 +252,25 @@ class BarrierRunner:
         started = time.perf_counter()
         with tracking.job_run("BarrierRunner", self.mlflow, settings) as self._track:
             try:
-                return self._run_attempts(df, main, args, kwargs, return_all)
+                return self._run_attempts(df, main, args, kwargs, return_all, replicas)
             finally:
                 figures = {"wall_seconds": time.perf_counter() - started, "attempts": self._attempt_no}
                 self._track.log_metrics(figures)
                 self._track = tracking.NullRun()
 
-    def _run_attempts(self, df, main, args, kwargs, return_all: bool):
+    def _run_attempts(self, df, main, args, kwargs, return_all: bool, replicas: Optional[int] = None):
         spark = self._session(df)
+        script = getattr(main, "__module__", "") == "sparkml_dist.runner.script" and len(args) > 1
+        self._job = str(args[1]) if script else getattr(main, "__qualname__", "function")
         payload = admission.payload(main, args, kwargs)
-        self._per_task = admission.ranks_per_task(spark, self.np, self.use_gpu)
+        self._per_task = admission.ranks_per_task(spark, self.np, self.use_gpu, self.gpus_per_rank)
         deadline = Deadline.after(self.timeout)  # the whole run's: planning, slot wait, restarts
         self._check_cluster(spark, deadline)
         with launchers.within(spark, deadline, "dealing the DataFrame's rows to ranks"):
-            split = sharding.file_split(df, self.world_size) if df is not None and self.read_files else None
+            files = df is not None and self.read_files
+            split = sharding.file_split(df, self.world_size, replicas) if files else None
             data_df = (
-                sharding.spark_shards(df, self.world_size, self._seed, self._per_task)
+                sharding.spark_shards(df, self.world_size, self._seed, self._per_task, replicas)
                 if df is not None and split is None
                 else None
             )
@@ -302,10 +335,21 @@ class BarrierRunner:
             return_all=return_all,
             env=env,
             max_result_bytes=_spark_env.max_result_bytes(spark),
-            local_gpus=admission.local_gpus(spark, self.world_size, self.use_gpu, self.np < 0),
+            local_gpus=admission.local_gpus(
+                spark, self.world_size, self.use_gpu, self.np < 0, self.gpus_per_rank
+            ),
+            gpus_per_rank=self.gpus_per_rank,
             ranks_per_task=self._per_task,
             log_dir=self.log_dir,
             attempt=self._attempt_no,
+            nodes=self.nodes,
+            launch=(_spark_env.driver_host(spark), os.getcwd()),
+            work_dir=self.work_dir,
+            clean_work_dir=self.clean_work_dir,
+            job=self._job,
+            # on a local master a task's stderr is the driver's console, which already shows the
+            # streamed lines: copying them there too would print each line twice
+            echo=spark is not None and not _spark_env.is_local(_spark_env.master_of(spark)),
         )
 
     def _attempt(
@@ -325,7 +369,7 @@ class BarrierRunner:
                 spark, run_id, (host, server.port), secret, payload, has_data, split, return_all
             )
             if self.np > 0:
-                profile = admission.gpu_profile(spark, self.use_gpu)
+                profile = admission.gpu_profile(spark, self.use_gpu, self.gpus_per_rank)
                 table = launchers.launch_spark(spark, data_df, spec, monitor, deadline, profile)
             else:
                 table = launchers.launch_local(data_df, spec, monitor, deadline)

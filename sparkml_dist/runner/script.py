@@ -14,12 +14,13 @@ import os
 import sys
 from typing import List, Optional
 
+from . import protocol
 from .script_files import ScriptFiles, install
 
 
 def run_script(source: str, path: str, argv: List[str], files: Optional[ScriptFiles] = None) -> None:
-    if files is not None:
-        install(files, os.getcwd())  # the rank's own work directory
+    if files is not None:  # the runner's files privately; archives into the working directory
+        install(files, os.environ.get(protocol.WORKDIR_ENV, os.getcwd()), os.getcwd())
     code = compile(source, path, "exec")
     sys.argv = [path, *argv]
     namespace = {"__name__": "__main__", "__file__": path, "__builtins__": __builtins__}

@@ -22,7 +22,7 @@ import os
 import sys
 import zipfile
 from dataclasses import dataclass
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from ..errors import ConfigurationError
 from ..safe_files import extract_tar, extract_zip
@@ -89,9 +89,13 @@ def bundle(script: str, py_files: Sequence[str] = (), archives: Sequence[str] = 
     return ScriptFiles(folder, py, tuple(arch))
 
 
-def install(files: ScriptFiles, workdir: str) -> None:
-    """Unpack into ``workdir`` (the rank's working directory) and extend ``sys.path`` as torchrun
-    and spark-submit would: the script's folder first, then ``--py-files``."""
+def install(files: ScriptFiles, workdir: str, cwd: Optional[str] = None) -> None:
+    """Unpack the script's folder and ``--py-files`` into ``workdir`` (the rank's private
+    directory) and ``--archives`` into ``cwd`` (its working directory, once per machine: see
+    :func:`.workdirs.place_archive`; default ``workdir``), and extend ``sys.path`` as torchrun and
+    spark-submit would: the script's folder first, then ``--py-files``."""
+    from .workdirs import place_archive
+
     src = os.path.join(workdir, "script-src")
     extract_zip(files.folder, src, "the script's folder")
     libs = os.path.join(workdir, "py-files")
@@ -103,9 +107,6 @@ def install(files: ScriptFiles, workdir: str) -> None:
             fh.write(data)
         paths.append(libs if name.endswith(".py") else path)
     for name, alias, data in files.archives:
-        dest = os.path.join(workdir, alias)
-        if name.lower().endswith(".zip"):
-            extract_zip(data, dest, f"--archives {name}")
-        else:
-            extract_tar(data, dest, f"--archives {name}")
+        extract = extract_zip if name.lower().endswith(".zip") else extract_tar
+        place_archive(cwd or workdir, alias, data, name, extract)
     sys.path[:0] = list(dict.fromkeys(paths))

@@ -16,11 +16,14 @@ from sparkml_dist.session import get_session
 
 def where_am_i():
     ctx = context()
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")
     return {
         "rank": ctx.rank,
         "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device": ctx.device,
         "local": [ctx.local_rank, ctx.local_world_size],
+        # what torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) picks
+        "picked": visible[ctx.local_rank] if ctx.local_rank < len(visible) else None,
     }
 
 
@@ -53,6 +56,7 @@ if __name__ == "__main__":
             "spark.executor.resource.gpu.amount": "2",
             "spark.executor.resource.gpu.discoveryScript": script,
             "spark.ui.enabled": "false",
+            "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
             "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
         },
@@ -77,4 +81,13 @@ if __name__ == "__main__":
             "TUNE "
             + json.dumps([dict(out, state=s) for out, s in zip(r.trials["returned"], r.trials["state"])])
         )
+        # bagging members on GPUs: each fitting task asks one through the same kind of profile
+        from sparkml_dist.ensemble import BaggingClassifier
+        from tests.support.helpers import DeviceRecorder
+
+        df = spark.range(0, 80).selectExpr("cast(id as double) as x", "cast(id % 2 as double) as label")
+        bag = BaggingClassifier(estimator=DeviceRecorder(), numModels=4, featuresCols=["x"], useGpu=True).fit(
+            df
+        )
+        print("BAG " + json.dumps([m.model.fitted_on_ for m in bag.models]))
     spark.stop()

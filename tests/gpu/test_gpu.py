@@ -27,7 +27,10 @@ def gpus():
 def test_each_local_rank_gets_its_own_gpu_and_nccl():
     n = gpus()
     out = BarrierRunner(-n, use_gpu=True, timeout=300).run(g.nccl_allreduce_and_where, return_all=True)
-    assert all(o["backend"] == "nccl" and o["device"] == "cuda:0" and o["count"] == 1 for o in out)
+    # torchrun's rule: every rank sees the machine's GPUs, LOCAL_RANK (= its device) picks its own
+    assert all(
+        o["backend"] == "nccl" and o["device"] == f"cuda:{i}" and o["count"] == n for i, o in enumerate(out)
+    )
     assert len({o["uuid"] for o in out}) == n  # distinct physical GPUs
     assert {o["sum"] for o in out} == {n * (n + 1) / 2}
     too_many = f"{n + 1} ranks need {n + 1} GPUs, but this machine shows {n}"

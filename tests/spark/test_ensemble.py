@@ -352,3 +352,43 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
     assert lazy.groupSizes == kept.groupSizes and isinstance(lazy._members, member_store.LazyMembers)
     monkeypatch.undo()
     assert np.array_equal(lazy.predict_proba(X), kept.predict_proba(X))
+
+
+@pytest.mark.skipif(
+    IS_CLUSTER, reason="local masters deal the driver's GPUs (clusters: the e2e fake discovery test)"
+)
+def test_members_fit_on_the_drivers_gpus_on_a_local_master_and_say_which(cols_df, monkeypatch):
+    from sparkml_dist import ConfigurationError
+    from tests.support.helpers import DeviceRecorder
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,5")  # nothing touches CUDA: the device is recorded
+    model = BaggingClassifier(estimator=DeviceRecorder(), numModels=4, featuresCols=COLS, useGpu=True).fit(
+        cols_df
+    )
+    assert [m.model.fitted_on_ for m in model.models] == ["cuda:2", "cuda:5", "cuda:2", "cuda:5"]
+    assert model.models[0].model.get_params()["device"] == "cuda:2"
+    with pytest.raises(
+        ConfigurationError, match="useGpu=True but DecisionTreeClassifier has no 'device' parameter"
+    ):
+        BaggingClassifier(estimator=DecisionTreeClassifier(), featuresCols=COLS, useGpu=True).fit(cols_df)
+
+
+@pytest.mark.skipif(
+    IS_CLUSTER, reason="local masters deal the driver's GPUs (clusters: the e2e fake discovery test)"
+)
+def test_search_candidates_fit_on_the_drivers_gpus(spark, monkeypatch):
+    from sparkml_dist.search import ParallelSearchCV
+    from tests.support.helpers import DeviceRecorder, on_gpu_one
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    X, y = make_classification(n_samples=60, n_features=3, n_informative=2, n_redundant=0, random_state=0)
+    df = spark.createDataFrame(pd.DataFrame(X, columns=["a", "b", "c"]).assign(label=y.astype(float)))
+    grid = {"alpha": [0.0, 1.0]}
+    kw = dict(cv=2, scoring=on_gpu_one, progress=False, refit=False)
+    on_gpu = ParallelSearchCV(DeviceRecorder(), grid, use_gpu=True, **kw)
+    on_gpu.fit(df, featuresCols=["a", "b", "c"], labelCol="label")
+    assert list(on_gpu.cv_results_["mean_test_score"]) == [1.0, 1.0]  # every fit on cuda:1
+    on_cpu = ParallelSearchCV(DeviceRecorder(), grid, **kw).fit(
+        df, featuresCols=["a", "b", "c"], labelCol="label"
+    )
+    assert list(on_cpu.cv_results_["mean_test_score"]) == [0.0, 0.0]

@@ -169,7 +169,8 @@ def test_local_master_gives_each_barrier_task_one_of_the_drivers_gpus(spark, mon
     # local mode schedules no task resources: a single-GPU-box user's `local[*]` must still work
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
     out = BarrierRunner(2, spark=spark, use_gpu=True, timeout=120).run(h.gpu_view, return_all=True)
-    assert [o["cuda_visible"] for o in out] == ["1", "0"] and {o["device"] for o in out} == {"cuda:0"}
+    assert [o["cuda_visible"] for o in out] == ["1,0", "1,0"]  # torchrun's rule: the host's GPUs
+    assert [o["picked"] for o in out] == ["1", "0"] and [o["device"] for o in out] == ["cuda:0", "cuda:1"]
     assert_no_rank_left()
     # executors' GPU memory comes from the conf (the driver cannot ask their devices)
     spark.conf.set("spark.sparkml_dist.gpu.memory", "1g")

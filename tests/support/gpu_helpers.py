@@ -22,7 +22,24 @@ def nccl_allreduce_and_where():
         "visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "uuid": str(getattr(props, "uuid", props.name)),
         "count": torch.cuda.device_count(),
+        "local_rank": int(os.environ["LOCAL_RANK"]),
     }
+
+
+def set_device_local_rank():
+    """What nearly every torchrun script starts with: torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))."""
+    import torch
+    import torch.distributed as dist
+
+    torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("nccl")
+    t = torch.ones(1, device="cuda")
+    dist.all_reduce(t)
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    uuids = [None] * dist.get_world_size()
+    dist.all_gather_object(uuids, str(getattr(props, "uuid", props.name)))
+    dist.destroy_process_group()
+    return {"sum": t.item(), "uuids": uuids}
 
 
 def ddp_on_gpu_with_shard_batches(steps=20):

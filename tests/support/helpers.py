@@ -82,3 +82,27 @@ class KillExecutorOnceClassifier(CrashOnceClassifier):
 
         kill_my_executor_jvm()
         time.sleep(600)
+
+
+class DeviceRecorder(ClassifierMixin, BaseEstimator):
+    """A classifier with a ``device`` parameter (as XGBoost has) that remembers where it was fitted."""
+
+    def __init__(self, device="cpu", alpha=0.0):
+        self.device = device
+        self.alpha = alpha
+
+    def fit(self, X, y, sample_weight=None):
+        self.classes_ = np.unique(y)
+        self.fitted_on_ = self.device
+        return self
+
+    def predict_proba(self, X):
+        return np.full((len(X), len(self.classes_)), 1.0 / len(self.classes_))
+
+    def predict(self, X):
+        return self.classes_[[0] * len(X)]
+
+
+def on_gpu_one(estimator, X, y):
+    """A scorer: 1.0 when the estimator was fitted on cuda:1 (what the GPU search test deals)."""
+    return float(estimator.fitted_on_ == "cuda:1")

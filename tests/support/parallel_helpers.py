@@ -223,20 +223,22 @@ def bad_pipeline_args(cases):
     return out
 
 
-def train_fsdp(steps, rows, lr=0.05):
-    """FSDP2 (fully_shard over a 1-D DeviceMesh) on this rank's half of each mini-batch."""
+def train_fsdp(steps, rows, lr=0.05, on_gpu=False):
+    """FSDP2 (fully_shard over a 1-D DeviceMesh) on this rank's half of each mini-batch (on the
+    rank's GPU with ``on_gpu``)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from sparkml_dist.runner import init_process_group
+    from sparkml_dist.runner import context, init_process_group
 
     init_process_group()
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (world,))
-    model = build_model()
+    device = torch.device(context().device if on_gpu else "cpu")
+    mesh = init_device_mesh(device.type, (world,))
+    model = build_model().to(device)
     for block in model:
         fully_shard(block, mesh=mesh)
     fully_shard(model, mesh=mesh)
@@ -244,6 +246,7 @@ def train_fsdp(steps, rows, lr=0.05):
     per = rows // world
     for step in range(steps):
         X, y = batch(step, rows)
+        X, y = X.to(device), y.to(device)
         opt.zero_grad()
         torch.nn.functional.cross_entropy(
             model(X[rank * per : (rank + 1) * per]), y[rank * per : (rank + 1) * per]
@@ -254,3 +257,102 @@ def train_fsdp(steps, rows, lr=0.05):
         "state": dict(full) if rank == 0 else None,
         "held": sum(p.to_local().numel() for p in model.parameters()),
     }
+
+
+def frame(rows, seed=0):
+    """A pandas frame of ``rows`` samples: id, f0..f15, label (what the DataFrame tests feed)."""
+    import numpy as np
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    pdf = pd.DataFrame(
+        rng.normal(size=(rows, WIDTH)).astype("float32"), columns=[f"f{i}" for i in range(WIDTH)]
+    )
+    pdf.insert(0, "id", np.arange(rows))
+    pdf["label"] = rng.integers(0, CLASSES, rows)
+    return pdf
+
+
+def pipeline_from_shard(steps, rows_per_step, data_parallel=1, stages=2, lr=0.05):
+    """A pipeline fed from this rank's shard(), in shard order, ``rows_per_step`` rows a step;
+    returns the ids it read (and their digest) and rank 0's merged weights."""
+    import hashlib
+
+    import torch
+
+    from sparkml_dist.parallel import pipeline
+    from sparkml_dist.runner import shard
+
+    s = shard()
+    X = torch.tensor(s.to_numpy([f"f{i}" for i in range(WIDTH)]), dtype=torch.float32)
+    y = torch.tensor(s.to_numpy(["label"]).reshape(-1), dtype=torch.long)
+    ids = [int(i) for i in s.to_numpy(["id"]).reshape(-1)]
+    pipe = pipeline(
+        build_model(),
+        stages=stages,
+        microbatches=2,
+        loss_fn=torch.nn.functional.cross_entropy,
+        example_input=X[:rows_per_step],
+        data_parallel=data_parallel,
+    )
+    opt = torch.optim.SGD(pipe.parameters(), lr=lr, momentum=0.9)
+    for step in range(steps):
+        part = slice(step * rows_per_step, (step + 1) * rows_per_step)
+        opt.zero_grad()
+        pipe.step(X[part], y[part])
+        opt.step()
+    return {
+        "rank": int(os.environ["RANK"]),
+        "replica": pipe.replica,
+        "ids": ids,
+        "digest": hashlib.sha256(X.numpy().tobytes() + y.numpy().tobytes()).hexdigest(),
+        "state": pipe.full_state_dict(),
+    }
+
+
+def train_unsplit_on(pdf, ids, steps, rows_per_step, lr=0.05):
+    """The reference for pipeline_from_shard: one process, the rows ``ids`` in that order."""
+    import torch
+
+    rows = pdf.set_index("id").loc[ids]
+    X = torch.tensor(rows[[f"f{i}" for i in range(WIDTH)]].to_numpy(), dtype=torch.float32)
+    y = torch.tensor(rows["label"].to_numpy(), dtype=torch.long)
+    model = build_model()
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for step in range(steps):
+        part = slice(step * rows_per_step, (step + 1) * rows_per_step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X[part]), y[part]).backward()
+        opt.step()
+    return model.state_dict()
+
+
+def fsdp_from_shard(steps, rows_per_step, lr=0.05):
+    """FSDP2 fed from this rank's own shard (the data-parallel layout), ``rows_per_step`` rows of
+    it a step; returns the ids it read in order and rank 0's full weights."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from sparkml_dist.runner import init_process_group, shard
+
+    init_process_group()
+    s = shard()
+    X = torch.tensor(s.to_numpy([f"f{i}" for i in range(WIDTH)]), dtype=torch.float32)
+    y = torch.tensor(s.to_numpy(["label"]).reshape(-1), dtype=torch.long)
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    model = build_model()
+    for block in model:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    for step in range(steps):
+        part = slice(step * rows_per_step, (step + 1) * rows_per_step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(X[part]), y[part]).backward()
+        opt.step()
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    ids = [int(i) for i in s.to_numpy(["id"]).reshape(-1)]
+    return {"ids": ids, "state": dict(full) if dist.get_rank() == 0 else None}

@@ -189,12 +189,19 @@ def gpu_view():
     from sparkml_dist.runner import context
 
     ctx = context()
+    visible = (os.environ.get("CUDA_VISIBLE_DEVICES") or "").split(",")
+    local_rank = int(os.environ["LOCAL_RANK"])
     return {
         "rank": ctx.rank,
         "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device": ctx.device,
         "local_rank": ctx.local_rank,
         "local_world_size": ctx.local_world_size,
+        # what torch.cuda.set_device(int(os.environ["LOCAL_RANK"])) would pick (None: no such device)
+        "picked": visible[local_rank] if local_rank < len(visible) else None,
+        "group_rank": os.environ.get("GROUP_RANK"),
+        "node_rank": os.environ.get("NODE_RANK"),
+        "devices": list(ctx.devices),
     }
 
 
@@ -262,7 +269,7 @@ def spawn_and_hang(info_path):
 
     child = subprocess.Popen(["sleep", "600"])
     with open(info_path, "a") as fh:
-        fh.write(json.dumps({"cwd": os.getcwd(), "child": child.pid}) + "\n")
+        fh.write(json.dumps({"cwd": os.environ["SPARKML_DIST_WORKDIR"], "child": child.pid}) + "\n")
     init_process_group()
     dist.barrier()
     time.sleep(600)
@@ -312,3 +319,47 @@ def setsid_children(marker, outcome):
     if outcome == "hang":
         time.sleep(3600)
     return "done"
+
+
+def lightning_multinode():
+    """PyTorch Lightning's multi-node recipe, unchanged: Trainer(devices=1, num_nodes=2) on CPU
+    (pyspark's TorchDistributor docs run it this way, one process per task)."""
+    import lightning as L
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    class Tiny(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, _):
+            x, y = batch
+            return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        num_nodes=2,
+        strategy="ddp",
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = Tiny()
+    trainer.fit(model, data)
+    return {
+        "global_rank": trainer.global_rank,
+        "world_size": trainer.world_size,
+        "node_rank": trainer.node_rank,
+        "local_rank": trainer.local_rank,
+        "weight": model.layer.weight.detach().tolist(),
+    }

@@ -57,12 +57,23 @@ def test_a_single_rank_that_never_distributes_is_not_killed_by_start_timeout():
     assert BarrierRunner(-1, start_timeout=2, timeout=60).run(h.never_distributes, 4) == "alone"
 
 
-def test_local_ranks_take_one_visible_gpu_each(monkeypatch):
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # a 2-GPU machine, as CUDA would list it
-    out = BarrierRunner(-2, use_gpu=True, timeout=60).run(h.gpu_view, return_all=True)
-    assert [o["cuda_visible"] for o in out] == ["3", "5"]  # rank r pinned to the r-th GPU
-    assert all(o["device"] == "cuda:0" for o in out)
-    assert [(o["local_rank"], o["local_world_size"]) for o in out] == [(0, 2), (1, 2)]
+def _torchrun_rule(out, gpus):
+    """torchrun's device rule held: every rank sees the host's GPUs in local-rank order, LOCAL_RANK
+    picks its own (distinct) one, and context().device is that device."""
+    assert [o["cuda_visible"] for o in out] == [",".join(gpus)] * len(gpus)
+    assert [o["picked"] for o in out] == gpus  # set_device(LOCAL_RANK): rank r's own GPU
+    assert [o["device"] for o in out] == [f"cuda:{i}" for i in range(len(gpus))]
+    assert [(o["local_rank"], o["local_world_size"]) for o in out] == [
+        (i, len(gpus)) for i in range(len(gpus))
+    ]
+    assert {o["group_rank"] for o in out} == {"0"} == {o["node_rank"] for o in out}
+
+
+def test_local_ranks_follow_torchruns_device_rule(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # a 4-GPU machine; nothing touches CUDA
+    _torchrun_rule(BarrierRunner(-4, use_gpu=True, timeout=60).run(h.gpu_view, return_all=True), list("0123"))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    _torchrun_rule(BarrierRunner(-2, use_gpu=True, timeout=60).run(h.gpu_view, return_all=True), ["3", "5"])
     with pytest.raises(InsufficientResourcesError, match=r"3 ranks need 3 GPUs, but this machine shows 2"):
         BarrierRunner(-3, use_gpu=True).run(h.gpu_view)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -89,6 +100,9 @@ def test_torch_distributor_local_mode_runs_on_the_driver(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4")
     out = TorchDistributor(num_processes=3, local_mode=True).run(h.gpu_view)
     assert out["cuda_visible"] == "4" and out["device"] == "cuda:0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")  # the drop-in keeps torchrun's rule locally
+    dist = TorchDistributor(num_processes=4, local_mode=True, timeout=60)
+    _torchrun_rule(dist._runner(None).run(h.gpu_view, return_all=True), list("0123"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     with pytest.raises(InsufficientResourcesError, match="shows 0"):
         TorchDistributor(num_processes=1, local_mode=True, use_gpu=True).run(h.gpu_view)
@@ -171,3 +185,18 @@ def test_children_in_their_own_session_are_killed_after_success_failure_or_timeo
     while left() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not left(), [p.info["cmdline"] for p in left()]
+
+
+def test_a_rank_may_hold_several_gpus_for_one_process_multi_gpu_code(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    out = BarrierRunner(-2, use_gpu=True, gpus_per_rank=2, timeout=60).run(h.gpu_view, return_all=True)
+    assert [o["cuda_visible"] for o in out] == ["0,1", "2,3"]  # each rank its own two, as cuda:0-1
+    assert [o["devices"] for o in out] == [["cuda:0", "cuda:1"]] * 2 and {o["device"] for o in out} == {
+        "cuda:0"
+    }
+    with pytest.raises(
+        InsufficientResourcesError, match=r"2 GPUs per rank \(gpus_per_rank\): 3 ranks need 6"
+    ):
+        BarrierRunner(-3, use_gpu=True, gpus_per_rank=2).run(h.gpu_view)
+    with pytest.raises(ConfigurationError, match="gpus_per_rank=2 needs use_gpu=True"):
+        BarrierRunner(-1, gpus_per_rank=2)

@@ -21,10 +21,12 @@ from sparkml_dist.runner.gangs import ThreadGang
 
 def test_local_ranks_and_env():
     assert rendezvous.local_ranks(["a", "b", "a", "a"]) == [(0, 3), (0, 1), (1, 3), (2, 3)]
-    env = rendezvous.rank_env(2, ["a", "b", "a"], "a", 1234, gpus=["3"])
+    env = rendezvous.rank_env(2, ["a", "b", "a"], "a", 1234, gpus=[["5"], ["0"], ["3"]])
     assert env["RANK"] == "2" and env["WORLD_SIZE"] == "3" and env["LOCAL_RANK"] == "1"
     assert env["LOCAL_WORLD_SIZE"] == "2" and env["MASTER_PORT"] == "1234"
-    assert env["CUDA_VISIBLE_DEVICES"] == "3" and env[rendezvous.AGENT_STORE_ENV] == "True"
+    assert env["CUDA_VISIBLE_DEVICES"] == "5,3" and env[rendezvous.AGENT_STORE_ENV] == "True"
+    assert env["GROUP_RANK"] == env["NODE_RANK"] == "0" and env["GROUP_WORLD_SIZE"] == "2"
+    assert "CUDA_VISIBLE_DEVICES" not in rendezvous.rank_env(0, ["a"], "a", 1)
 
 
 class _Res:
@@ -339,7 +341,8 @@ def test_local_ranks_of_tasks_holding_several_gpus_on_mixed_hosts():
     peers = protocol.peers([task("10.0.0.1", 29500), task("10.0.0.1"), task("10.0.0.2")])
     hosts = [p["host"] for p in peers]
     envs = [
-        rendezvous.rank_env(r, hosts, peers[0]["host"], peers[0]["port"], peers[r]["gpus"]) for r in range(6)
+        rendezvous.rank_env(r, hosts, peers[0]["host"], peers[0]["port"], [p["gpus"] for p in peers])
+        for r in range(6)
     ]
     assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [
         ("0", "4"),
@@ -349,7 +352,22 @@ def test_local_ranks_of_tasks_holding_several_gpus_on_mixed_hosts():
         ("0", "2"),
         ("1", "2"),
     ]
-    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0", "1", "0", "1"]
+    # host a's tasks report the same addresses (a naive discovery script): each rank sees its own;
+    # host b's are distinct: torchrun's rule, LOCAL_RANK indexes the host's list
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["0", "1", "0", "1", "0,1", "0,1"]
+    assert [e["SPARKML_DIST_CUDA_DEVICE"] for e in envs] == ["0", "0", "0", "0", "0", "1"]
+    assert [e["GROUP_RANK"] for e in envs] == ["0", "0", "0", "0", "1", "1"] == [e["NODE_RANK"] for e in envs]
+    tasks = rendezvous.node_keys(hosts, "task", 2)  # pyspark's rule: each task a node
+    by_task = [rendezvous.rank_env(r, tasks, hosts[0], 1, [p["gpus"] for p in peers]) for r in range(6)]
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"], e["GROUP_RANK"]) for e in by_task] == [
+        ("0", "2", "0"),
+        ("1", "2", "0"),
+        ("0", "2", "1"),
+        ("1", "2", "1"),
+        ("0", "2", "2"),
+        ("1", "2", "2"),
+    ]
+    assert [e["CUDA_VISIBLE_DEVICES"] for e in by_task] == ["0,1"] * 6  # a task's GPUs, LOCAL_RANK picks
     assert {e["MASTER_PORT"] for e in envs} == {"29500"} and {e["WORLD_SIZE"] for e in envs} == {"6"}
 
 
