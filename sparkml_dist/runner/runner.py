@@ -226,7 +226,8 @@ class BarrierRunner:
         if self.np < 0 and self.use_gpu and self.model_bytes:
             from .. import plan
 
-            gpus = admission.local_gpus(None, self.world_size, True, True, self.gpus_per_rank)[0]
+            per_rank = admission.local_gpus(None, self.world_size, True, True, self.gpus_per_rank)
+            gpus = [g for rank_gpus in per_rank for g in rank_gpus]  # every GPU a rank will use
             plan.check_fits_gpu(self.model_bytes, plan.gpu_bytes(None, gpus))
         if self.np > 0:
             admission.check_cluster(
