@@ -55,7 +55,9 @@ TRUSTED_TYPES = (
     "sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor",
 )
 _OWN_TYPES = (
-    "sparkml_dist.ensemble.aggregation.Member",
+    "sparkml_dist.ensemble.member_records.Member",
+    "sparkml_dist.ensemble.member_records.KeyModel",
+    "sparkml_dist.ensemble.aggregation.Member",  # where files of earlier releases name them
     "sparkml_dist.ensemble._grouped_worker.KeyModel",
 )
 _XGBOOST_CLASSES = ("XGBClassifier", "XGBRegressor", "XGBRFClassifier", "XGBRFRegressor", "XGBRanker")

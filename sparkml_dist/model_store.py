@@ -45,7 +45,7 @@ import os
 import posixpath
 import re
 import uuid
-from typing import Any, Callable, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import pyarrow as pa
 
@@ -289,9 +289,17 @@ class ModelStore:
             )
         return data
 
-    def _decode(
-        self, meta: dict, trusted_types: Iterable[str], allow_pickle: bool, signed: bool = False
+    def missing(self, files: Iterable[str]) -> List[str]:
+        """Those of ``files`` (names as a manifest lists them) this process cannot see in the store."""
+        from pyarrow import fs as pafs
+
+        return [f for f in files if self._fs.get_file_info(self._path(f)).type == pafs.FileType.NotFound]
+
+    def decode(
+        self, meta: dict, trusted_types: Iterable[str] = (), allow_pickle: bool = False, signed: bool = False
     ) -> Any:
+        """The object one manifest entry names, checked against its size and SHA-256 and decoded
+        (``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.model_formats`)."""
         what = f"{meta['file']!r} of model store {self.uri!r}"
         return model_formats.decode(
             meta.get("format"),
@@ -322,7 +330,7 @@ class ModelStore:
         def read(manifest: dict) -> Any:
             for meta in manifest["objects"]:
                 if meta.get("group") == group and meta.get("item") == item:
-                    return self._decode(meta, trusted_types, allow_pickle, self.signed)
+                    return self.decode(meta, trusted_types, allow_pickle, self.signed)
             raise CollectionError(f"model store {self.uri!r} has no object for group {group}, item {item}")
 
         return self._consistent(read)
@@ -332,7 +340,7 @@ class ModelStore:
     ) -> Dict[Tuple[int, int], Any]:
         return self._consistent(
             lambda manifest: {
-                (m["group"], m["item"]): self._decode(m, trusted_types, allow_pickle, self.signed)
+                (m["group"], m["item"]): self.decode(m, trusted_types, allow_pickle, self.signed)
                 for m in manifest["objects"]
             }
         )

@@ -4,9 +4,9 @@ See :class:`BaggingClassifier` and :class:`BaggingRegressor` (bagging ensembles)
 :class:`GroupedTrainer` (one model per key of a column).
 """
 
-from .aggregation import Member
 from .estimator import BaggingClassifier, BaggingRegressor
 from .grouped import GroupedModel, GroupedTrainer
+from .member_records import Member
 from .models import BaggingClassificationModel, BaggingRegressionModel
 
 __all__ = [

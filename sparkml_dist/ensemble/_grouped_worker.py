@@ -16,18 +16,7 @@ import pyarrow.compute as pc
 from .. import collection, serialization
 from ..group_rows import GROUP_COL
 from ._worker import features_to_numpy
-
-FEATURES, LABEL = "__sd_features", "__sd_label"
-
-
-@dataclass(frozen=True)
-class KeyModel:
-    """The model fitted for one key (``group`` is the key's index in the trained model)."""
-
-    group: int
-    key: Any
-    model: Any
-    rows: int
+from .member_records import FEATURES, LABEL, KeyModel
 
 
 @dataclass(frozen=True)

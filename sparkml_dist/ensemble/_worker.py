@@ -5,6 +5,7 @@ Module-level functions taking ``(batches, spec)``; nothing here touches a SparkS
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Optional, Tuple
 
@@ -14,11 +15,8 @@ import pyarrow.compute as pc
 
 from .. import collection, member_gpus, serialization
 from ..group_rows import GROUP_COL, KEY_COL, order_rows
-from .aggregation import Member, mean_prediction, probabilities, vote
-
-FEATURES = "__sd_features"
-LABEL = "__sd_label"
-WEIGHT = "__sd_weight"
+from .aggregation import mean_prediction, probabilities, vote
+from .member_records import FEATURES, LABEL, WEIGHT, Member, write_member
 
 
 @dataclass(frozen=True)
@@ -61,15 +59,14 @@ def _estimator_from(blob: bytes):
     return serialization.loads(blob)
 
 
-def _clone(estimator):
-    try:
+def fresh_copy(estimator):
+    """A fresh unfitted copy: scikit-learn's ``clone`` for an estimator with ``get_params`` (its
+    errors reach the user), a deep copy for any other object with the scikit-learn API."""
+    if hasattr(estimator, "get_params"):
         from sklearn.base import clone
 
         return clone(estimator)
-    except (ImportError, TypeError):  # not a scikit-learn BaseEstimator: deep copy instead
-        import copy
-
-        return copy.deepcopy(estimator)
+    return copy.deepcopy(estimator)
 
 
 def _fit_member(spec: FitSpec, group: int, table: pa.Table) -> Member:
@@ -90,7 +87,7 @@ def _fit_member(spec: FitSpec, group: int, table: pa.Table) -> Member:
         if present.size == 1:
             return Member(group, None, feats, classes, len(yg), constant=True)
         yg = np.searchsorted(present, yg)  # local labels 0..c-1 (XGBoost needs them)
-    model = _clone(_estimator_from(spec.estimator_blob))
+    model = fresh_copy(_estimator_from(spec.estimator_blob))
     if hasattr(model, "get_params") and "random_state" in model.get_params(deep=False):
         model.set_params(random_state=spec.seeds[group])
     if spec.gpus is not None:
@@ -115,9 +112,7 @@ def fit_groups(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.
         try:
             member = _fit_member(spec, g, part)
             if spec.members_store is not None:  # only the files' metadata goes back to the driver
-                from .member_store import write_member
-
-                member = {"metas": write_member(spec.members_store, member)}
+                member = {"metas": write_member(spec.members_store.write, member)}
         except Exception as exc:  # one failed member is reported with its group, not retried
             yield collection.encode_error(
                 g, f"fitting the model for group {g} failed: {type(exc).__name__}: {exc}"

@@ -6,61 +6,14 @@ the two always give the same numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 import numpy as np
 
-
-@dataclass
-class Member:
-    """One fitted ensemble member.
-
-    Attributes:
-        group: the group it was trained on.
-        model: the fitted scikit-learn-API object.
-        features: column indices (into the full feature vector) the model was trained on.
-        classes: for classifiers, the global class index of each of the model's outputs
-            (the model was fitted on local labels ``0..len(classes)-1``); None for regressors.
-        n_rows: rows (including bootstrap copies) it was fitted on.
-        constant: set when the group held a single class: the member always votes for it.
-    """
-
-    group: int
-    model: Any
-    features: np.ndarray
-    classes: Optional[np.ndarray]
-    n_rows: int
-    constant: bool = False
-
-    def _inputs(self, X: "np.ndarray | _Batch") -> np.ndarray:
-        if isinstance(X, _Batch):
-            X = X.for_model(self.model)
-        if self.features.size == X.shape[1] and np.array_equal(self.features, np.arange(X.shape[1])):
-            return X
-        return X[:, self.features]
-
-    def aligned_proba(self, X: np.ndarray, n_classes: int) -> np.ndarray:
-        """Probabilities in the global class order (zeros for classes this member never saw)."""
-        out = np.zeros((X.shape[0], n_classes))
-        if self.constant:
-            out[:, self.classes[0]] = 1.0
-            return out
-        out[:, self.classes] = self.model.predict_proba(self._inputs(X))
-        return out
-
-    def aligned_vote(self, X: np.ndarray) -> np.ndarray:
-        """Global class index voted for by this member, per row."""
-        if self.constant:
-            return np.full(X.shape[0], self.classes[0], dtype=np.int64)
-        local = np.asarray(self.model.predict(self._inputs(X))).astype(np.int64)
-        return self.classes[local]
-
-    def predict_value(self, X: np.ndarray) -> np.ndarray:
-        return np.asarray(self.model.predict(self._inputs(X)), dtype=np.float64).reshape(-1)
+from .member_records import Member
 
 
-class _Batch:
+class Batch:
     """One batch of features shared by all members, converted at most once per dtype.
 
     scikit-learn trees predict on float32 and convert float64 input themselves, once per call;
@@ -82,7 +35,7 @@ class _Batch:
 
 def vote(members: Sequence[Member], X: np.ndarray, n_classes: int, voting: str) -> np.ndarray:
     """Raw class scores (n_rows, n_classes): summed probabilities (soft) or vote counts (hard)."""
-    X = _Batch(X) if isinstance(X, np.ndarray) else X
+    X = Batch(X) if isinstance(X, np.ndarray) else X
     raw = np.zeros((X.shape[0], n_classes))
     if voting == "soft":
         for m in members:
@@ -101,7 +54,7 @@ def probabilities(raw: np.ndarray) -> np.ndarray:
 
 
 def mean_prediction(members: Sequence[Member], X: np.ndarray) -> np.ndarray:
-    X = _Batch(X) if isinstance(X, np.ndarray) else X
+    X = Batch(X) if isinstance(X, np.ndarray) else X
     out = np.zeros(X.shape[0])
     for m in members:
         out += m.predict_value(X)

@@ -28,6 +28,7 @@ from pyspark.ml import Estimator
 from .. import _spark_env, launch, member_gpus, partitioning, serialization, tracking
 from ..errors import ConfigurationError
 from . import _worker, member_store, validation
+from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
 from .models import BaggingClassificationModel, BaggingRegressionModel  # noqa: F401
@@ -122,13 +123,13 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         """The features, label (and weight) columns as fit reads them, and the columns rows are keyed by."""
         cols = [
             validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols()).alias(
-                _worker.FEATURES
+                FEATURES
             ),
-            validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(_worker.LABEL),
+            validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(LABEL),
         ]
         if weight_col:
-            cols.append(validation.numeric_column(dataset, weight_col, "weightCol").alias(_worker.WEIGHT))
-        key_cols = [_worker.FEATURES, _worker.LABEL] + ([_worker.WEIGHT] if weight_col else [])
+            cols.append(validation.numeric_column(dataset, weight_col, "weightCol").alias(WEIGHT))
+        key_cols = [FEATURES, LABEL] + ([WEIGHT] if weight_col else [])
         return dataset.select(*cols), key_cols
 
     def _check_groups(self, spark, dataset, grouped, spec, est, weight_col: str, max_classes: int) -> dict:

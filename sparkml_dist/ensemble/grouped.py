@@ -41,16 +41,9 @@ from pyspark.ml import Estimator, Model
 from .. import launch, partitioning, plan, serialization, tracking
 from ..errors import ConfigurationError
 from . import validation
-from ._grouped_worker import (
-    FEATURES,
-    LABEL,
-    FitSpec,
-    KeyModel,
-    PredictSpec,
-    fit_keys,
-    predict_batch,
-    predict_keys,
-)
+from ._grouped_worker import FitSpec, PredictSpec, fit_keys, predict_batch, predict_keys
+from ._worker import fresh_copy
+from .member_records import FEATURES, LABEL, KeyModel
 from .params import _GroupedParams
 from .persistence import StageReadWrite
 
@@ -90,11 +83,12 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
                 f"got {type(est).__name__}"
             )
         try:
-            from sklearn.base import clone
-
-            est = clone(est)
-        except Exception:
-            pass
+            est = fresh_copy(est)  # unfitted: a fitted estimator's state is not shipped
+        except Exception as exc:
+            raise ConfigurationError(
+                f"estimator={est!r} cannot be cloned: {type(exc).__name__}: {exc}; pass an estimator "
+                "whose get_params() returns its constructor arguments"
+            ) from exc
         try:
             return serialization.dumps(est)
         except Exception as exc:

@@ -22,8 +22,7 @@ from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from ..errors import ConfigurationError
 from ..model_store import ModelStore
-from .persistence import _MODEL as MODEL  # the items of a member's group, as a saved model has them
-from .persistence import _RECORD as RECORD
+from .member_records import MODEL, RECORD, from_record
 
 
 def new_store(members_dir: str, uid: str) -> "ModelStore | None":
@@ -36,14 +35,8 @@ def new_store(members_dir: str, uid: str) -> "ModelStore | None":
 def committed(store: ModelStore, results: List[dict]) -> "LazyMembers":
     """On the driver: commit what the tasks wrote; the members, loaded lazily.  Files the driver
     cannot see (a local membersDir on several hosts) are refused now, not at the first predict."""
-    from pyarrow import fs as pafs
-
     manifest = store.commit([meta for r in results for meta in r["metas"]])
-    missing = [
-        m["file"]
-        for m in manifest["objects"]
-        if store._fs.get_file_info(store._path(m["file"])).type == pafs.FileType.NotFound
-    ]
+    missing = store.missing(m["file"] for m in manifest["objects"])
     if missing:
         raise ConfigurationError(
             f"membersDir: the driver cannot see {len(missing)} member files the executors wrote to "
@@ -51,14 +44,6 @@ def committed(store: ModelStore, results: List[dict]) -> "LazyMembers":
             "(s3://, hdfs://, /dbfs/...)"
         )
     return LazyMembers(store.uri, manifest["objects"])
-
-
-def write_member(store: ModelStore, member: Any) -> List[dict]:
-    """On an executor: the member's record and model into ``store`` (as a saved model holds them);
-    their metadata, the record inside (what the driver needs without loading anything)."""
-    from .persistence import _write_member
-
-    return _write_member(store.write, member)
 
 
 class LazyMembers(Sequence):
@@ -92,14 +77,11 @@ class LazyMembers(Sequence):
         return len(self._metas)
 
     def _load(self, i: int) -> Any:
-        from .persistence import _member_from
-
         if self._store is None:
             self._store = ModelStore(self.uri)
         store = self._store
         rec, mod = self._metas[i]
-        decode = lambda meta: store._decode(meta, self.trusted_types, False)  # noqa: E731
-        return _member_from(decode(rec), decode(mod))
+        return from_record(store.decode(rec, self.trusted_types), store.decode(mod, self.trusted_types))
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):

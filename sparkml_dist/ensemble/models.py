@@ -18,7 +18,8 @@ from pyspark.sql import functions as F
 from .. import serialization
 from ..errors import ConfigurationError
 from . import _worker, validation
-from .aggregation import Member, mean_prediction, probabilities, vote
+from .aggregation import mean_prediction, probabilities, vote
+from .member_records import Member
 from .member_store import LazyMembers
 from .members import FittedMember, public
 from .params import _ClassifierParams, _RegressorParams

@@ -33,9 +33,8 @@ import logging
 import os
 import posixpath
 import uuid
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
-import numpy as np
 from pyspark.ml.util import (
     DefaultParamsReader,
     DefaultParamsWriter,
@@ -48,11 +47,10 @@ from pyspark.ml.util import (
 from .. import model_store
 from ..errors import ConfigurationError
 from ..model_formats import UnsafeModelError
+from .member_records import ESTIMATOR_GROUP, MODEL, RECORD, from_record, write_member
 
 log = logging.getLogger(__name__)
 
-_ESTIMATOR_GROUP = -1
-_RECORD, _MODEL = 0, 1
 
 # the only classes a saved stage may name: its metadata selects one of these, never an import path
 _ENSEMBLE = "sparkml_dist.ensemble"
@@ -77,43 +75,6 @@ def metadata_digest(metadata: dict) -> str:
     keys = ("class", "uid", "paramMap", "defaultParamMap", "sparkml_dist")
     canonical = json.dumps({k: metadata.get(k) for k in keys}, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------- member records
-def _member_record(m: Any) -> Tuple[dict, Any]:
-    """(the JSON record of a member, its model)."""
-    from .aggregation import Member
-
-    if isinstance(m, Member):
-        classes = None if m.classes is None else [int(c) for c in m.classes]
-        return {
-            "kind": "member",
-            "group": int(m.group),
-            "features": [int(f) for f in m.features],
-            "classes": classes,
-            "n_rows": int(m.n_rows),
-            "constant": bool(m.constant),
-        }, m.model
-    return {"kind": "key_model", "group": int(m.group), "key": m.key, "rows": int(m.rows)}, m.model
-
-
-def _member_from(record: dict, model: Any) -> Any:
-    from ._grouped_worker import KeyModel
-    from .aggregation import Member
-
-    if record.get("kind") == "member":
-        classes = record["classes"]
-        return Member(
-            int(record["group"]),
-            model,
-            np.asarray(record["features"], dtype=np.int64),
-            None if classes is None else np.asarray(classes, dtype=np.int64),
-            int(record["n_rows"]),
-            bool(record["constant"]),
-        )
-    if record.get("kind") == "key_model":
-        return KeyModel(int(record["group"]), record["key"], model, int(record["rows"]))
-    raise UnsafeModelError(f"unknown member record kind {record.get('kind')!r}")
 
 
 # --------------------------------------------------------------------------- writer
@@ -176,18 +137,10 @@ class _StageWriter(MLWriter):
         write = lambda g, i, obj: store.write(g, i, obj, allow_pickle=self._allow_pickle)  # noqa: E731
         metas = []
         if inst.getEstimator() is not None:
-            metas.append(write(_ESTIMATOR_GROUP, 0, inst.getEstimator()))
+            metas.append(write(ESTIMATOR_GROUP, 0, inst.getEstimator()))
         for m in getattr(inst, "_members", []):  # a lazy model's members: one loaded at a time
-            metas += _write_member(write, m)
+            metas += write_member(write, m)
         store.commit(metas, extra={"metadata_sha256": digest})
-
-
-def _write_member(write: Callable[[int, int, Any], dict], member: Any) -> List[dict]:
-    """One member's record and model as files (nothing of it stays referenced after the call)."""
-    record, model = _member_record(member)
-    metas = [write(record["group"], _RECORD, record), write(record["group"], _MODEL, model)]
-    metas[0]["record"] = record  # lets a lazy load size the groups without loading them
-    return metas
 
 
 # --------------------------------------------------------------------------- reader
@@ -250,23 +203,23 @@ class _StageReader(MLReader):
             from .member_store import LazyMembers
 
             members = LazyMembers(store.uri, manifest["objects"], self._trusted)
-            objects = {k: v for k, v in [((_ESTIMATOR_GROUP, 0), self._estimator(store, manifest))] if v}
+            objects = {k: v for k, v in [((ESTIMATOR_GROUP, 0), self._estimator(store, manifest))] if v}
         else:
             objects = store.load_all(trusted_types=self._trusted, allow_pickle=self._allow_pickle)
         instance = getattr(importlib.import_module(module), name)()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        if (_ESTIMATOR_GROUP, 0) in objects:
-            instance._set(estimator=objects.pop((_ESTIMATOR_GROUP, 0)))
+        if (ESTIMATOR_GROUP, 0) in objects:
+            instance._set(estimator=objects.pop((ESTIMATOR_GROUP, 0)))
         instance._restore_state(
             metadata.get("sparkml_dist", {}), members if lazy else _members(objects, manifest)
         )
         return instance
 
     def _estimator(self, store, manifest: dict) -> Any:
-        if not any(m["group"] == _ESTIMATOR_GROUP for m in manifest["objects"]):
+        if not any(m["group"] == ESTIMATOR_GROUP for m in manifest["objects"]):
             return None
-        return store.load(_ESTIMATOR_GROUP, 0, trusted_types=self._trusted)
+        return store.load(ESTIMATOR_GROUP, 0, trusted_types=self._trusted)
 
 
 def load_stage(path: str):
@@ -294,10 +247,10 @@ def _members(objects: Dict[Tuple[int, int], Any], manifest: dict) -> List[Any]:
     if manifest.get("format") == model_store.ModelStore.FORMAT_V1:
         return [objects[k] for k in sorted(objects)]
     groups = sorted({g for g, _ in objects})
-    missing = [g for g in groups if (g, _RECORD) not in objects or (g, _MODEL) not in objects]
+    missing = [g for g in groups if (g, RECORD) not in objects or (g, MODEL) not in objects]
     if missing:
         raise UnsafeModelError(f"members {missing} lack their record or model in the saved model")
-    return [_member_from(objects[(g, _RECORD)], objects[(g, _MODEL)]) for g in groups]
+    return [from_record(objects[(g, RECORD)], objects[(g, MODEL)]) for g in groups]
 
 
 class StageReadWrite(MLWritable, MLReadable):

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
-from ._worker import FEATURES, LABEL, WEIGHT
+from .member_records import FEATURES, LABEL, WEIGHT
 
 
 def _field(schema: T.StructType, name: str, param: str, hint: str):

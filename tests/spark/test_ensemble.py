@@ -305,7 +305,7 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
     import weakref
 
     from sparkml_dist import collection
-    from sparkml_dist.ensemble import member_store, persistence
+    from sparkml_dist.ensemble import member_records, member_store
 
     X, _ = data3
     collected = []
@@ -325,7 +325,7 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
     assert [m.predict(X).tolist() for m in stored.models] == [m.predict(X).tolist() for m in kept.models]
 
     refs, most = [], []
-    load, record = member_store.LazyMembers._load, persistence._member_record
+    load, record = member_store.LazyMembers._load, member_records.to_record
 
     def counted_load(self, i):
         m = load(self, i)
@@ -338,7 +338,7 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
         return record(m)
 
     monkeypatch.setattr(member_store.LazyMembers, "_load", counted_load)
-    monkeypatch.setattr(persistence, "_member_record", counted_record)
+    monkeypatch.setattr(member_records, "to_record", counted_record)
     path = str(tmp_path / "saved")
     stored.save(path)
     assert most == [1, 1, 1, 1]  # saving holds one member at a time
