@@ -1,10 +1,12 @@
-"""sparkml_dist: distributed training on the Spark cluster that already holds your data.
+"""sparkml_dist: distributed training on the Spark cluster that already holds your data.  [anywhere]
 
 * :mod:`sparkml_dist.ensemble` - one scikit-learn-API model per group of rows (bagging), as
   pyspark.ml Estimators.
 * :mod:`sparkml_dist.runner` - data-parallel PyTorch training in barrier mode (BarrierRunner).
 * :mod:`sparkml_dist.partitioning` and :mod:`sparkml_dist.collection` - the shared split of rows
   into groups and the shared way back for fitted objects.
+
+Every module, where it runs and what it holds: the module map in the README (Layout).
 
 Importing this package needs neither torch nor horovod.
 """

@@ -228,6 +228,6 @@ def driver_host(spark) -> str:
         host = spark.conf.get("spark.driver.host", None)
         if host:
             return host
-    from .runner.network import host_address
+    from .network import host_address
 
     return host_address()

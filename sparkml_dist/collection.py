@@ -1,4 +1,4 @@
-"""The shared way back from executors to the driver.  [runs on both]
+"""The shared way back from executors to the driver.  [anywhere]
 
 Executors turn any object into *chunk rows* (:data:`CHUNK_SCHEMA`) tagged
 ``(group, item, attempt, chunk, n_chunks)``; the driver reassembles them with :func:`decode`:

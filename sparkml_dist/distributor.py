@@ -1,5 +1,4 @@
-"""A drop-in ``TorchDistributor``: pyspark's ``TorchDistributor`` API on this package's runner.
-[driver]
+"""A drop-in ``TorchDistributor``: pyspark's ``TorchDistributor`` API on this package's runner.  [driver]
 
 Code written for ``pyspark.ml.torch.distributor`` runs after changing only the import::
 
@@ -33,6 +32,8 @@ from typing import Any, Callable, Optional, Union
 
 from . import _spark_env
 from .errors import ConfigurationError
+from .gpus import assign_local
+from .gpus import local as local_gpus
 
 log = logging.getLogger(__name__)
 
@@ -69,10 +70,7 @@ class TorchDistributor:
         if not self.use_gpu:
             return self.num_processes
         if self.local_mode:
-            from .runner.admission import local_gpus
-
-            gpus = _spark_env.driver_gpus(spark) if spark is not None else None
-            available = len(gpus) if gpus is not None else len(_visible())
+            available = len(local_gpus(spark)[0])
             if 0 < available < self.num_processes:
                 log.warning(
                     "num_processes=%d is more than the %d GPU(s) of the driver: running %d processes",
@@ -81,7 +79,7 @@ class TorchDistributor:
                     available,
                 )
                 return available
-            local_gpus(spark, self.num_processes, True, True)  # none at all: the runner's error
+            assign_local(spark, self.num_processes, True, True)  # none at all: the runner's error
         # on a cluster, tasks holding k GPUs run k processes each (num_processes a multiple of k)
         return self.num_processes
 
@@ -139,9 +137,3 @@ class TorchDistributor:
             f"TorchDistributor(num_processes={self.num_processes}, local_mode={self.local_mode}, "
             f"use_gpu={self.use_gpu})"
         )
-
-
-def _visible():
-    from .runner.rendezvous import visible_gpus
-
-    return visible_gpus()

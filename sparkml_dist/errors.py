@@ -1,4 +1,4 @@
-"""Exceptions raised by sparkml_dist.  [runs anywhere]
+"""Exceptions raised by sparkml_dist.  [anywhere]
 
 Every error names the parameter, column, group or rank concerned and, where there is one, the fix::
 

@@ -1,5 +1,4 @@
-"""A drop-in ``HorovodRunner``: Databricks' ``sparkdl.HorovodRunner`` API on any Spark.
-[driver; ``log_to_driver`` runs inside the ranks]
+"""A drop-in ``HorovodRunner``: Databricks' ``sparkdl.HorovodRunner`` API on any Spark.  [driver]
 
 Code written for Databricks runs after changing only the import::
 

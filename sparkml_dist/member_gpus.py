@@ -1,4 +1,4 @@
-"""GPUs for bagging members: each fitted on a GPU of its task.  [driver: plan; executor: place]
+"""GPUs for bagging members: each fitted on a GPU of its task.  [anywhere]
 
 An estimator that can use a GPU says so with a ``device`` parameter (XGBoost's ``device="cuda:0"``,
 skorch's ``device``).  With ``useGpu=True`` the driver refuses, before any job, an estimator
@@ -19,6 +19,8 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence, Tuple
 
 from .errors import ConfigurationError, InsufficientResourcesError
+from .gpus import local as local_gpus
+from .gpus import rank_profile, task_addresses
 
 
 def _has_device(estimator: Any) -> bool:
@@ -41,18 +43,16 @@ def plan(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optional[Tup
             f"{param}=False"
         )
     from . import _spark_env
-    from .runner import admission, rendezvous
 
     if _spark_env.is_local(_spark_env.master_of(spark)):
-        gpus = _spark_env.driver_gpus(spark)
-        gpus = list(gpus) if gpus is not None else rendezvous.visible_gpus()
+        gpus, _ = local_gpus(spark)
         if not gpus:
             raise InsufficientResourcesError(
                 f"{param}=True but this machine shows no GPU (spark.driver.resource.gpu, "
                 "CUDA_VISIBLE_DEVICES or torch.cuda); set it to False"
             )
         return tuple(gpus), None
-    return (), admission.gpu_profile(spark, True)
+    return (), rank_profile(spark, True)
 
 
 def place(model: Any, gpus: Sequence[str], group: int) -> str:
@@ -61,11 +61,7 @@ def place(model: Any, gpus: Sequence[str], group: int) -> str:
     if gpus:
         address = gpus[group % len(gpus)]
     else:
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        gpu = (ctx.resources() if ctx is not None else {}).get("gpu")
-        addresses = list(getattr(gpu, "addresses", []) or [])
+        addresses = task_addresses()
         if not addresses:
             raise InsufficientResourcesError(
                 f"useGpu=True but Spark assigned no GPU to the task fitting group {group}: configure GPU "

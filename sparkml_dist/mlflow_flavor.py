@@ -43,8 +43,6 @@ from typing import Any, Optional
 
 import numpy as np
 
-from . import _spark_env
-
 FLAVOR = "sparkml_dist"
 STAGE_DIR = "stage"
 SPARK_DIR = "sparkml"
@@ -60,6 +58,8 @@ def _spark_flavor(model: Any, path: str) -> Optional[str]:
 
     spark = SparkSession.getActiveSession()
     lazy = type(getattr(model, "_members", None)).__name__ == "LazyMembers"
+    from . import _spark_env
+
     if spark is None or _spark_env.is_connect(spark) or lazy:
         return None
     from pyspark.ml import PipelineModel

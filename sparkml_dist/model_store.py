@@ -1,4 +1,4 @@
-"""ModelStore: a directory of objects with a manifest, for results too large to collect.  [both]
+"""ModelStore: a directory of objects with a manifest, for results too large to collect.  [anywhere]
 
 Executors :meth:`~ModelStore.write` objects (each under a temporary name, then renamed); only
 small metadata rows come back through Spark, and the driver :meth:`~ModelStore.commit`\\ s the

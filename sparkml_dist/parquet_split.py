@@ -1,6 +1,4 @@
-"""Split a DataFrame that is a plain Parquet scan into balanced row ranges read from its files.
-
-[driver: :func:`split_files`; executors: :func:`read`]
+"""Split a DataFrame that is a plain Parquet scan into balanced row ranges read from its files.  [anywhere]
 
 Moving a DataFrame through Spark to Python costs a row-to-Arrow conversion in the JVM (about 4 s
 for 1,000,000 x 50 doubles on two cores) and, to split it, a shuffle.  When the DataFrame *is* a
@@ -41,8 +39,6 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
-from . import _spark_env
-
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 16384  # rows per record batch: what a reader of the shard holds at once
@@ -80,6 +76,8 @@ def _optimized_plan(df) -> str:
     before = spark.conf.get(key, None)
     spark.conf.set(key, str(1 << 30))
     try:
+        from . import _spark_env
+
         text = _spark_env.explain_extended(df)
     finally:
         if before is None:

@@ -1,6 +1,4 @@
-"""How many models fit in memory at once: the seeds' formula and a planner over the Spark conf.
-
-[driver; the formula runs anywhere]
+"""How many models fit in memory at once: the seeds' formula and a planner over the Spark conf.  [driver]
 
 The rule the seed documents give for independent models trained side by side::
 

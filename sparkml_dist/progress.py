@@ -1,4 +1,4 @@
-"""Progress bars for jobs of many units (trials, search fits).  [driver; Reporter on executors]
+"""Progress bars for jobs of many units (trials, search fits).  [anywhere]
 
 ``bar(total, desc, enabled)`` is a ``tqdm.auto`` bar (a widget in a notebook, a line in a
 terminal), or a silent stand-in when ``enabled`` is False or tqdm is missing.  Updates are
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 from typing import Any, Iterator, Optional
+
+FRAME_DONE = "done"  # a task -> the driver on the log channel: one more unit finished
 
 
 class _Silent:
@@ -46,11 +48,16 @@ def fits(spark, total: int, desc: str, enabled: bool = True) -> Iterator[Optiona
         yield None
         return
     from . import _spark_env
-    from .runner.channel import listen, new_secret
+    from .channel import new_secret
+    from .channel_server import listen
 
     progress = bar(total, desc, True, unit="fit")
     secret = new_secret()
-    server = listen(secret, lambda message: progress.update(1), _spark_env.driver_host(spark))
+    server = listen(
+        secret,
+        lambda message: progress.update(1) if message.get("type") == FRAME_DONE else None,
+        _spark_env.driver_host(spark),
+    )
     try:
         yield (server.address, server.port, secret)
     finally:
@@ -67,7 +74,7 @@ class Reporter:
 
     def __enter__(self) -> "Reporter":
         if self._channel is not None:
-            from .runner.channel import LogClient
+            from .channel import LogClient
 
             with contextlib.suppress(OSError):
                 self._client = LogClient(*self._channel, timeout=5.0, retry_for=5.0)
@@ -75,7 +82,7 @@ class Reporter:
 
     def __call__(self) -> None:
         if self._client is not None:
-            self._client.send({"type": "done"})
+            self._client.send({"type": FRAME_DONE})
 
     def __exit__(self, *exc) -> None:
         if self._client is not None:

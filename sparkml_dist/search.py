@@ -1,6 +1,4 @@
-"""ParallelSearchCV: scikit-learn's grid / randomized search, every (candidate, fold) fit on Spark.
-
-[driver; the executor side is :mod:`sparkml_dist._search_worker`]
+"""ParallelSearchCV: scikit-learn's grid / randomized search, every (candidate, fold) fit on Spark.  [driver]
 
 It is scikit-learn's ``BaseSearchCV`` (so ``cv_results_``, ``best_params_``, ``best_score_``,
 ``best_estimator_``, ``predict``, ``score``, multi-metric ``scoring`` and ``refit`` behave as in

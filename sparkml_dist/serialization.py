@@ -1,4 +1,4 @@
-"""Object <-> bytes for models and results.  [runs anywhere]
+"""Object <-> bytes for models and results.  [anywhere]
 
 ``dumps`` uses cloudpickle, so lambdas and classes defined in a notebook survive the trip to
 executors and back.  Bytes that come back through Spark (``collect``) were produced by our own

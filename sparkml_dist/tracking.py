@@ -1,4 +1,7 @@
-"""MLflow tracking of sparkml_dist jobs: one run per job, one child run per candidate or trial.  [driver]
+"""MLflow tracking of sparkml_dist jobs: one run per job, one child run per candidate or trial.  [anywhere]
+
+The runs are opened on the driver; :func:`metric_values` checks metrics where they are reported
+too (``context().log_metrics`` in rank 0, ``trial.report`` in a trial's task).
 
 Every job (a bagging or grouped fit, ``ParallelSearchCV``, a ``Tuner``, a ``BarrierRunner`` run)
 opens :func:`job_run`.  Whether it logs follows the job's ``mlflow`` setting: True logs (and

@@ -1,4 +1,4 @@
-"""Combining members' outputs: soft/hard voting and averaging.  [runs anywhere]
+"""Combining members' outputs: soft/hard voting and averaging.  [anywhere]
 
 Used both inside the Arrow UDF on executors and by ``predict``/``predict_proba`` on the driver, so
 the two always give the same numbers.

@@ -1,5 +1,4 @@
-"""Many models: one scikit-learn-API model per distinct key of a column.  [driver; the executor side is
-:mod:`sparkml_dist.ensemble._grouped_worker`]
+"""Many models: one scikit-learn-API model per distinct key of a column.  [driver]
 
 ``GroupedTrainer(estimator, groupCol, featuresCols, labelCol).fit(df)`` trains one clone of
 ``estimator`` per distinct value of ``groupCol`` (a store, a customer segment, a sensor):

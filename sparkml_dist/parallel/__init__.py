@@ -1,4 +1,4 @@
-"""Models larger than one device: pipeline stages over the ranks.  [rank process]
+"""Models larger than one device: pipeline stages over the ranks.  [rank]
 
 Runs inside a function given to :class:`~sparkml_dist.runner.BarrierRunner` (or any
 ``torch.distributed`` job).  :func:`pipeline` splits a ``torch.nn.Sequential`` (or a module whose

@@ -1,4 +1,4 @@
-"""A model as an ordered list of blocks, and the parts of it one rank keeps.  [rank process]
+"""A model as an ordered list of blocks, and the parts of it one rank keeps.  [rank]
 
 A model can be pipelined when it is a ``torch.nn.Sequential`` or a module whose ``blocks``
 attribute (an ``nn.ModuleList`` or ``nn.Sequential``) holds all its parameters and whose forward

@@ -1,4 +1,4 @@
-"""What each layer costs, to balance pipeline stages.  [rank process]
+"""What each layer costs, to balance pipeline stages.  [rank]
 
 * ``compute``: the median of 3 timed forward+backward passes of the layer on one micro-batch
   (after one warm-up), in seconds, on the device the stage will run on; gradients go to

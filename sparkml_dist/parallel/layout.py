@@ -1,6 +1,6 @@
-"""The shape of a pipeline job: replicas x pipeline ranks, stages per rank; arguments checked.
+"""The shape of a pipeline job: replicas x pipeline ranks, stages per rank; arguments checked.  [rank]
 
-[rank process]  Every check here runs before any process group or collective exists, so a bad
+Every check here runs before any process group or collective exists, so a bad
 argument is a ConfigurationError naming the parameter on every rank, never a hang.
 """
 

@@ -1,4 +1,4 @@
-"""``pipeline()``: one model split into stages over the ranks.  [rank process]
+"""``pipeline()``: one model split into stages over the ranks.  [rank]
 
 Built on ``torch.distributed.pipelining`` (``PipelineStage`` and its schedules) and a 2-D
 ``DeviceMesh`` (``dp`` x ``pp``); this module only chooses the split, wires the stages and keeps

@@ -1,4 +1,4 @@
-"""Where to cut a model into pipeline stages.  [anywhere; costs are measured in the rank processes]
+"""Where to cut a model into pipeline stages.  [anywhere]
 
 A pipeline stage is a run of consecutive layers ("blocks").  :func:`partition` cuts a list of
 per-layer costs into ``stages`` contiguous runs so that the most expensive stage is as cheap as it

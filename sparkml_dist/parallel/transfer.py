@@ -1,4 +1,4 @@
-"""Moving state dicts between ranks without pickle.  [rank process]
+"""Moving state dicts between ranks without pickle.  [rank]
 
 ``torch.distributed``'s object collectives pickle what they send; a rank that unpickles bytes from
 the network runs whatever code they name.  Here a tree of dicts, lists, tensors and JSON values

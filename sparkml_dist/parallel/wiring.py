@@ -1,6 +1,6 @@
-"""Setting a pipeline up on a rank: process group, device, the split every rank agrees on.
+"""Setting a pipeline up on a rank: process group, device, the split every rank agrees on.  [rank]
 
-[rank process]  Rank 0 measures the layers' costs and cuts the model (:mod:`.split`); the
+Rank 0 measures the layers' costs and cuts the model (:mod:`.split`); the
 counts and per-stage costs reach every rank in one broadcast of a float tensor.
 """
 

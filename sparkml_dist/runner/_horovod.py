@@ -1,5 +1,4 @@
-"""Horovod inside a rank process: its import, and its Gloo rendezvous server.
-[executor: inside a rank process]
+"""Horovod inside a rank process: its import, and its Gloo rendezvous server.  [rank]
 
 With ``backend="horovod"`` there is no ``horovodrun``, mpirun or ssh: the ranks are the runner's own
 processes, and Horovod's Gloo controller finds its peers through a key-value HTTP server (the

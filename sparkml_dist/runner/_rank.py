@@ -1,5 +1,4 @@
-"""One rank process, started by the barrier task with ``python -c`` calling :func:`run`.
-[executor: child of a barrier task]
+"""One rank process, started by the barrier task with ``python -c`` calling :func:`run`.  [rank]
 
 Started by the barrier task (:mod:`sparkml_dist.runner._task`) with RANK/WORLD_SIZE set; every name
 and message it exchanges with the task is in :mod:`sparkml_dist.runner.protocol`.  Steps:

@@ -21,8 +21,8 @@ import time
 import uuid
 from typing import Callable, Dict, List, Optional, Sequence
 
+from ..channel import LogClient
 from . import protocol
-from .channel import LogClient
 from .lines import MAX_LINE, Lines
 
 TAIL_LINES = 40

@@ -27,10 +27,11 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 
-from .. import collection, parquet_split
-from . import backends, network, protocol, rendezvous, workdirs
+from .. import collection, network, parquet_split
+from ..channel import LogClient
+from ..gpus import rank_gpus, task_gpus
+from . import backends, protocol, workdirs
 from ._rank_process import RankProcess, exit_text
-from .channel import LogClient
 from .feeding import feed as _feed
 from .protocol import RankFailure
 
@@ -82,9 +83,9 @@ class _RankTask:
         if spec.local_gpus is not None:
             self.gpus = list(spec.local_gpus[self.rank])
         else:
-            self.gpus = rendezvous.task_gpus(gang.resources(), spec.use_gpu, self.rank)
+            self.gpus = task_gpus(gang.resources(), spec.use_gpu, self.rank)
             if k > 1 and self.gpus is not None:
-                self.gpus = rendezvous.member_gpu(self.gpus, member, k, self.rank, spec.gpus_per_rank)
+                self.gpus = rank_gpus(self.gpus, member, k, self.rank, spec.gpus_per_rank)
         dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
         base = dirs[self.rank % len(dirs)] if dirs else None  # spread shard files over spark.local.dir
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)

@@ -8,7 +8,6 @@ Every refusal names the setting or argument to change.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from typing import Any, Callable, Optional
@@ -237,22 +236,6 @@ def check_authentication(conf: Conf, allow_unauthenticated: bool) -> Optional[st
     return text + "; running anyway because allow_unauthenticated=True."
 
 
-def gpu_profile(spark, use_gpu: bool, per_rank: int = 1):
-    """A stage-level profile asking ``per_rank`` GPUs per task, when the cluster does not set one.
-
-    With ``spark.task.resource.gpu.amount`` set, Spark already gives each task its GPUs.
-    Otherwise (executors have GPUs, tasks request none by default) this stage asks for one.
-    """
-    if not use_gpu or spark.conf.get("spark.task.resource.gpu.amount", None):
-        return None
-    if _spark_env.is_local(_spark_env.master_of(spark)):
-        return None  # local mode schedules no task resources: the ranks get the driver's GPUs
-    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-
-    cpus = _spark_env.task_cpus(_spark_env.conf_of(spark))
-    return ResourceProfileBuilder().require(TaskResourceRequests().cpus(cpus).resource("gpu", per_rank)).build
-
-
 def _ranks_per_task_of(spark, np_: int, per_rank: int) -> int:
     amount = _spark_env.conf_of(spark)("spark.task.resource.gpu.amount", None)
     if amount is None:
@@ -300,34 +283,6 @@ def check_nodes(nodes: Any) -> str:
             f"machine's ranks, as torchrun, or a Spark task's, as pyspark's TorchDistributor), got {nodes!r}"
         )
     return nodes
-
-
-def local_gpus(spark, world: int, use_gpu: bool, local_processes: bool, per_rank: int = 1) -> Optional[tuple]:
-    """The GPUs of each rank (a tuple of ``per_rank`` addresses per rank) when the ranks run on the
-    driver's machine, else None.
-
-    Local processes (``np < 0``) and local Spark masters (``local[N]``, where Spark assigns no
-    GPU to tasks) take ``per_rank`` GPUs each, in order, from the driver's GPUs: Spark's
-    ``spark.driver.resource.gpu.*`` when configured, else ``CUDA_VISIBLE_DEVICES`` / every device.
-    """
-    if not use_gpu:
-        return None
-    if not local_processes and not _spark_env.is_local(_spark_env.master_of(spark)):
-        return None
-    gpus = _spark_env.driver_gpus(spark) if spark is not None else None
-    source = "spark.driver.resource.gpu"
-    if gpus is None:
-        gpus = rendezvous.visible_gpus()
-        source = "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in os.environ else "torch.cuda"
-    need = world * per_rank
-    if need > len(gpus):
-        each = "one GPU per rank" if per_rank == 1 else f"{per_rank} GPUs per rank (gpus_per_rank)"
-        raise InsufficientResourcesError(
-            f"use_gpu=True runs {each}: {world} ranks need {need} GPUs, but this machine shows "
-            f"{len(gpus)} ({source}: {gpus or 'none'}). Lower np to "
-            f"{len(gpus) // per_rank or 'a CPU run'} or set use_gpu=False."
-        )
-    return tuple(tuple(gpus[r * per_rank : (r + 1) * per_rank]) for r in range(world))
 
 
 def ranks_per_task(spark, np_: int, use_gpu: bool, per_rank: int = 1) -> int:

@@ -24,8 +24,10 @@ import os
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from .. import network
 from ..errors import ConfigurationError
-from . import network, protocol, rendezvous
+from ..gpus import gpu_env
+from . import protocol, rendezvous
 
 # what a rank prints when it only noticed that a peer failed or left: a symptom, not a cause
 _COMMON_PEER_LOST = (
@@ -169,7 +171,7 @@ class HorovodBackend(Backend):
         env = horovod_env(
             rank, hosts, peers[0]["host"], peers[0]["port"], network.interface_of(me), collective_timeout
         )
-        env.update(rendezvous.gpu_env(rank, hosts, [p["gpus"] for p in peers]))
+        env.update(gpu_env(rank, hosts, [p["gpus"] for p in peers]))
         return env, ({"slots": horovod_slots(hosts)} if rank == 0 else {})
 
     def prepare(self, rank, world, store_fd):

@@ -1,4 +1,4 @@
-"""Checkpoints inside a training function: rank 0 saves, every rank loads.  [executor: rank process]
+"""Checkpoints inside a training function: rank 0 saves, every rank loads.  [rank]
 
 Give the runner a directory (``BarrierRunner(..., checkpoint_dir="/dbfs/ckpt/run1")``: a local
 path or a URI pyarrow opens: ``s3://``, ``gs://``, ``hdfs://``), then inside the function::

@@ -1,4 +1,4 @@
-"""Helpers for code running inside a rank process.  [executor: inside a rank process]
+"""Helpers for code running inside a rank process.  [rank]
 
     from sparkml_dist.runner import context, init_process_group
     init_process_group()            # gloo on CPU, NCCL with use_gpu=True; the runner's timeout
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional, Tuple
 
 from ..errors import ConfigurationError
+from ..gpus import DEVICE_ENV, DEVICES_ENV
 from . import _rank, backends, protocol
 
 
@@ -47,11 +48,9 @@ def context() -> RankContext:
         world_size=int(os.environ["WORLD_SIZE"]),
         local_rank=int(os.environ.get("LOCAL_RANK", "0")),
         local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
-        device=f"cuda:{os.environ.get(protocol.DEVICE_ENV, '0')}" if use_gpu else "cpu",
+        device=f"cuda:{os.environ.get(DEVICE_ENV, '0')}" if use_gpu else "cpu",
         use_gpu=use_gpu,
-        devices=tuple(f"cuda:{i}" for i in os.environ.get(protocol.DEVICES_ENV, "0").split(","))
-        if use_gpu
-        else (),
+        devices=tuple(f"cuda:{i}" for i in os.environ.get(DEVICES_ENV, "0").split(",")) if use_gpu else (),
     )
 
 

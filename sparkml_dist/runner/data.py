@@ -1,4 +1,4 @@
-"""This rank's shard of the DataFrame, as Arrow / numpy / torch.  [executor: inside a rank process]
+"""This rank's shard of the DataFrame, as Arrow / numpy / torch.  [rank]
 
 The barrier task writes its partition to an Arrow IPC file on local disk; the rank process
 memory-maps it (``shard().table``, zero copy), keeps a handle open and removes the file at once,

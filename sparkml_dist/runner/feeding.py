@@ -1,5 +1,4 @@
-"""A barrier task's data phase: each rank's shard and the function into its work directory.
-[executor]
+"""A barrier task's data phase: each rank's shard and the function into its work directory.  [executor]
 
 Rows arrive from Spark (the task's partition, routed by rank when the task runs several) or are read
 by the task from Parquet row ranges; either way the phase is bounded by progress

@@ -33,9 +33,11 @@ import uuid
 from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 from .. import _spark_env, collection, tracking
+from ..channel import new_secret
+from ..channel_server import listen
 from ..errors import ConfigurationError, WorkerError
+from ..gpus import assign_local, rank_profile
 from . import _task, admission, backends, failures, launchers, protocol, sharding
-from .channel import listen, new_secret
 from .launchers import Deadline
 
 log = logging.getLogger(__name__)
@@ -226,7 +228,7 @@ class BarrierRunner:
         if self.np < 0 and self.use_gpu and self.model_bytes:
             from .. import plan
 
-            per_rank = admission.local_gpus(None, self.world_size, True, True, self.gpus_per_rank)
+            per_rank = assign_local(None, self.world_size, True, True, self.gpus_per_rank)
             gpus = [g for rank_gpus in per_rank for g in rank_gpus]  # every GPU a rank will use
             plan.check_fits_gpu(self.model_bytes, plan.gpu_bytes(None, gpus))
         if self.np > 0:
@@ -336,9 +338,7 @@ class BarrierRunner:
             return_all=return_all,
             env=env,
             max_result_bytes=_spark_env.max_result_bytes(spark),
-            local_gpus=admission.local_gpus(
-                spark, self.world_size, self.use_gpu, self.np < 0, self.gpus_per_rank
-            ),
+            local_gpus=assign_local(spark, self.world_size, self.use_gpu, self.np < 0, self.gpus_per_rank),
             gpus_per_rank=self.gpus_per_rank,
             ranks_per_task=self._per_task,
             log_dir=self.log_dir,
@@ -370,7 +370,7 @@ class BarrierRunner:
                 spark, run_id, (host, server.port), secret, payload, has_data, split, return_all
             )
             if self.np > 0:
-                profile = admission.gpu_profile(spark, self.use_gpu, self.gpus_per_rank)
+                profile = rank_profile(spark, self.use_gpu, self.gpus_per_rank)
                 table = launchers.launch_spark(spark, data_df, spec, monitor, deadline, profile)
             else:
                 table = launchers.launch_local(data_df, spec, monitor, deadline)

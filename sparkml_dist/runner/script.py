@@ -1,4 +1,4 @@
-"""Run a training *script* on every rank, as torchrun would.  [executor: inside a rank process]
+"""Run a training *script* on every rank, as torchrun would.  [rank]
 
 ``run_script(source, path, argv)`` executes the script's source as ``__main__`` with ``sys.argv``
 set, in the rank process the runner started (MASTER_ADDR, RANK, ... already set).  The source is

@@ -1,5 +1,4 @@
-"""The files a training script brings with it: its own folder, ``--py-files``, ``--archives``.
-[driver: :func:`bundle`; rank process: :func:`install`]
+"""The files a training script brings with it: its own folder, ``--py-files``, ``--archives``.  [anywhere]
 
 Under ``torchrun``/``horovodrun`` a script imports its sibling modules (``from datautils import
 ...``) because its folder is ``sys.path[0]``.  Executors have no copy of that folder, so the driver

@@ -1,4 +1,4 @@
-"""Has this process joined the run's rendezvous store?  [rank process; Linux]
+"""Has this process joined the run's rendezvous store?  [rank]
 
 Every c10d path to distribution (``init_process_group``, ``init_device_mesh``,
 ``torch.distributed.rpc.init_rpc``, launchers built on them, a ``TCPStore`` made by hand) opens a

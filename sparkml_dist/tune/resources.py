@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 from .. import _spark_env, plan
+from .. import gpus as gpus_mod
 from ..errors import ConfigurationError, InsufficientResourcesError
 
 KEYS = ("cpus", "gpus")
@@ -66,24 +67,6 @@ class GpuPool:
             self._free.extend(gpus)
 
 
-def _local_gpus(spark) -> List[str]:
-    gpus = _spark_env.driver_gpus(spark)
-    if gpus is None:
-        from ..runner.rendezvous import visible_gpus
-
-        gpus = list(visible_gpus())
-    return list(gpus)
-
-
-def _profile(cpus: int, gpus: int):
-    from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
-
-    req = TaskResourceRequests().cpus(max(1, cpus))
-    if gpus:
-        req = req.resource("gpu", gpus)
-    return ResourceProfileBuilder().require(req).build
-
-
 def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurrent: Optional[int]) -> Slots:
     """How many trials run at once, and with which profile; refuses what can never run."""
     conf = _spark_env.conf_of(spark)
@@ -102,7 +85,7 @@ def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurr
     local = _spark_env.is_local(master)
     if gpus:
         if local:
-            have = _local_gpus(spark)
+            have, _ = gpus_mod.local(spark)
             where = "the driver (local master)"
             pool = GpuPool(have, gpus)
             n_gpu = len(have) // gpus
@@ -121,7 +104,7 @@ def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurr
         concurrency = min(concurrency, n_gpu)
         caps.append(f"{n_gpu} trial(s) by GPUs")
     if (resources["cpus"] or gpus) and not local:
-        profile = _profile(cpus, gpus)
+        profile = gpus_mod.task_profile(cpus, gpus)
     memory = plan.plan_concurrency(spark, max(1, 2 * payload_bytes), cluster=cluster)
     if memory.concurrency < concurrency:
         concurrency = memory.concurrency

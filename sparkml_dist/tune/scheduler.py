@@ -17,10 +17,11 @@ import uuid
 from typing import Dict, Optional
 
 from .. import _spark_env, launch, progress, serialization
+from ..channel import new_secret
+from ..channel_server import listen
 from ..errors import ConfigurationError
-from ..runner.channel import listen, new_secret
 from .result import TrialRecord, TuneResult, best_record, trial_value
-from .trial import TrialSpec, trial_task
+from .trial import FRAME_REPORT, TrialSpec, trial_task
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ class Tuning:
 
     # ----------------------------------------------------------------- the channel
     def on_message(self, message: dict, send) -> None:
-        if message.get("type") != "report":
+        if message.get("type") != FRAME_REPORT:
             return
         rec = self.records.get(message.get("trial"))
         if rec is None:

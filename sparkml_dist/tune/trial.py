@@ -9,7 +9,6 @@ driver, which answers whether the trial should stop; ``should_stop()`` reads tha
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 import threading
@@ -21,9 +20,14 @@ from typing import Any, Dict, Iterable, Iterator, Optional, Tuple
 import pyarrow as pa
 
 from .. import collection, serialization
-from ..runner.channel import LogClient
+from ..channel import LogClient
+from ..gpus import task_addresses
 from ..runner.protocol import IN_TRIAL_ENV
 from ..tracking import metric_values
+
+# the tuner's frames on the log channel (sparkml_dist.channel), both ways
+FRAME_REPORT = "report"  # trial -> driver: {"trial", "seq", "step", "metrics"}
+# driver -> trial: {"seq", "stop"} answering a report, or {"stop": true} at any time
 
 ACK_WAIT = 5.0  # seconds report() waits for the driver's answer before returning anyway
 
@@ -83,7 +87,13 @@ class Trial:
             seq = self._seq
             event = self._acks[seq] = threading.Event()
         self._client.send(
-            {"type": "report", "trial": self.number, "seq": seq, "step": step, "metrics": _jsonable(values)}
+            {
+                "type": FRAME_REPORT,
+                "trial": self.number,
+                "seq": seq,
+                "step": step,
+                "metrics": _jsonable(values),
+            }
         )
         event.wait(ACK_WAIT)
         self._acks.pop(seq, None)
@@ -101,14 +111,7 @@ def _jsonable(values: Dict[str, float]) -> Dict[str, Any]:
 def _task_gpus(spec: TrialSpec) -> Tuple[str, ...]:
     if spec.gpus:
         return spec.gpus
-    with contextlib.suppress(Exception):
-        from pyspark import TaskContext
-
-        ctx = TaskContext.get()
-        info = ctx.resources().get("gpu") if ctx is not None else None
-        if info is not None:
-            return tuple(info.addresses)
-    return ()
+    return tuple(task_addresses())
 
 
 def _plain(out: Any) -> Any:

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from sparkml_dist import WorkerError
-from sparkml_dist.runner import BarrierRunner, channel
-from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
+from sparkml_dist import WorkerError, channel, channel_server
+from sparkml_dist.channel import LogClient, new_secret
+from sparkml_dist.channel_server import LogServer
+from sparkml_dist.runner import BarrierRunner
 from tests.support.flood import Flood
 from tests.support.flood import wait as _wait
 from tests.support.runner_checks import assert_no_rank_left
@@ -68,7 +69,7 @@ def test_a_flood_of_500_idle_connections_does_not_lock_clients_out():
                 client.send({"n": n})
             assert _wait(lambda: len(acks) == 10, within=20), (got, acks)
             assert time.monotonic() - start < 20
-            assert server.unauthenticated <= channel.MAX_UNAUTHENTICATED
+            assert server.unauthenticated <= channel_server.MAX_UNAUTHENTICATED
         assert sorted(got) == list(range(10))
     finally:
         server.close()

@@ -4,8 +4,9 @@ np < 0 (ranks as processes on the driver) and log_to_driver. Needs Horovod (`mak
 import pytest
 
 from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
+from sparkml_dist.gpus import node_gpus
 from sparkml_dist.horovod import HorovodRunner, log_to_driver
-from sparkml_dist.runner import BarrierRunner, backends, rendezvous
+from sparkml_dist.runner import BarrierRunner, backends
 from tests.support import horovod_helpers as hh
 from tests.support.runner_checks import assert_no_rank_left
 
@@ -33,14 +34,14 @@ def test_env_is_what_hvd_init_reads():
 def test_gpus_are_visible_in_local_rank_order_so_set_device_local_rank_works():
     hosts = ["a", "b", "a"]
     gpus = [["3"], ["0"], ["1"]]
-    assert rendezvous.node_gpus(0, hosts, gpus) == ["3", "1"]  # local rank 0 -> index 0 = GPU 3
-    assert rendezvous.node_gpus(2, hosts, gpus) == ["3", "1"]  # local rank 1 -> index 1 = GPU 1
-    assert rendezvous.node_gpus(1, hosts, gpus) == ["0"]
-    assert rendezvous.node_gpus(0, hosts, [None, None, None]) is None
+    assert node_gpus(0, hosts, gpus) == ["3", "1"]  # local rank 0 -> index 0 = GPU 3
+    assert node_gpus(2, hosts, gpus) == ["3", "1"]  # local rank 1 -> index 1 = GPU 1
+    assert node_gpus(1, hosts, gpus) == ["0"]
+    assert node_gpus(0, hosts, [None, None, None]) is None
     # a task with two GPUs: each rank sees only its own
-    assert rendezvous.node_gpus(0, ["a", "a"], [["0", "1"], ["2"]]) == ["0", "1"]
+    assert node_gpus(0, ["a", "a"], [["0", "1"], ["2"]]) == ["0", "1"]
     # two ranks sharing GPU 0 (fractional task amounts): each sees its own, from index 0
-    assert rendezvous.node_gpus(1, ["a", "a"], [["0"], ["0"]]) == ["0"]
+    assert node_gpus(1, ["a", "a"], [["0"], ["0"]]) == ["0"]
 
 
 def test_log_to_driver_outside_a_rank_prints(capsys):

@@ -7,9 +7,10 @@ import time
 
 import pytest
 
-from sparkml_dist import ConfigurationError
-from sparkml_dist.runner import BarrierRunner, admission, channel
-from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
+from sparkml_dist import ConfigurationError, channel, channel_server
+from sparkml_dist.channel import LogClient, new_secret
+from sparkml_dist.channel_server import LogServer
+from sparkml_dist.runner import BarrierRunner, admission
 
 
 def _wait(cond, within=10.0):
@@ -26,10 +27,10 @@ def test_unauthenticated_connections_are_bounded_cost_no_thread_and_expire(monke
     threads_before = threading.active_count()
     idle = []
     try:
-        for _ in range(channel.MAX_UNAUTHENTICATED + 10):  # connect, never answer the challenge
+        for _ in range(channel_server.MAX_UNAUTHENTICATED + 10):  # connect, never answer the challenge
             idle.append(socket.create_connection(("127.0.0.1", server.port)))
         assert _wait(lambda: server.rejected >= 10)  # the ones over the bound were closed on accept
-        assert server.unauthenticated <= channel.MAX_UNAUTHENTICATED
+        assert server.unauthenticated <= channel_server.MAX_UNAUTHENTICATED
         assert threading.active_count() <= threads_before  # one server thread, whatever connects
         assert _wait(lambda: server.unauthenticated == 0, within=5)  # the rest expire unanswered
         client = LogClient("127.0.0.1", server.port, secret)  # a rank still gets in afterwards
@@ -47,7 +48,9 @@ def test_log_server_listens_on_the_given_address_only(caplog):
     assert server.address == "127.0.0.1"
     server.close()
     with caplog.at_level(logging.WARNING):
-        fallback = channel.listen(new_secret(), lambda m: None, "203.0.113.7")  # not an address of ours
+        fallback = channel_server.listen(
+            new_secret(), lambda m: None, "203.0.113.7"
+        )  # not an address of ours
     assert fallback.address == "0.0.0.0" and "listening on every interface" in caplog.text
     fallback.close()
 

@@ -82,7 +82,7 @@ def test_local_ranks_follow_torchruns_device_rule(monkeypatch):
 
 
 def test_visible_gpus_reads_cuda_visible_devices_as_cuda_does():
-    from sparkml_dist.runner.rendezvous import visible_gpus
+    from sparkml_dist.gpus import visible as visible_gpus
 
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,2"}) == ["0", "2"]
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "GPU-8a1b,GPU-77c0"}) == ["GPU-8a1b", "GPU-77c0"]

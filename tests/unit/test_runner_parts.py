@@ -12,9 +12,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkml_dist import ConfigurationError, InsufficientResourcesError, serialization
+from sparkml_dist import ConfigurationError, InsufficientResourcesError, gpus, serialization
+from sparkml_dist.channel import LogClient, new_secret
+from sparkml_dist.channel_server import LogServer
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
-from sparkml_dist.runner.channel import LogClient, LogServer, new_secret
 from sparkml_dist.runner.data import Shard
 from sparkml_dist.runner.gangs import ThreadGang
 
@@ -35,10 +36,10 @@ class _Res:
 
 
 def test_gpu_assignment_from_task_resources():
-    assert rendezvous.task_gpus({"gpu": _Res(["1"])}, True, 0) == ["1"]
-    assert rendezvous.task_gpus({}, False, 0) is None
+    assert gpus.task_gpus({"gpu": _Res(["1"])}, True, 0) == ["1"]
+    assert gpus.task_gpus({}, False, 0) is None
     with pytest.raises(InsufficientResourcesError, match="assigned no GPU to the task of rank 1"):
-        rendezvous.task_gpus({}, True, 1)
+        gpus.task_gpus({}, True, 1)
 
 
 def _conf(d):

@@ -9,7 +9,8 @@ import optuna
 import pytest
 
 from sparkml_dist import ConfigurationError, tune
-from sparkml_dist.runner.channel import LogClient, listen, new_secret
+from sparkml_dist.channel import LogClient, new_secret
+from sparkml_dist.channel_server import listen
 from sparkml_dist.tune import policies, space
 
 
