@@ -1,4 +1,4 @@
-"""The HorovodRunner example of the seed documents, Keras replaced by PyTorch.
+"""HorovodRunner's documented example (MNIST-style, Keras in the original) in PyTorch.
 
 On Databricks this ran with ``from sparkdl import HorovodRunner``; here only that import differs.
 The five steps are the seed's: initialise Horovod, pin the GPU of the local rank, the usual model

@@ -230,8 +230,7 @@ def demo(spark) -> dict:
 
 def _run_script(spark, args) -> int:
     from sparkml_dist.runner import BarrierRunner
-    from sparkml_dist.runner.script import run_script
-    from sparkml_dist.runner.script_files import bundle
+    from sparkml_dist.runner.script import bundle, run_script
 
     with open(args.script) as fh:
         source = fh.read()

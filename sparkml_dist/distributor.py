@@ -116,8 +116,7 @@ class TorchDistributor:
                     "a training script takes command-line arguments only: pass them as strings in "
                     f"*args, not keywords ({', '.join(kwargs)})"
                 )
-            from .runner.script import run_script
-            from .runner.script_files import bundle
+            from .runner.script import bundle, run_script
 
             path = os.path.abspath(train_object)
             if not os.path.isfile(path):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable
 
-from . import _spark_env
+from . import _spark_env, arg_checks
 from .errors import ConfigurationError
 from .runner.context import log_to_driver
 
@@ -66,10 +66,7 @@ class HorovodRunner:
             raise ConfigurationError(
                 f"np must be an integer (np > 0: Spark tasks, np < 0: processes on the driver); got {np!r}"
             )
-        if driver_log_verbosity not in VERBOSITIES:
-            raise ConfigurationError(
-                f"driver_log_verbosity must be one of {VERBOSITIES}, got {driver_log_verbosity!r}"
-            )
+        arg_checks.one_of("driver_log_verbosity", driver_log_verbosity, VERBOSITIES)
         for reserved in ("backend", "log_ranks"):
             if reserved in options:
                 raise ConfigurationError(

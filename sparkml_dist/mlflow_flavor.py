@@ -114,9 +114,9 @@ def _mac(key: bytes, root: str) -> str:
 def _sign(root: str) -> None:
     """``MLmodel.sig`` beside ``MLmodel`` when a signing key is set (the stage's store is signed
     with the same key)."""
-    from .model_store import _key_bytes
+    from .model_store import key_bytes
 
-    key = _key_bytes(None)
+    key = key_bytes(None)
     if key is not None:
         with open(os.path.join(root, SIGNATURE), "w", encoding="utf-8") as fh:
             json.dump({"alg": "HMAC-SHA256", "mac": _mac(key, root)}, fh)
@@ -124,10 +124,10 @@ def _sign(root: str) -> None:
 
 def _verify(root: str) -> None:
     from .model_formats import UnsafeModelError
-    from .model_store import KEY_ENV, _key_bytes
+    from .model_store import KEY_ENV, key_bytes
     from .safe_files import read_regular
 
-    key = _key_bytes(None)
+    key = key_bytes(None)
     if key is None:
         return
     sig = read_regular(os.path.join(root, SIGNATURE), 4096, f"{SIGNATURE} of {root!r}")

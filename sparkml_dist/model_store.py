@@ -82,7 +82,7 @@ def filesystem(uri: str):
         raise CollectionError(f"cannot open model store {uri!r}: {exc}") from exc
 
 
-def _key_bytes(key: Optional[Union[str, bytes]]) -> Optional[bytes]:
+def key_bytes(key: Optional[Union[str, bytes]]) -> Optional[bytes]:
     where = "key=" if key is not None else KEY_ENV
     key = key if key is not None else os.environ.get(KEY_ENV) or None
     key = key.encode() if isinstance(key, str) else key
@@ -115,7 +115,7 @@ class ModelStore:
         self.uri = uri
         self._key = key
         if key is not None:
-            _key_bytes(key)  # a short key is refused here, not at the first commit
+            key_bytes(key)  # a short key is refused here, not at the first commit
         self._fs, self._root = filesystem(uri)
         self.writer = uuid.uuid4().hex[:16]  # names this writer's files; shipped with the store
         self.signed = False  # set by manifest(): the manifest carried a signature that verified
@@ -175,7 +175,7 @@ class ModelStore:
         }
         replaced = self._own_manifest_files()
         self._fs.create_dir(self._root, recursive=True)
-        key = _key_bytes(self._key)
+        key = key_bytes(self._key)
         if key is not None:
             manifest["signature"] = {"alg": _ALG, "mac": _mac(key, manifest)}
         self._put(self._path(self.MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
@@ -250,7 +250,7 @@ class ModelStore:
         return manifest
 
     def _verify(self, manifest: dict, body: bytes) -> bool:
-        key = _key_bytes(self._key)
+        key = key_bytes(self._key)
         if key is None:
             return False
         signature = manifest.get("signature")

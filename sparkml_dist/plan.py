@@ -1,6 +1,6 @@
-"""How many models fit in memory at once: the seeds' formula and a planner over the Spark conf.  [driver]
+"""How many models fit in memory at once: the memory rule and a planner over the Spark conf.  [driver]
 
-The rule the seed documents give for independent models trained side by side::
+The memory rule for independent models trained side by side::
 
     bytes of one model = parameters x bytes per parameter (2 fp16, 4 fp32, 8 fp64)
                          x 2 when trained by backpropagation (gradients)
@@ -110,7 +110,7 @@ def model_bytes(
     steps: int = 1,
     stages: int = 1,
 ) -> int:
-    """The seeds' memory formula: parameters x bytes per parameter x (2 if backprop) x batch x steps.
+    """The memory rule: parameters x bytes per parameter x (2 if backprop) x batch x steps.
 
     ``model``: a parameter count, an ``nn.Module`` or a fitted estimator (see :func:`parameter_count`).
     ``stages``: the model is split into this many pipeline stages (:mod:`sparkml_dist.parallel`);
@@ -129,12 +129,10 @@ def model_bytes(
 
 
 def _largest_stage_count(model: Any, stages: int) -> int:
-    from .parallel.split import largest_stage
+    from .stages import blocks_of, largest_stage
 
     if isinstance(model, (int, np.integer)) and not isinstance(model, bool):
         return -(-parameter_count(model) // stages)  # an even split, rounded up
-    from .parallel.blocks import blocks_of
-
     per_layer = [parameter_count(b) for b in blocks_of(model).modules]
     return int(largest_stage(per_layer, stages))
 

@@ -229,9 +229,11 @@ class ParallelSearchCV(BaseSearchCV):
             )
         base_estimator = clone(self.estimator)
         if self.verbose > 0:
-            print(
-                f"Fitting {n_splits} folds for each of {len(candidates)} candidates, totalling "
-                f"{len(candidates) * n_splits} fits"
+            log.info(
+                "Fitting %d folds for each of %d candidates, totalling %d fits",
+                n_splits,
+                len(candidates),
+                len(candidates) * n_splits,
             )
         out = self._evaluate(spark, base_estimator, X, y, candidates, splits, scorers, fit_params)
         _warn_or_raise_about_fit_failures(out, self.error_score)

@@ -92,8 +92,8 @@ cells = [
     ),
     (
         "code",
-        "from sparkml_dist.runner.rendezvous import visible_gpus\n"
-        "gpus = visible_gpus()\n"
+        "from sparkml_dist.gpus import visible\n"
+        "gpus = visible()\n"
         "if gpus:\n"
         "    n = min(2, len(gpus))\n"
         "    on_gpu = BarrierRunner(np=-n, use_gpu=True, timeout=600).run_with_data(train_df, train, epochs=5)\n"

@@ -71,7 +71,7 @@ cells = [
     ),
     (
         "md",
-        "## How many models fit at once?\nThe seeds' rule: parameters x bytes per parameter, x 2 "
+        "## How many models fit at once?\nThe memory rule: parameters x bytes per parameter, x 2 "
         "when trained by backpropagation, x batch size, x steps. The planner divides the Python "
         "memory of an executor by it and caps by the task slots.",
     ),

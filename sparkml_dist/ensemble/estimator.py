@@ -25,7 +25,7 @@ from typing import Any, List, Optional
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import _spark_env, launch, member_gpus, partitioning, serialization, tracking
+from .. import _spark_env, arg_checks, launch, member_gpus, partitioning, serialization, tracking
 from ..errors import ConfigurationError
 from . import _worker, member_store, validation
 from .member_records import FEATURES, LABEL, WEIGHT
@@ -61,10 +61,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
     def _max_classes(self) -> int:
         if not self._is_classifier:
             return 0
-        cap = self.getMaxClasses()
-        if cap < 2:
-            raise ConfigurationError(f"maxClasses must be >= 2, got {cap}")
-        return cap
+        return arg_checks.integer("maxClasses", self.getMaxClasses(), 2)
 
     def _split_spec(self) -> partitioning.SplitSpec:
         return partitioning.SplitSpec(
@@ -98,8 +95,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
                 )
         except ImportError:  # pragma: no cover - scikit-learn is a dependency
             pass
-        if self._is_classifier and self.getVoting() not in ("soft", "hard"):
-            raise ConfigurationError(f"voting must be 'soft' or 'hard', got {self.getVoting()!r}")
+        if self._is_classifier:
+            arg_checks.one_of("voting", self.getVoting(), ("soft", "hard"))
         if self._is_classifier and self.getVoting() == "soft" and not hasattr(est, "predict_proba"):
             raise ConfigurationError(
                 f"voting='soft' needs predict_proba(), which estimator={est!r} lacks; set voting='hard'."
@@ -206,7 +203,6 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         if fit_spec.members_store is not None:
             members = member_store.committed(fit_spec.members_store, members)
         model = self._model_class()(members=members, n_features=info["n_features"], classes=info["classes"])
-        model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
         return self._copyValues(model)
 
 

@@ -206,7 +206,6 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         )
         members = [results[(g, 0)] for g in range(len(keys))]
         model = GroupedModel(members=members, skipped=small, label_is_string=is_string_label)
-        model._resetUid(self.uid.replace(type(self).__name__, type(model).__name__, 1))
         return self._copyValues(model)
 
 

@@ -13,6 +13,7 @@ from pyspark.ml.param.shared import (
     HasWeightCol,
 )
 
+from .. import arg_checks
 from ..errors import ConfigurationError
 
 
@@ -198,13 +199,6 @@ class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
             raise ConfigurationError(
                 f"groupCol={self.getGroupCol()!r} is not a column; the DataFrame has {df.columns}"
             )
-        if self.getMinRows() < 1:
-            raise ConfigurationError(f"minRows must be >= 1, got {self.getMinRows()}")
-        if self.getOnSmallGroups() not in SMALL_GROUP_POLICIES:
-            raise ConfigurationError(
-                f"onSmallGroups must be one of {SMALL_GROUP_POLICIES}, got {self.getOnSmallGroups()!r}"
-            )
-        if self.getUnseenKey() not in UNSEEN_POLICIES:
-            raise ConfigurationError(
-                f"unseenKey must be one of {UNSEEN_POLICIES}, got {self.getUnseenKey()!r}"
-            )
+        arg_checks.integer("minRows", self.getMinRows(), 1)
+        arg_checks.one_of("onSmallGroups", self.getOnSmallGroups(), SMALL_GROUP_POLICIES)
+        arg_checks.one_of("unseenKey", self.getUnseenKey(), UNSEEN_POLICIES)

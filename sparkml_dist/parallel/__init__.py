@@ -40,7 +40,7 @@ Sharded data parallelism (FSDP2) needs nothing from this package: call
 ``torch.distributed.fsdp.fully_shard`` inside the function (see ``examples/fsdp_train.py``).
 """
 
-from .split import partition
+from ..stages import partition
 
 __all__ = ["pipeline", "Pipeline", "partition"]
 

@@ -1,4 +1,4 @@
-"""A model as an ordered list of blocks, and the parts of it one rank keeps.  [rank]
+"""The parts of a model (its blocks, :mod:`sparkml_dist.stages`) one pipeline rank keeps.  [rank]
 
 A model can be pipelined when it is a ``torch.nn.Sequential`` or a module whose ``blocks``
 attribute (an ``nn.ModuleList`` or ``nn.Sequential``) holds all its parameters and whose forward
@@ -9,27 +9,18 @@ the original model, so its ``state_dict`` keys are the original model's keys.
 from __future__ import annotations
 
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import Sequence, Tuple
 
 import torch
 
 from ..errors import ConfigurationError
+from ..stages import Blocks, blocks_of  # noqa: F401 - blocks_of: the pipeline's entry point
 
 
-@dataclass
-class Blocks:
-    names: List[str]  # the blocks' names in the model ("0", "1", ...)
-    modules: list
-    prefix: str  # "" for a Sequential, "blocks." for a module holding a ``blocks`` list
-
-    def __len__(self) -> int:
-        return len(self.modules)
-
-    def container(self, indices: Sequence[int]):
-        """A module holding the blocks ``indices`` under their original names (keys as the model's)."""
-        seq = torch.nn.Sequential(OrderedDict((self.names[i], self.modules[i]) for i in indices))
-        return BlocksHolder(seq) if self.prefix else seq
+def container(blocks: Blocks, indices: Sequence[int]):
+    """A module holding the blocks ``indices`` under their original names (keys as the model's)."""
+    seq = torch.nn.Sequential(OrderedDict((blocks.names[i], blocks.modules[i]) for i in indices))
+    return BlocksHolder(seq) if blocks.prefix else seq
 
 
 class BlocksHolder(torch.nn.Module):
@@ -41,37 +32,6 @@ class BlocksHolder(torch.nn.Module):
 
     def forward(self, x):
         return self.blocks(x)
-
-
-def blocks_of(model) -> Blocks:
-    """The ordered blocks of ``model``; a ConfigurationError naming ``model`` when it has none."""
-    if isinstance(model, torch.nn.Sequential):
-        named = list(model.named_children())
-        prefix = ""
-    elif isinstance(model, torch.nn.Module) and isinstance(
-        getattr(model, "blocks", None), (torch.nn.ModuleList, torch.nn.Sequential)
-    ):
-        named = list(model.blocks.named_children())
-        prefix = "blocks."
-        inside = {id(p) for p in model.blocks.parameters()} | {id(b) for b in model.blocks.buffers()}
-        outside = [
-            n for n, t in list(model.named_parameters()) + list(model.named_buffers()) if id(t) not in inside
-        ]
-        if outside:
-            raise ConfigurationError(
-                f"model: {type(model).__name__} holds parameters outside its `blocks` "
-                f"({', '.join(outside[:3])}): a pipeline keeps only the blocks. Move them into "
-                "blocks (e.g. an embedding as the first block, a head as the last)"
-            )
-    else:
-        raise ConfigurationError(
-            f"model must be a torch.nn.Sequential or a module with a `blocks` attribute "
-            f"(nn.ModuleList / nn.Sequential applied in order) to be split into stages; got "
-            f"{type(model).__name__}. Wrap its layers: torch.nn.Sequential(layer1, layer2, ...)"
-        )
-    if not named:
-        raise ConfigurationError("model has no blocks to split into stages")
-    return Blocks([n for n, _ in named], [m for _, m in named], prefix)
 
 
 def check_forward(model, blocks: Blocks, example) -> None:

@@ -13,9 +13,10 @@ from typing import Any, List, Tuple
 import torch
 import torch.distributed as dist
 
+from .. import arg_checks
 from ..errors import ConfigurationError
+from ..stages import check_counts
 from .blocks import Blocks
-from .split import check_counts
 
 SCHEDULE_NAMES = ("simple", "interleaved")
 BALANCE_NAMES = ("compute", "memory")
@@ -48,9 +49,7 @@ class Layout:
 
 
 def _int(name: str, value: Any, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigurationError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
+    return arg_checks.integer(name, value, minimum)
 
 
 def _world() -> Tuple[int, int]:

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CollectionError, ConfigurationError
+from ..stages import ranges
 from . import wiring
-from .blocks import blocks_of, check_forward, on_meta, stage_examples
+from .blocks import blocks_of, check_forward, container, on_meta, stage_examples
 from .layout import check_layout
-from .split import ranges
 from .transfer import recv_tree, send_tree
 
 
@@ -126,13 +126,13 @@ class Pipeline:
         local = [i for s in self.stages_here for i in range(*spans[s])]
         for i in local:
             wiring.materialise(blocks.modules[i], plan.device)
-        self._local = blocks.container(local)  # the original model's layout, this rank's blocks only
+        self._local = container(blocks, local)  # the original model's layout, this rank's blocks only
         if self.replicas > 1:  # replicas start equal, as DDP makes them (a meta model's init differs)
             src = layout.global_rank(0, layout.pp_rank)
             with torch.no_grad():
                 for t in self._local.state_dict().values():
                     dist.broadcast(t, src=src, group=self._dp_group)
-        self._stage_modules = {s: blocks.container(range(*spans[s])) for s in self.stages_here}
+        self._stage_modules = {s: container(blocks, range(*spans[s])) for s in self.stages_here}
         self._examples, self._final = plan.examples, plan.final
         self._microbatches = plan.microbatches
         self._schedule = self._make_schedule(plan.schedule, plan.loss_fn)

@@ -12,10 +12,10 @@ from typing import List, Tuple
 import torch
 import torch.distributed as dist
 
+from ..stages import partition, stage_sums
 from . import costs as _costs
 from .blocks import on_meta
 from .layout import Layout
-from .split import partition, stage_sums
 
 
 def ensure_process_group() -> None:

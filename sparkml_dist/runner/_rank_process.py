@@ -1,11 +1,19 @@
 """RankProcess: one rank's child process, its output, its control events and its result.  [executor]
 
 The barrier task (:mod:`sparkml_dist.runner._task`) starts one :class:`RankProcess`; three reader
-threads cut its output into lines (:mod:`.lines`: progress bars as their latest state, long lines
+threads cut its output into lines (:class:`Lines`: progress bars as their latest state, long lines
 cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the driver when the
 rank is streamed, copy every line to the executor's stderr and ``log_dir`` when asked, and queue
 the control events it sends (names in :mod:`sparkml_dist.runner.protocol`).  The process runs in
 its own process group, so :meth:`RankProcess.kill` stops everything it started.
+
+**A rank's output bytes into the lines shown for it.**
+* ``\n`` ends a line (``\r\n`` too);
+* ``\r`` alone redraws the line (a tqdm bar, a progress counter): only the latest state is kept,
+  and it is shown when the line ends, or every :data:`PROGRESS_EVERY_S` seconds while it is being
+  redrawn, so a long progress bar never grows into one huge line;
+* a line longer than :data:`MAX_LINE` bytes is cut there and ends with
+  ``[... N more bytes cut]``: a printed tensor or a runaway line cannot flood the log channel.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +32,6 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ..channel import LogClient
 from . import protocol
-from .lines import MAX_LINE, Lines
 
 TAIL_LINES = 40
 
@@ -265,3 +273,58 @@ class RankProcess:
             self.proc.stdin.close()
         except OSError:
             pass
+
+
+MAX_LINE = 16 * 1024
+PROGRESS_EVERY_S = 5.0
+_SEPARATORS = re.compile(rb"([\r\n])")
+
+
+class Lines:
+    """Feed bytes with :meth:`feed`, call :meth:`close` at the end; ``emit(text)`` gets each line."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self._emit = emit
+        self._buf = bytearray()
+        self._cut = 0  # bytes of the current line beyond MAX_LINE
+        self._cr = False  # the last byte seen was a lone \r (so far)
+        self._shown = time.monotonic()
+
+    def feed(self, data: bytes) -> None:
+        for token in _SEPARATORS.split(data):
+            if not token:
+                continue
+            if token == b"\n":
+                self._cr = False
+                self._end()
+            elif token == b"\r":
+                if self._cr:  # \r\r: a redraw of nothing
+                    self._redraw()
+                self._cr = True
+            else:
+                if self._cr:  # \r then text: the line is redrawn
+                    self._redraw()
+                    self._cr = False
+                room = MAX_LINE - len(self._buf)
+                self._buf += token[:room]
+                self._cut += max(0, len(token) - room)
+
+    def close(self) -> None:
+        if self._buf or self._cut:
+            self._end()
+
+    def _redraw(self) -> None:
+        now = time.monotonic()
+        if self._buf and now - self._shown >= PROGRESS_EVERY_S:
+            self._end()  # show the progress so far, now and then
+        self._buf.clear()
+        self._cut = 0
+
+    def _end(self) -> None:
+        text = self._buf.decode("utf-8", "replace")
+        if self._cut:
+            text += f" [... {self._cut} more bytes cut]"
+        self._emit(text)
+        self._buf.clear()
+        self._cut = 0
+        self._shown = time.monotonic()

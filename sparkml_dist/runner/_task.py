@@ -27,11 +27,12 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 
-from .. import collection, network, parquet_split
+from .. import collection, network
 from ..channel import LogClient
 from ..gpus import rank_gpus, task_gpus
 from . import backends, protocol, workdirs
 from ._rank_process import RankProcess, exit_text
+from .feeding import Data
 from .feeding import feed as _feed
 from .protocol import RankFailure
 
@@ -50,11 +51,10 @@ class TaskSpec:
     secret: bytes
     start_timeout: Optional[float]
     collective_timeout: float
-    has_data: bool
     return_all: bool
     max_result_bytes: int
     env: Tuple[Tuple[str, str], ...] = ()
-    file_split: Optional[parquet_split.ParquetSplit] = None  # shards read from Parquet files
+    data: Data = None  # where the ranks' shards come from: None (no data), SparkRows, ParquetSlices
     local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
     ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
     log_dir: Optional[str] = None  # every rank's whole output, one file per rank and attempt

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any, Callable, Optional
 
-from .. import _spark_env, plan, serialization
+from .. import _spark_env, arg_checks, plan, serialization
 from .._spark_env import Conf
 from ..errors import ConfigurationError, InsufficientResourcesError
 from . import rendezvous
@@ -35,12 +35,9 @@ def check_arguments(
         ("timeout", timeout),
         ("collective_timeout", collective_timeout),
     ):
-        if value is not None and not value > 0:
-            raise ConfigurationError(f"{name} must be a positive number of seconds or None, got {value!r}")
-    if model_bytes is not None and (not isinstance(model_bytes, int) or model_bytes < 0):
-        raise ConfigurationError(f"model_bytes must be a number of bytes >= 0 or None, got {model_bytes!r}")
-    if not isinstance(max_restarts, int) or isinstance(max_restarts, bool) or max_restarts < 0:
-        raise ConfigurationError(f"max_restarts must be an integer >= 0, got {max_restarts!r}")
+        arg_checks.seconds(name, value)
+    arg_checks.integer("model_bytes", model_bytes, 0, none_ok=True, fix="the bytes one rank's model needs")
+    arg_checks.integer("max_restarts", max_restarts, 0)
     if log_dir is not None and (not isinstance(log_dir, str) or "://" in log_dir):
         raise ConfigurationError(
             f"log_dir must be a directory path every executor can write (a local or mounted "
@@ -256,8 +253,7 @@ def _ranks_per_task_of(spark, np_: int, per_rank: int) -> int:
 
 
 def check_gpus_per_rank(gpus_per_rank: Any, use_gpu: bool) -> int:
-    if not isinstance(gpus_per_rank, int) or isinstance(gpus_per_rank, bool) or gpus_per_rank < 1:
-        raise ConfigurationError(f"gpus_per_rank must be an integer >= 1, got {gpus_per_rank!r}")
+    arg_checks.integer("gpus_per_rank", gpus_per_rank, 1)
     if gpus_per_rank > 1 and not use_gpu:
         raise ConfigurationError(f"gpus_per_rank={gpus_per_rank} needs use_gpu=True")
     return gpus_per_rank
@@ -289,7 +285,7 @@ def ranks_per_task(spark, np_: int, use_gpu: bool, per_rank: int = 1) -> int:
     """How many ranks each barrier task runs: one per ``per_rank`` GPUs it holds
     (``spark.task.resource.gpu.amount`` whole and >= 2 on a cluster), else 1.  ``np`` counts
     ranks, as on Databricks; it must then be a multiple of that number."""
-    if np_ <= 0 or not use_gpu or _spark_env.is_local(_spark_env.master_of(spark)):
+    if not use_gpu or _spark_env.is_local(_spark_env.master_of(spark)):
         return 1
     if per_rank > 1:
         return _ranks_per_task_of(spark, np_, per_rank)

@@ -24,7 +24,7 @@ import os
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .. import network
+from .. import arg_checks, network
 from ..errors import ConfigurationError
 from ..gpus import gpu_env
 from . import protocol, rendezvous
@@ -258,7 +258,4 @@ BACKENDS: Dict[str, Backend] = {b.name: b for b in (TorchBackend(), HorovodBacke
 
 def get(name: str) -> Backend:
     """The backend called ``name``; a ConfigurationError listing the choices otherwise."""
-    try:
-        return BACKENDS[name]
-    except (KeyError, TypeError):
-        raise ConfigurationError(f"backend must be one of {tuple(BACKENDS)}, got {name!r}") from None
+    return BACKENDS[arg_checks.one_of("backend", name, tuple(BACKENDS))]

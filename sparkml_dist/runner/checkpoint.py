@@ -43,6 +43,7 @@ import re
 import uuid
 from typing import Any, Optional
 
+from .. import arg_checks
 from ..errors import CollectionError, ConfigurationError
 from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 
@@ -89,8 +90,7 @@ def save(state: Any, step: int, *, keep: int = 2, directory: Optional[str] = Non
     """
     import torch
 
-    if not isinstance(step, int) or step < 0:
-        raise ConfigurationError(f"step must be an integer >= 0, got {step!r}")
+    arg_checks.integer("step", step, 0)
     if _rank() != 0:
         return None
     fs, root = _location(directory)

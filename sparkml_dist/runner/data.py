@@ -28,6 +28,7 @@ from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
+from .. import arg_checks
 from ..errors import ConfigurationError
 from .protocol import SHARD_ENV, SHARD_SIZES_ENV
 
@@ -196,8 +197,7 @@ class Shard:
         host; ``pin_memory=True`` stages GPU-bound batches in page-locked memory first, so the
         copy overlaps the previous step's compute.
         """
-        if batch_size < 1:
-            raise ConfigurationError(f"batch_size must be >= 1, got {batch_size}")
+        arg_checks.integer("batch_size", batch_size, 1)
         if self.num_rows == 0:
             raise ConfigurationError(
                 f"rank {self.rank} received an empty shard; there are fewer rows "

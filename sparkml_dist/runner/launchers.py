@@ -1,5 +1,9 @@
 """Launch one attempt of a run and wait for it: on Spark barrier tasks, or as local processes.  [driver]
 
+:func:`choose` picks, once per run and from the sign of ``np`` (the one place that tests it), a
+:class:`SparkLauncher` (``np > 0``) or a :class:`LocalLauncher` (``np < 0``); both have the same
+methods, so a run never asks which it holds.
+
 Both launch paths hand the same :class:`~sparkml_dist.runner._task.TaskSpec` to the same
 :func:`~sparkml_dist.runner._task.supervise`; they differ in who gang-schedules the ranks (Spark's
 barrier stage, or threads on the driver) and in how a run is cancelled (its job tag, or an event).
@@ -10,14 +14,16 @@ barrier stage, or threads on the driver) and in how a run is cancelled (its job 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
 
-from .. import collection, launch
-from ..errors import RunTimeoutError
-from . import _task
+from .. import _spark_env, collection, launch
+from ..errors import ConfigurationError, RunTimeoutError
+from ..gpus import assign_local, rank_profile
+from . import _task, admission, protocol
 from .failures import FAILURE_GRACE_S, Monitor, translate
 from .gangs import ThreadGang
 
@@ -182,3 +188,82 @@ def launch_local(data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Dead
     threading.Thread(target=joiner, daemon=True).start()
     wait(done, monitor, cancel.set, errors, deadline)
     return pa.Table.from_batches([b for out in outputs for b in out], schema=collection.CHUNK_SCHEMA)
+
+
+class SparkLauncher:
+    """The ranks as Spark barrier tasks of ``spark`` (``np > 0``)."""
+
+    def __init__(self, spark) -> None:
+        self.spark = spark
+
+    def ranks_per_task(self, runner) -> int:
+        """One rank per task, or one per ``gpus_per_rank`` GPUs a task holds."""
+        return admission.ranks_per_task(self.spark, runner.world_size, runner.use_gpu, runner.gpus_per_rank)
+
+    def check(self, runner, tasks: int, deadline: Deadline) -> None:
+        """Refuse a run the cluster cannot hold (slots, GPUs, memory, encryption)."""
+        admission.check_cluster(
+            self.spark,
+            tasks,
+            use_gpu=runner.use_gpu,
+            allow_unencrypted=runner.allow_unencrypted,
+            allow_unauthenticated=runner.allow_unauthenticated,
+            model_bytes=runner.model_bytes,
+            wait_s=deadline.remaining(runner.start_timeout or 60.0),
+        )
+
+    def rank_gpus(self, runner) -> Optional[tuple]:
+        """Each rank's GPUs when they are the driver's (a local master), else None (the tasks')."""
+        return assign_local(self.spark, runner.world_size, runner.use_gpu, False, runner.gpus_per_rank)
+
+    def launch(self, runner, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline):
+        profile = rank_profile(self.spark, runner.use_gpu, runner.gpus_per_rank)
+        return launch_spark(self.spark, data_df, spec, monitor, deadline, profile)
+
+
+class LocalLauncher:
+    """``-np`` rank processes on the driver (``np < 0``); ``spark``: the session of the DataFrame
+    whose rows they read, if any (no Spark job runs otherwise)."""
+
+    def __init__(self, spark: Any = None) -> None:
+        self.spark = spark
+
+    def ranks_per_task(self, runner) -> int:
+        return 1
+
+    def check(self, runner, tasks: int, deadline: Deadline) -> None:
+        """The model must fit every GPU the ranks will use."""
+        if runner.use_gpu and runner.model_bytes:
+            from .. import plan
+
+            per_rank = assign_local(None, runner.world_size, True, True, runner.gpus_per_rank)
+            gpus = [g for rank_gpus in per_rank for g in rank_gpus]
+            plan.check_fits_gpu(runner.model_bytes, plan.gpu_bytes(None, gpus))
+
+    def rank_gpus(self, runner) -> Optional[tuple]:
+        return assign_local(self.spark, runner.world_size, runner.use_gpu, True, runner.gpus_per_rank)
+
+    def launch(self, runner, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline):
+        return launch_local(data_df, spec, monitor, deadline)
+
+
+def choose(np_: int, df, spark) -> "SparkLauncher | LocalLauncher":
+    """The launcher of one run: local processes for ``np < 0``, else barrier tasks of the
+    DataFrame's session, ``spark``, or the active session."""
+    trial = os.environ.get(protocol.IN_TRIAL_ENV)
+    if trial is not None and (np_ > 0 or df is not None):
+        raise ConfigurationError(
+            f"BarrierRunner(np={np_}){' with a DataFrame' if df is not None else ''} inside Tuner "
+            f"trial {trial}: a trial runs in a Spark task, and barrier jobs are started from the "
+            "driver's Spark session. Inside a trial use BarrierRunner(np=-k).run(...) (k local "
+            "processes on the trial's executor; give the Tuner trial_resources={'cpus': k}), or "
+            "tune the BarrierRunner job from the driver one configuration at a time."
+        )
+    session = df.sparkSession if df is not None else None
+    if np_ < 0:
+        return LocalLauncher(session)
+    if session is None:
+        session = spark or _spark_env.active_session(
+            "BarrierRunner(np > 0)", "pass spark=..., or use np < 0 to run local processes without Spark"
+        )
+    return SparkLauncher(session)

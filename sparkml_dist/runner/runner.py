@@ -1,8 +1,8 @@
 """BarrierRunner: data-parallel training functions on Spark barrier tasks.  [driver]
 
-Check (:mod:`.admission`) -> shard the data (:mod:`.sharding`) -> launch ``np`` barrier tasks or
-local processes (:mod:`.launchers`) -> stream the ranks' logs -> return rank 0's result (or every
-rank's); on a failure, tell its root cause (:mod:`.failures`) and restart if asked to.
+The runner holds configuration only; each call builds a :class:`~sparkml_dist.runner.run.Run`
+(check, shard the data, launch ``np`` barrier tasks or local processes, stream the ranks' logs,
+return rank 0's result or every rank's; on a failure, its root cause and a restart if asked to).
 
 Example::
 
@@ -28,17 +28,10 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import time
-import uuid
-from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Optional, Sequence, Union
 
-from .. import _spark_env, collection, tracking
-from ..channel import new_secret
-from ..channel_server import listen
-from ..errors import ConfigurationError, WorkerError
-from ..gpus import assign_local, rank_profile
-from . import _task, admission, backends, failures, launchers, protocol, sharding
-from .launchers import Deadline
+from . import admission, backends
+from .run import Run
 
 log = logging.getLogger(__name__)
 
@@ -145,8 +138,8 @@ class BarrierRunner:
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
-        self._backend = backends.get(backend)
-        self._backend.check_installed()
+        self.backend_spec = backends.get(backend)  # what differs between torch.distributed and Horovod
+        self.backend_spec.check_installed()
         self.np = np
         self.world_size = abs(np)
         self.backend = backend
@@ -163,18 +156,14 @@ class BarrierRunner:
         self.checkpoint_dir = checkpoint_dir
         self.log_dir = os.path.abspath(log_dir) if log_dir else None
         self.max_restarts = max_restarts
-        self._spark = spark
-        self._sink = log_sink or (lambda text: sys.stdout.write(text))
-        self._seed = 0
-        self._per_task = 1  # ranks per barrier task: one per GPU the task holds
-        self._attempt_no = 0  # attempts of the current run, for log file names
+        self.spark = spark
+        self.sink = log_sink or (lambda text: sys.stdout.write(text))
+        self.seed = 0  # of the shared split that deals a DataFrame's rows to ranks
         self.mlflow = mlflow
         self.nodes = admission.check_nodes(nodes)
         self.gpus_per_rank = admission.check_gpus_per_rank(gpus_per_rank, self.use_gpu)
         self.work_dir = work_dir
         self.clean_work_dir = bool(clean_work_dir)
-        self._job = "function"  # names the kept working directory on executors (the script or function)
-        self._track = tracking.NullRun()  # the current run's MLflow run (rank 0's metrics land there)
 
     # ------------------------------------------------------------------ public API
     def run(self, main: Callable, *args, return_all: bool = False, **kwargs):
@@ -202,181 +191,5 @@ class BarrierRunner:
         return self._run(df, main, args, kwargs, return_all, replicas)
 
     # ------------------------------------------------------------------ running
-    def _session(self, df):
-        trial = os.environ.get(protocol.IN_TRIAL_ENV)
-        if trial is not None and (self.np > 0 or df is not None):
-            raise ConfigurationError(
-                f"BarrierRunner(np={self.np}){' with a DataFrame' if df is not None else ''} inside Tuner "
-                f"trial {trial}: a trial runs in a Spark task, and barrier jobs are started from the "
-                "driver's Spark session. Inside a trial use BarrierRunner(np=-k).run(...) (k local "
-                "processes on the trial's executor; give the Tuner trial_resources={'cpus': k}), or "
-                "tune the BarrierRunner job from the driver one configuration at a time."
-            )
-        if df is not None:
-            return df.sparkSession
-        if self.np < 0:
-            return None
-        return (
-            self._spark
-            if self._spark is not None
-            else _spark_env.active_session(
-                "BarrierRunner(np > 0)", "pass spark=..., or use np < 0 to run local processes without Spark"
-            )
-        )
-
-    def _check_cluster(self, spark, deadline: Deadline) -> None:
-        if self.np < 0 and self.use_gpu and self.model_bytes:
-            from .. import plan
-
-            per_rank = assign_local(None, self.world_size, True, True, self.gpus_per_rank)
-            gpus = [g for rank_gpus in per_rank for g in rank_gpus]  # every GPU a rank will use
-            plan.check_fits_gpu(self.model_bytes, plan.gpu_bytes(None, gpus))
-        if self.np > 0:
-            admission.check_cluster(
-                spark,
-                self.world_size // self._per_task,  # barrier tasks (a task runs a rank per GPU)
-                use_gpu=self.use_gpu,
-                allow_unencrypted=self.allow_unencrypted,
-                allow_unauthenticated=self.allow_unauthenticated,
-                model_bytes=self.model_bytes,
-                wait_s=deadline.remaining(self.start_timeout or 60.0),
-            )
-
     def _run(self, df, main, args, kwargs, return_all: bool, replicas: Optional[int] = None):
-        settings = {
-            "np": self.np,
-            "backend": self.backend,
-            "use_gpu": self.use_gpu,
-            "timeout": self.timeout,
-            "max_restarts": self.max_restarts,
-            "function": getattr(main, "__qualname__", repr(main)),
-            "with_data": df is not None,
-        }
-        started = time.perf_counter()
-        with tracking.job_run("BarrierRunner", self.mlflow, settings) as self._track:
-            try:
-                return self._run_attempts(df, main, args, kwargs, return_all, replicas)
-            finally:
-                figures = {"wall_seconds": time.perf_counter() - started, "attempts": self._attempt_no}
-                self._track.log_metrics(figures)
-                self._track = tracking.NullRun()
-
-    def _run_attempts(self, df, main, args, kwargs, return_all: bool, replicas: Optional[int] = None):
-        spark = self._session(df)
-        script = getattr(main, "__module__", "") == "sparkml_dist.runner.script" and len(args) > 1
-        self._job = str(args[1]) if script else getattr(main, "__qualname__", "function")
-        payload = admission.payload(main, args, kwargs)
-        self._per_task = admission.ranks_per_task(spark, self.np, self.use_gpu, self.gpus_per_rank)
-        deadline = Deadline.after(self.timeout)  # the whole run's: planning, slot wait, restarts
-        self._check_cluster(spark, deadline)
-        with launchers.within(spark, deadline, "dealing the DataFrame's rows to ranks"):
-            files = df is not None and self.read_files
-            split = sharding.file_split(df, self.world_size, replicas) if files else None
-            data_df = (
-                sharding.spark_shards(df, self.world_size, self._seed, self._per_task, replicas)
-                if df is not None and split is None
-                else None
-            )
-        tries: List[WorkerError] = []
-        self._attempt_no = 0
-        while True:
-            try:
-                if tries:  # a lost executor's replacement may still be starting
-                    self._check_cluster(spark, deadline)
-                return self._attempt(spark, df is not None, split, data_df, payload, return_all, deadline)
-            except WorkerError as exc:
-                tries.append(exc)
-                stop = failures.restart_verdict(tries, self.max_restarts)
-                if stop and len(tries) == 1:
-                    raise
-                if stop:
-                    raise failures.final_error(tries, stop) from exc
-                cause = failures.cause(exc)
-                log.warning(
-                    "run attempt %d failed (%s); restart %d of %d",
-                    len(tries),
-                    cause,
-                    len(tries),
-                    self.max_restarts,
-                )
-                self._sink(
-                    f"[sparkml_dist] attempt {len(tries)} failed: {cause}; restarting "
-                    f"({len(tries)} of {self.max_restarts}) with a fresh rendezvous\n"
-                )
-
-    def _task_spec(
-        self,
-        spark,
-        run_id: str,
-        channel: Tuple[str, int],
-        secret: bytes,
-        payload: bytes,
-        has_data: bool,
-        split,
-        return_all: bool,
-    ) -> _task.TaskSpec:
-        env = ()
-        if self.checkpoint_dir:
-            from .protocol import CHECKPOINT_DIR_ENV
-
-            d = self.checkpoint_dir
-            env = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
-        return _task.TaskSpec(
-            run_id=run_id,
-            world_size=self.world_size,
-            payload=payload,
-            backend=self.backend,
-            use_gpu=self.use_gpu,
-            log_ranks=self.log_ranks,
-            channel=channel,
-            secret=secret,
-            start_timeout=self.start_timeout,
-            data_timeout=self.data_timeout,
-            collective_timeout=float(self.collective_timeout),
-            has_data=has_data,
-            file_split=split,
-            return_all=return_all,
-            env=env,
-            max_result_bytes=_spark_env.max_result_bytes(spark),
-            local_gpus=assign_local(spark, self.world_size, self.use_gpu, self.np < 0, self.gpus_per_rank),
-            gpus_per_rank=self.gpus_per_rank,
-            ranks_per_task=self._per_task,
-            log_dir=self.log_dir,
-            attempt=self._attempt_no,
-            nodes=self.nodes,
-            launch=(_spark_env.driver_host(spark), os.getcwd()),
-            work_dir=self.work_dir,
-            clean_work_dir=self.clean_work_dir,
-            job=self._job,
-            # on a local master a task's stderr is the driver's console, which already shows the
-            # streamed lines: copying them there too would print each line twice
-            echo=spark is not None and not _spark_env.is_local(_spark_env.master_of(spark)),
-        )
-
-    def _attempt(
-        self, spark, has_data: bool, split, data_df, payload: bytes, return_all: bool, deadline: Deadline
-    ):
-        """One launch: a fresh run id, log channel and rendezvous."""
-        run_id = uuid.uuid4().hex[:12]
-        self._attempt_no += 1
-        tasks = self.world_size // self._per_task
-        monitor = failures.Monitor(self.world_size, self._sink, self._backend, tasks)
-        monitor.on_metrics = self._track.log_metrics
-        secret = new_secret()
-        host = _spark_env.driver_host(spark)
-        server = listen(secret, monitor.on_message, host)
-        try:
-            spec = self._task_spec(
-                spark, run_id, (host, server.port), secret, payload, has_data, split, return_all
-            )
-            if self.np > 0:
-                profile = rank_profile(spark, self.use_gpu, self.gpus_per_rank)
-                table = launchers.launch_spark(spark, data_df, spec, monitor, deadline, profile)
-            else:
-                table = launchers.launch_local(data_df, spec, monitor, deadline)
-            results = collection.decode(table, range(self.world_size) if return_all else [0], what="rank")
-        finally:
-            server.close()
-        if return_all:
-            return [results[(r, 0)] for r in range(self.world_size)]
-        return results[(0, 0)]
+        return Run(self, df, main, args, kwargs, return_all, replicas).execute()

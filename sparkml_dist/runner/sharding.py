@@ -23,6 +23,7 @@ from typing import Optional
 
 from .. import parquet_split, partitioning
 from ..errors import ConfigurationError
+from .feeding import ParquetSlices
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ def _too_few_rows(n: int, world: int) -> ConfigurationError:
     )
 
 
-def file_split(df, world: int, replicas: Optional[int] = None) -> Optional[parquet_split.ParquetSplit]:
+def file_split(df, world: int, replicas: Optional[int] = None) -> Optional[ParquetSlices]:
     """Each rank's row ranges of ``df``'s Parquet files, or None to move the rows through Spark;
     with ``replicas`` D, D shards, rank r reading shard ``r // (world / D)``."""
     shards = replicas or world
@@ -58,7 +59,7 @@ def file_split(df, world: int, replicas: Optional[int] = None) -> Optional[parqu
         split.num_rows,
         len({s.uri for part in split.parts for s in part}),
     )
-    return split
+    return ParquetSlices(split)
 
 
 def _check_hashable(schema) -> None:

@@ -1,6 +1,6 @@
 """Early termination policies for a :class:`~sparkml_dist.tune.Tuner`, as Optuna pruners.  [driver]
 
-The three policies of the seed documents (Azure ML HyperDrive's names and meanings), each decided
+Three policies with Azure ML HyperDrive's names and meanings, each decided
 on the driver every time a trial reports its metric at a step:
 
 * :class:`Bandit` - stop a trial whose metric at a step is not within the slack of the best
@@ -24,6 +24,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any, Optional
 
+from .. import arg_checks
 from ..errors import ConfigurationError
 
 try:
@@ -36,10 +37,8 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 
 def _check_schedule(evaluation_interval: int, delay_evaluation: int) -> None:
-    if not isinstance(evaluation_interval, int) or evaluation_interval < 1:
-        raise ConfigurationError(f"evaluation_interval must be an integer >= 1, got {evaluation_interval!r}")
-    if not isinstance(delay_evaluation, int) or delay_evaluation < 0:
-        raise ConfigurationError(f"delay_evaluation must be an integer >= 0, got {delay_evaluation!r}")
+    arg_checks.integer("evaluation_interval", evaluation_interval, 1)
+    arg_checks.integer("delay_evaluation", delay_evaluation, 0)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import _spark_env, plan
+from .. import _spark_env, arg_checks, plan
 from .. import gpus as gpus_mod
 from ..errors import ConfigurationError, InsufficientResourcesError
 
@@ -35,8 +35,7 @@ def check(resources: Optional[Dict[str, Any]]) -> Dict[str, int]:
     out = {}
     for key in KEYS:
         value = resources.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ConfigurationError(f"trial_resources[{key!r}] must be an integer >= 0, got {value!r}")
+        arg_checks.integer(f"trial_resources[{key!r}]", value, 0)
         out[key] = value
     return out
 

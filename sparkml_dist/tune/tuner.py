@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, Optional
 
-from .. import _spark_env, serialization, tracking
+from .. import _spark_env, arg_checks, serialization, tracking
 from ..errors import ConfigurationError
 from . import policies, resources
 from . import space as spaces
@@ -106,16 +106,10 @@ class Tuner:
         self.dists, self.constants = spaces.parse(space)
         if not isinstance(metric, str) or not metric:
             raise ConfigurationError(f"metric must name the metric to optimize (a string), got {metric!r}")
-        if mode not in ("min", "max"):
-            raise ConfigurationError(f"mode must be 'min' or 'max', got {mode!r}")
-        if isinstance(max_trials, bool) or not isinstance(max_trials, int) or max_trials < 1:
-            raise ConfigurationError(f"max_trials must be an integer >= 1, got {max_trials!r}")
-        if max_concurrent is not None and (
-            isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1
-        ):
-            raise ConfigurationError(f"max_concurrent must be an integer >= 1 or None: {max_concurrent!r}")
-        if timeout is not None and (not isinstance(timeout, (int, float)) or timeout <= 0):
-            raise ConfigurationError(f"timeout must be a number of seconds > 0 or None, got {timeout!r}")
+        arg_checks.one_of("mode", mode, ("min", "max"))
+        arg_checks.integer("max_trials", max_trials, 1)
+        arg_checks.integer("max_concurrent", max_concurrent, 1, none_ok=True)
+        arg_checks.seconds("timeout", timeout)
         if not isinstance(sampler, optuna.samplers.BaseSampler) and sampler not in SAMPLERS:
             raise ConfigurationError(
                 f"sampler must be one of {list(SAMPLERS)} or an optuna.samplers.BaseSampler, got {sampler!r}"

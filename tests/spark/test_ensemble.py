@@ -198,9 +198,9 @@ def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
 
 def test_save_load_roundtrip(tmp_path, vec_df, data3):
     X, _ = data3
-    model = BaggingClassifier(
-        estimator=DecisionTreeClassifier(max_depth=4), numModels=3, voting="hard", seed=9
-    ).fit(vec_df)
+    est = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3, voting="hard", seed=9)
+    model, again = est.fit(vec_df), est.fit(vec_df)
+    assert model.uid.startswith("BaggingClassificationModel_") and len({est.uid, model.uid, again.uid}) == 3
     path = str(tmp_path / "bag")
     model.write().overwrite().save(path)
     model.write().overwrite().save(path)  # overwrite works
@@ -272,7 +272,7 @@ def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols
 
 @pytest.mark.skipif(not IS_CLUSTER, reason="local[N] never retries a task: runs in the local-cluster pass")
 def test_task_lost_on_first_attempt_gives_the_same_members(spark, tmp_path):
-    """FAULTS #12: a Python worker dies mid-fit; the retried task yields the same members."""
+    """a Python worker dies mid-fit; the retried task yields the same members."""
     import os
 
     from tests.support.helpers import CrashOnceClassifier

@@ -1,4 +1,4 @@
-"""Saved models load without running code, through every load entry point (FAULTS #20)."""
+"""Saved models load without running code, through every load entry point."""
 
 import glob
 import json
@@ -195,12 +195,12 @@ def _first_manifest(root):
 
 
 def test_crafted_members_are_refused_by_every_load_entry_point(data, tmp_path):
-    """FAULTS #21: each crafted case of tests/support/crafted.py planted as member 1's model is
+    """each crafted case of tests/support/crafted.py planted as member 1's model is
     refused by load, lazy predict, executors' transform and both MLflow loaders, naming the fault."""
     mlflow = pytest.importorskip("mlflow")
     from sparkml_dist import mlflow_flavor
     from tests.support import crafted
-    from tests.unit.test_crafted_models import FAULTS
+    from tests.unit.test_crafted_models import REFUSALS
 
     X, df = data
     model = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=3), numModels=2, featuresCols=COLS)
@@ -230,7 +230,7 @@ def test_crafted_members_are_refused_by_every_load_entry_point(data, tmp_path):
         for entry, load in loads.items():
             with pytest.raises(Exception) as info:
                 load()
-            assert FAULTS[case] in str(info.value) and "refused" in str(info.value), (case, entry)
+            assert REFUSALS[case] in str(info.value) and "refused" in str(info.value), (case, entry)
         for name, original in originals.items():
             open(name, "wb").write(original)
     assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), model.predict_proba(X))

@@ -185,7 +185,7 @@ def test_local_master_gives_each_barrier_task_one_of_the_drivers_gpus(spark, mon
 
 @pytest.mark.skipif(not IS_CLUSTER, reason="needs executor JVMs to kill: runs in the local-cluster pass")
 def test_executor_jvm_killed_mid_training_fails_fast(spark):
-    """FAULTS #6: an executor dies under a rank: a bounded failure, no rank left behind."""
+    """an executor dies under a rank: a bounded failure, no rank left behind."""
     import time
 
     from sparkml_dist import WorkerError

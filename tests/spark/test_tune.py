@@ -125,7 +125,7 @@ def test_bad_input_is_refused_before_any_job(spark):
         ({"x": [1]}, {**ok, "early_stopping": "hyperband"}, "unknown policy 'hyperband'"),
         ({"x": [1]}, {**ok, "max_trials": 0}, "max_trials must be an integer >= 1"),
         ({"x": [1]}, {**ok, "metric": ""}, "metric must name"),
-        ({"x": [1]}, {**ok, "mode": "best"}, "mode must be 'min' or 'max'"),
+        ({"x": [1]}, {**ok, "mode": "best"}, r"mode must be one of \('min', 'max'\), got 'best'"),
         ({"x": tune.uniform(0, 1)}, {**ok, "sampler": "grid"}, r"space\['x'\].*continuous"),
         ({"x": [1]}, {**ok, "trial_resources": {"tpus": 1}}, "trial_resources must be a dict with keys"),
         ({"x": [1]}, {**ok, "early_stopping": {"policy": "bandit", "slack": 1}}, "early_stopping 'bandit'"),
@@ -167,7 +167,7 @@ def test_trial_resources_cap_concurrency_and_impossible_ones_are_refused(spark):
 
 @only_local
 def test_early_stopping_works_while_500_idle_connections_flood_the_channel(spark, monkeypatch):
-    """FAULTS #22: trials' reports and stop answers still get through."""
+    """trials' reports and stop answers still get through."""
     from sparkml_dist.tune import scheduler
     from tests.support.flood import Flood
 

@@ -30,11 +30,11 @@ def df(spark):
         (dict(weightCol="text"), r"weightCol='text' has type string"),
         (dict(numModels=0), r"numModels must be an integer >= 1, got 0"),
         (dict(numModels=10_001), r"numModels=10001 is above 10000.*fewer, larger groups"),
-        (dict(maxClasses=1), r"maxClasses must be >= 2, got 1"),
+        (dict(maxClasses=1), r"maxClasses must be an integer >= 2, got 1"),
         (dict(sampleRatio=0.0), r"sampleRatio must be in \(0, 1\], got 0.0"),
         (dict(featureRatio=1.5), r"featureRatio must be in \(0, 1\], got 1.5"),
         (dict(sampling="stratified"), r"sampling must be one of disjoint, bootstrap, subsample"),
-        (dict(voting="mean"), r"voting must be 'soft' or 'hard'"),
+        (dict(voting="mean"), r"voting must be one of \('soft', 'hard'\), got 'mean'"),
         (dict(estimator=SVC()), r"voting='soft' needs predict_proba\(\).*voting='hard'"),
         (dict(estimator=LinearRegression()), r"is a regressor; BaggingClassifier needs a classifier"),
         (dict(estimator="tree"), r"has no fit\(\) method"),
@@ -55,7 +55,7 @@ def test_unpicklable_estimator_is_named(df):
     import threading
 
     est = DecisionTreeClassifier()
-    est.lock = threading.Lock()  # a closure-captured lock, as in FAULTS #17
+    est.lock = threading.Lock()  # a closure-captured lock, captured by a closure
     with pytest.raises(ConfigurationError, match="cannot be pickled"):
         BaggingClassifier(estimator=est, numModels=2).fit(df)
 

@@ -1,4 +1,4 @@
-"""A flood of idle, never-authenticating connections against a log channel (FAULTS #22)."""
+"""A flood of idle, never-authenticating connections against a log channel."""
 
 import socket
 import threading

@@ -8,7 +8,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 
 def kill_my_executor_jvm():
-    """SIGKILL the executor JVM (CoarseGrainedExecutorBackend) this process runs under (FAULTS #6)."""
+    """SIGKILL the executor JVM (CoarseGrainedExecutorBackend) this process runs under."""
     import signal
 
     import psutil
@@ -75,7 +75,7 @@ class FailOnKeyRegressor(RegressorMixin, BaseEstimator):
 
 
 class KillExecutorOnceClassifier(CrashOnceClassifier):
-    """SIGKILLs the executor JVM running it the first time any member is fitted (FAULTS #6)."""
+    """SIGKILLs the executor JVM running it the first time any member is fitted."""
 
     def _fault(self):
         import time

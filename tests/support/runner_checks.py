@@ -98,7 +98,7 @@ class RunnerChecks:
         assert_no_rank_left(within=20)
 
     def test_slow_rank_that_finishes_is_not_a_failure(self, spark):
-        # FAULTS #9: rank 1 sleeps 5 s before init_process_group, within start_timeout=20
+        # rank 1 sleeps 5 s before init_process_group, within start_timeout=20
         assert self.runner(2, start_timeout=20, timeout=120).run(h.sleep_before_init, 1, 5) == "done"
         assert_no_rank_left()
 

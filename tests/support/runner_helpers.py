@@ -74,7 +74,7 @@ def shard_summary(batch_size=32, column="x"):
 
 
 def kill_my_executor(seconds_before):
-    """Rank 1 SIGKILLs the executor JVM running its task (FAULTS #6), then everyone waits."""
+    """Rank 1 SIGKILLs the executor JVM running its task, then everyone waits."""
     import torch.distributed as dist
 
     from tests.support.helpers import kill_my_executor_jvm
@@ -131,7 +131,7 @@ def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=N
             if crash_once_marker is None or not os.path.exists(crash_once_marker):
                 if crash_once_marker is not None:
                     open(crash_once_marker, "w").close()
-                if crash_how == "kill_executor":  # FAULTS #6: the executor JVM under this rank dies
+                if crash_how == "kill_executor":  # the executor JVM under this rank dies
                     from tests.support.helpers import kill_my_executor_jvm
 
                     kill_my_executor_jvm()

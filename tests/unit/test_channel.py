@@ -1,4 +1,4 @@
-"""The log channel keeps working whatever its peers do (FAULTS #22): a handler that raises, a flood
+"""The log channel keeps working whatever its peers do: a handler that raises, a flood
 of idle unauthenticated connections, a server that stops reading, many bad peers."""
 
 import logging
@@ -121,7 +121,7 @@ def test_dropped_connections_are_warned_about_at_most_once_per_interval(caplog):
 def _run_flooded_and_faulty(monkeypatch, fn, *args):
     """Run ``fn`` with 2 local ranks while 500 idle connections flood the run's log server and its
     handler raises on every third output line."""
-    real_listen, floods = channel.listen, []
+    real_listen, floods = channel_server.listen, []
 
     def listen(secret, on_message, host, replies=False):
         count = [0]
@@ -138,9 +138,9 @@ def _run_flooded_and_faulty(monkeypatch, fn, *args):
         floods.append(flood)
         return server
 
-    from sparkml_dist.runner import runner as runner_module
+    from sparkml_dist.runner import run as run_module
 
-    monkeypatch.setattr(runner_module, "listen", listen)
+    monkeypatch.setattr(run_module, "listen", listen)
     lines = []
     try:
         runner = BarrierRunner(-2, log_ranks="all", log_sink=lines.append, timeout=120)

@@ -1,5 +1,5 @@
 """Crafted model files that load inert but would corrupt memory at predict time are refused before
-use (FAULTS #21): each listed case, through the store, and a fuzzer in child processes."""
+use: each listed case, through the store, and a fuzzer in child processes."""
 
 import json
 import os
@@ -16,7 +16,7 @@ from tests.support import crafted, hostile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-FAULTS = {  # what each refusal must say
+REFUSALS = {  # what each refusal must say
     "tree child out of range": "children out of range",
     "tree cycle back to the root": "children out of range (or before their parent: a cycle)",
     "tree deeper than max_depth": "deep but says max_depth=1",
@@ -37,7 +37,7 @@ FAULTS = {  # what each refusal must say
 @pytest.fixture(scope="module")
 def cases():
     out = crafted.all_cases()
-    assert set(out) == set(FAULTS)
+    assert set(out) == set(REFUSALS)
     return out
 
 
@@ -51,7 +51,7 @@ def test_each_crafted_case_is_refused_through_the_store_naming_the_member_and_th
             with pytest.raises(UnsafeModelError) as info:
                 load(3, 1) if load.__name__ == "load" else load()
             text = str(info.value)
-            assert FAULTS[case] in text and "g00003-i1" in text, (case, text)
+            assert REFUSALS[case] in text and "g00003-i1" in text, (case, text)
 
 
 def test_genuine_models_still_load_and_predict_identically():

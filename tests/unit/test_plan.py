@@ -1,4 +1,4 @@
-"""The seeds' memory formula and the concurrency planner (no Spark)."""
+"""The memory rule and the concurrency planner (no Spark)."""
 
 import subprocess
 import sys

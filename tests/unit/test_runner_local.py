@@ -200,3 +200,51 @@ def test_a_rank_may_hold_several_gpus_for_one_process_multi_gpu_code(monkeypatch
         BarrierRunner(-3, use_gpu=True, gpus_per_rank=2).run(h.gpu_view)
     with pytest.raises(ConfigurationError, match="gpus_per_rank=2 needs use_gpu=True"):
         BarrierRunner(-1, gpus_per_rank=2)
+
+
+def test_one_runner_runs_twice_at_once_from_two_threads():
+    """A BarrierRunner is configuration only: two calls at once each get their own run (launcher,
+    channel, rendezvous, attempts), and each gets its own ranks' all-reduce."""
+    import threading
+
+    lines = []
+    runner = BarrierRunner(-2, log_ranks="all", log_sink=lines.append, timeout=120)
+    out, errors = {}, []
+
+    def call(x):
+        try:
+            out[x] = runner.run(h.allreduce_rank_sum, x, return_all=True)
+        except Exception as exc:  # noqa: BLE001 - asserted below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(x,)) for x in (1, 100)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(180)
+    assert errors == []
+    for x in (1, 100):
+        assert [(o["sum"], o["x"], o["env"]["RANK"]) for o in out[x]] == [(3.0, x, "0"), (3.0, x, "1")]
+    ports = {x: {o["env"]["MASTER_PORT"] for o in out[x]} for x in (1, 100)}
+    assert len(ports[1]) == len(ports[100]) == 1 and ports[1] != ports[100]  # a rendezvous each
+    assert sum("hello from rank" in line for line in lines) == 4
+
+
+def test_the_runner_holds_configuration_only():
+    """Nothing but __init__ assigns to a BarrierRunner: per-run state lives in runner.run.Run."""
+    import ast
+    import inspect
+
+    from sparkml_dist.runner import runner as runner_module
+
+    tree = ast.parse(inspect.getsource(runner_module))
+    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "BarrierRunner")
+    assigned = [
+        f"{fn.name}: self.{t.attr}"
+        for fn in cls.body
+        if isinstance(fn, ast.FunctionDef) and fn.name != "__init__"
+        for node in ast.walk(fn)
+        for t in getattr(node, "targets", [getattr(node, "target", None)])
+        if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
+    ]
+    assert assigned == []

@@ -17,6 +17,7 @@ from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel_server import LogServer
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.data import Shard
+from sparkml_dist.runner.feeding import SparkRows
 from sparkml_dist.runner.gangs import ThreadGang
 
 
@@ -82,7 +83,7 @@ def test_encryption_refused_unless_opted_in():
     assert "not encrypted" in warning
 
 
-# ------------------------------------------------------------------ channel (FAULTS #19)
+# ------------------------------------------------------------------ channel
 def _handshake(sock, secret):
     nonce = sock.recv(32)
     sock.sendall(hmac.new(secret, nonce, sha256).digest())
@@ -196,7 +197,7 @@ def _spec(
         secret=b"s",
         start_timeout=start_timeout,
         collective_timeout=60.0,
-        has_data=data_timeout is not None,
+        data=SparkRows() if data_timeout is not None else None,
         return_all=return_all,
         max_result_bytes=max_result,
     )
@@ -438,7 +439,7 @@ def test_a_read_still_blocked_after_the_stall_report_ends_the_task(monkeypatch):
     (in a Spark task: its Python worker) instead of waiting forever."""
     import threading
 
-    from sparkml_dist.runner import data_watch
+    from sparkml_dist.runner import feeding as data_watch
 
     monkeypatch.setattr(data_watch, "STUCK_GRACE", 0.5)
     release, stuck = threading.Event(), []

@@ -1,4 +1,4 @@
-"""sparkml_dist.runner.script_files: a script's folder, --py-files and --archives reach the ranks."""
+"""sparkml_dist.runner.script: a script's folder, --py-files and --archives reach the ranks."""
 
 import io
 import os
@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from sparkml_dist import ConfigurationError
-from sparkml_dist.runner.script_files import bundle, install
+from sparkml_dist.runner.script import bundle, install
 
 
 def _project(tmp_path):
@@ -87,7 +87,7 @@ def test_an_archive_entry_pointing_outside_is_refused(tmp_path):
     evil = io.BytesIO()
     with zipfile.ZipFile(evil, "w") as zf:
         zf.writestr("../../outside.py", "print('escaped')\n")
-    from sparkml_dist.runner.script_files import ScriptFiles
+    from sparkml_dist.runner.script import ScriptFiles
 
     with pytest.raises(ConfigurationError, match=r"'\.\./\.\./outside.py' has an absolute or '\.\.' path"):
         install(ScriptFiles(folder=evil.getvalue()), str(tmp_path))
@@ -139,7 +139,7 @@ TAR_TRICKS = {
 
 @pytest.mark.parametrize("trick", sorted(TAR_TRICKS))
 def test_hostile_tar_archives_are_refused_whole_and_write_nothing(tmp_path, trick):
-    from sparkml_dist.runner.script_files import ScriptFiles
+    from sparkml_dist.runner.script import ScriptFiles
 
     box = tmp_path / "box"
     work = box / "rank"
@@ -159,7 +159,7 @@ def test_hostile_tar_archives_are_refused_whole_and_write_nothing(tmp_path, tric
 def test_zip_entries_that_are_links_are_refused(tmp_path):
     import stat
 
-    from sparkml_dist.runner.script_files import ScriptFiles
+    from sparkml_dist.runner.script import ScriptFiles
 
     evil = io.BytesIO()
     with zipfile.ZipFile(evil, "w") as zf:

@@ -1,0 +1,170 @@
+"""One run of a :class:`~sparkml_dist.runner.BarrierRunner`: the state a call holds.  [driver]
+
+``BarrierRunner`` is configuration only; each ``run()`` / ``run_with_data()`` builds a
+:class:`Run` holding what belongs to that call: its launcher (chosen once from ``np``), the
+session, the tasks, the deadline, the attempts and the MLflow run.  Two calls of one runner from
+two threads therefore never share state.
+
+Steps: check (:mod:`.admission`) -> shard the data (:mod:`.sharding`) -> attempt: a fresh run id,
+log channel and rendezvous, launched by the launcher (:mod:`.launchers`) -> rank 0's result (or
+every rank's); on a failure, its root cause (:mod:`.failures`) and a restart if allowed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from typing import Any, Callable, List, Tuple
+
+from .. import _spark_env, collection, tracking
+from ..channel import new_secret
+from ..channel_server import listen
+from ..errors import WorkerError
+from . import _task, admission, failures, launchers, sharding
+from .feeding import SparkRows
+from .launchers import Deadline
+
+log = logging.getLogger(__name__)
+
+
+class Run:
+    """One call of ``runner.run`` / ``run_with_data`` (see the module docstring)."""
+
+    def __init__(
+        self, runner, df, main: Callable, args: tuple, kwargs: dict, return_all: bool, replicas=None
+    ):
+        self.runner, self.df, self.return_all, self.replicas = runner, df, return_all, replicas
+        self.main = main
+        self.launcher = launchers.choose(runner.np, df, runner.spark)
+        self.spark = self.launcher.spark
+        script = getattr(main, "__module__", "") == "sparkml_dist.runner.script" and len(args) > 1
+        self.job = str(args[1]) if script else getattr(main, "__qualname__", "function")  # names kept dirs
+        self.payload = admission.payload(main, args, kwargs)
+        self.per_task = 1  # ranks per barrier task: one per GPU the task holds
+        self.attempt = 0
+        self.track: Any = tracking.NullRun()  # rank 0's metrics land there
+
+    def execute(self):
+        """The whole run, restarts included, inside its MLflow run (when tracking is on)."""
+        r = self.runner
+        settings = {
+            "np": r.np,
+            "backend": r.backend,
+            "use_gpu": r.use_gpu,
+            "timeout": r.timeout,
+            "max_restarts": r.max_restarts,
+            "function": getattr(self.main, "__qualname__", repr(self.main)),
+            "with_data": self.df is not None,
+        }
+        started = time.perf_counter()
+        with tracking.job_run("BarrierRunner", r.mlflow, settings) as self.track:
+            try:
+                return self._attempts()
+            finally:
+                self.track.log_metrics(
+                    {"wall_seconds": time.perf_counter() - started, "attempts": self.attempt}
+                )
+
+    def _attempts(self):
+        r = self.runner
+        self.per_task = self.launcher.ranks_per_task(r)
+        deadline = Deadline.after(r.timeout)  # the whole run's: planning, slot wait, restarts
+        self.launcher.check(r, r.world_size // self.per_task, deadline)
+        data, data_df = self._shards(deadline)
+        tries: List[WorkerError] = []
+        while True:
+            try:
+                if tries:  # a lost executor's replacement may still be starting
+                    self.launcher.check(r, r.world_size // self.per_task, deadline)
+                return self._attempt(data, data_df, deadline)
+            except WorkerError as exc:
+                tries.append(exc)
+                stop = failures.restart_verdict(tries, r.max_restarts)
+                if stop and len(tries) == 1:
+                    raise
+                if stop:
+                    raise failures.final_error(tries, stop) from exc
+                cause = failures.cause(exc)
+                log.warning(
+                    "run attempt %d failed (%s); restart %d of %d",
+                    len(tries),
+                    cause,
+                    len(tries),
+                    r.max_restarts,
+                )
+                r.sink(
+                    f"[sparkml_dist] attempt {len(tries)} failed: {cause}; restarting "
+                    f"({len(tries)} of {r.max_restarts}) with a fresh rendezvous\n"
+                )
+
+    def _shards(self, deadline: Deadline):
+        """(the TaskSpec's ``data``, the DataFrame whose partition r is task r's rows or None)."""
+        df, r = self.df, self.runner
+        if df is None:
+            return None, None
+        with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
+            files = sharding.file_split(df, r.world_size, self.replicas) if r.read_files else None
+            if files is not None:
+                return files, None
+            return SparkRows(), sharding.spark_shards(df, r.world_size, r.seed, self.per_task, self.replicas)
+
+    def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> _task.TaskSpec:
+        r, spark = self.runner, self.spark
+        env = ()
+        if r.checkpoint_dir:
+            from .protocol import CHECKPOINT_DIR_ENV
+
+            d = r.checkpoint_dir
+            env = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
+        return _task.TaskSpec(
+            run_id=run_id,
+            world_size=r.world_size,
+            payload=self.payload,
+            backend=r.backend,
+            use_gpu=r.use_gpu,
+            log_ranks=r.log_ranks,
+            channel=channel,
+            secret=secret,
+            start_timeout=r.start_timeout,
+            data_timeout=r.data_timeout,
+            collective_timeout=float(r.collective_timeout),
+            data=data,
+            return_all=self.return_all,
+            env=env,
+            max_result_bytes=_spark_env.max_result_bytes(spark),
+            local_gpus=self.launcher.rank_gpus(r),
+            gpus_per_rank=r.gpus_per_rank,
+            ranks_per_task=self.per_task,
+            log_dir=r.log_dir,
+            attempt=self.attempt,
+            nodes=r.nodes,
+            launch=(_spark_env.driver_host(spark), os.getcwd()),
+            work_dir=r.work_dir,
+            clean_work_dir=r.clean_work_dir,
+            job=self.job,
+            # on a local master a task's stderr is the driver's console, which already shows the
+            # streamed lines: copying them there too would print each line twice
+            echo=spark is not None and not _spark_env.is_local(_spark_env.master_of(spark)),
+        )
+
+    def _attempt(self, data, data_df, deadline: Deadline):
+        """One launch: a fresh run id, log channel and rendezvous."""
+        r = self.runner
+        self.attempt += 1
+        monitor = failures.Monitor(r.world_size, r.sink, r.backend_spec, r.world_size // self.per_task)
+        monitor.on_metrics = self.track.log_metrics
+        secret = new_secret()
+        host = _spark_env.driver_host(self.spark)
+        server = listen(secret, monitor.on_message, host)
+        try:
+            spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
+            table = self.launcher.launch(r, data_df, spec, monitor, deadline)
+            ranks = range(r.world_size) if self.return_all else [0]
+            results = collection.decode(table, ranks, what="rank")
+        finally:
+            server.close()
+        if self.return_all:
+            return [results[(k, 0)] for k in range(r.world_size)]
+        return results[(0, 0)]
