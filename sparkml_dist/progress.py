@@ -5,7 +5,7 @@ terminal), or a silent stand-in when ``enabled`` is False or tqdm is missing.  U
 thread-safe (tqdm's own lock).
 
 For units finishing inside one Spark job (a search's fits), :func:`fits` opens a bar and an
-authenticated channel (:mod:`sparkml_dist.runner.channel`) and yields its address; each task's
+authenticated channel (:mod:`sparkml_dist.channel`) and yields its address; each task's
 :class:`Reporter` ticks the bar as its units finish.  Progress is best effort: a task that cannot
 reach the driver still runs.
 """

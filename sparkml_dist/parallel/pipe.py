@@ -23,7 +23,7 @@ from ..stages import ranges
 from . import wiring
 from .blocks import blocks_of, check_forward, container, on_meta, stage_examples
 from .layout import check_layout
-from .transfer import recv_tree, send_tree
+from .transfer import merge_pieces, optimizer_part, recv_tree, send_tree, to_cpu
 
 
 def pipeline(
@@ -311,18 +311,10 @@ class Pipeline:
         if lay.pp_rank != 0:
             send_tree(tree, lay.global_rank(0, 0), self._device)
             return None
-        pieces = [_to_cpu(tree)] + [
+        pieces = [to_cpu(tree)] + [
             recv_tree(lay.global_rank(0, p), self._device) for p in range(1, lay.pp_ranks)
         ]
-        merged = {}
-        model = {k: v for piece in pieces for k, v in piece["model"].items()}
-        merged["model"] = OrderedDict((k, model[k]) for k in self._full_keys if k in model)
-        if "optimizer" in tree:
-            merged["optimizer"] = {
-                "state": {k: v for piece in pieces for k, v in piece["optimizer"]["state"].items()},
-                "param_groups": [g for piece in pieces for g in piece["optimizer"]["param_groups"]],
-            }
-        return merged
+        return merge_pieces(pieces, self._full_keys)
 
     def load_state_dict(self, state: dict, optimizer: Optional[torch.optim.Optimizer] = None) -> None:
         """Load what :meth:`state_dict` (or :meth:`full_state_dict`) gave, on every rank.
@@ -348,26 +340,7 @@ class Pipeline:
         from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
         names = {n for n, _ in self._local.named_parameters()}
-        osd = state["optimizer"]
-        own = {
-            "state": {k: v for k, v in osd["state"].items() if k in names},
-            "param_groups": [
-                dict(g, params=[p for p in g["params"] if p in names])
-                for g in osd["param_groups"]
-                if any(p in names for p in g["params"])
-            ],
-        }
-        set_optimizer_state_dict(self._local, optimizer, own)
-
-
-def _to_cpu(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().cpu().clone()
-    if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return [_to_cpu(v) for v in tree]
-    return tree
+        set_optimizer_state_dict(self._local, optimizer, optimizer_part(state["optimizer"], names))
 
 
 def _digest(t: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,8 @@ can only build tensors and plain values.
 from __future__ import annotations
 
 import json
-from typing import Any, List
+from collections import OrderedDict
+from typing import Any, List, Sequence
 
 import torch
 import torch.distributed as dist
@@ -90,3 +91,39 @@ def recv_tree(src: int, device: torch.device) -> Any:
         dist.recv(t, src)
         tensors[spec[_TENSOR]] = t.cpu()
     return _unflatten(header, tensors)
+
+
+def to_cpu(tree: Any) -> Any:
+    """``tree`` with every tensor detached and copied to the CPU."""
+    if isinstance(tree, torch.Tensor):
+        return tree.detach().cpu().clone()
+    if isinstance(tree, dict):
+        return {k: to_cpu(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return [to_cpu(v) for v in tree]
+    return tree
+
+
+def merge_pieces(pieces: List[dict], keys: Sequence[str]) -> dict:
+    """The stages' ``{"model": ..., "optimizer": ...}`` pieces as one: the model's entries in the
+    unsplit model's key order, the optimizers' states and parameter groups together."""
+    model = {k: v for piece in pieces for k, v in piece["model"].items()}
+    merged: dict = {"model": OrderedDict((k, model[k]) for k in keys if k in model)}
+    if "optimizer" in pieces[0]:
+        merged["optimizer"] = {
+            "state": {k: v for piece in pieces for k, v in piece["optimizer"]["state"].items()},
+            "param_groups": [g for piece in pieces for g in piece["optimizer"]["param_groups"]],
+        }
+    return merged
+
+
+def optimizer_part(state: dict, names: set) -> dict:
+    """The part of a merged optimizer state (keyed by parameter name) for the parameters ``names``."""
+    return {
+        "state": {k: v for k, v in state["state"].items() if k in names},
+        "param_groups": [
+            dict(g, params=[p for p in g["params"] if p in names])
+            for g in state["param_groups"]
+            if any(p in names for p in g["params"])
+        ],
+    }

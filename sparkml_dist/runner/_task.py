@@ -22,8 +22,7 @@ import socket
 import tempfile
 import threading
 import time
-from dataclasses import dataclass
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 
@@ -32,41 +31,9 @@ from ..channel import LogClient
 from ..gpus import rank_gpus, task_gpus
 from . import backends, protocol, workdirs
 from ._rank_process import RankProcess, exit_text
-from .feeding import Data
 from .feeding import feed as _feed
 from .protocol import RankFailure
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything a barrier task needs, as plain values built on the driver."""
-
-    run_id: str
-    world_size: int
-    payload: bytes  # serialized (main, args, kwargs, want_result)
-    backend: str  # a name in backends.BACKENDS
-    use_gpu: bool
-    log_ranks: Tuple[int, ...]  # ranks whose output is streamed
-    channel: Optional[Tuple[str, int]]  # the driver's log server, or None
-    secret: bytes
-    start_timeout: Optional[float]
-    collective_timeout: float
-    return_all: bool
-    max_result_bytes: int
-    env: Tuple[Tuple[str, str], ...] = ()
-    data: Data = None  # where the ranks' shards come from: None (no data), SparkRows, ParquetSlices
-    local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
-    ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
-    log_dir: Optional[str] = None  # every rank's whole output, one file per rank and attempt
-    attempt: int = 1
-    nodes: str = "host"  # what LOCAL_RANK / GROUP_RANK count: a host's ranks, or a task's
-    launch: Optional[Tuple[str, str]] = None  # (driver host, driver's cwd): torchrun's cwd rule
-    work_dir: Optional[str] = None  # BarrierRunner(work_dir=): every rank's cwd
-    clean_work_dir: bool = False
-    job: str = "function"  # names the kept working directory on executors
-    gpus_per_rank: int = 1
-    echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
-    data_timeout: Optional[float] = None  # seconds the data phase may go without a new batch
+from .task_spec import TaskSpec
 
 
 class _RankTask:
@@ -129,20 +96,7 @@ class _RankTask:
         connect early wait in the backlog.
         """
         spec, listener, port = self.spec, None, 0
-        env = {
-            **protocol.without_spark_secrets(os.environ),
-            **dict(spec.env),
-            "RANK": str(self.rank),
-            "WORLD_SIZE": str(spec.world_size),
-            "PYTHONUNBUFFERED": "1",
-            protocol.TIMEOUT_ENV: str(spec.collective_timeout),
-            protocol.START_TIMEOUT_ENV: str(spec.start_timeout or ""),
-            protocol.BACKEND_ENV: spec.backend,
-            protocol.RUN_ENV: spec.run_id,
-            protocol.USE_GPU_ENV: "1" if spec.use_gpu else "0",
-        }
-        if self.gpus is not None:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(self.gpus)
+        env = spec.rank_env(self.rank, self.gpus)
         try:
             if self.rank == 0:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

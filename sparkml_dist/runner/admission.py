@@ -36,7 +36,13 @@ def check_arguments(
         ("collective_timeout", collective_timeout),
     ):
         arg_checks.seconds(name, value)
-    arg_checks.integer("model_bytes", model_bytes, 0, none_ok=True, fix="the bytes one rank's model needs")
+    arg_checks.integer(
+        "model_bytes",
+        model_bytes,
+        0,
+        none_ok=True,
+        fix="the bytes one rank's model needs (sparkml_dist.plan.model_bytes)",
+    )
     arg_checks.integer("max_restarts", max_restarts, 0)
     if log_dir is not None and (not isinstance(log_dir, str) or "://" in log_dir):
         raise ConfigurationError(

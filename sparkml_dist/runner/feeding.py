@@ -35,8 +35,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Union
+from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 
@@ -44,24 +43,7 @@ from .. import parquet_split
 from ..group_rows import GROUP_COL
 from . import protocol
 from .protocol import RankFailure
-
-
-@dataclass(frozen=True)
-class SparkRows:
-    """The ranks' rows move through Spark: each task's partition holds its ranks' shards."""
-
-    source = "Spark"
-
-
-@dataclass(frozen=True)
-class ParquetSlices:
-    """Each rank reads its own row ranges of a plain Parquet scan's files (no Spark shuffle)."""
-
-    split: parquet_split.ParquetSplit
-    source = "its Parquet row ranges"
-
-
-Data = Optional[Union[SparkRows, ParquetSlices]]  # a TaskSpec's ``data``: None, the function has none
+from .task_spec import ParquetSlices, SparkRows
 
 
 def _stalled(members: list) -> Callable[[float, int], RankFailure]:

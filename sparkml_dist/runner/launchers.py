@@ -4,7 +4,7 @@
 :class:`SparkLauncher` (``np > 0``) or a :class:`LocalLauncher` (``np < 0``); both have the same
 methods, so a run never asks which it holds.
 
-Both launch paths hand the same :class:`~sparkml_dist.runner._task.TaskSpec` to the same
+Both launch paths hand the same :class:`~sparkml_dist.runner.task_spec.TaskSpec` to the same
 :func:`~sparkml_dist.runner._task.supervise`; they differ in who gang-schedules the ranks (Spark's
 barrier stage, or threads on the driver) and in how a run is cancelled (its job tag, or an event).
 :func:`wait` is shared: it returns on success and cancels on a reported failure, the run's
@@ -26,6 +26,7 @@ from ..gpus import assign_local, rank_profile
 from . import _task, admission, protocol
 from .failures import FAILURE_GRACE_S, Monitor, translate
 from .gangs import ThreadGang
+from .task_spec import TaskSpec
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def wait(
         raise translate(errors[0], monitor)
 
 
-def launch_spark(spark, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline, profile=None):
+def launch_spark(spark, data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline, profile=None):
     """``np`` barrier tasks over ``data_df`` (rank r's shard in partition r), or over placeholders."""
     tasks = spec.world_size // spec.ranks_per_task
     df = data_df if data_df is not None else spark.range(0, tasks, 1, tasks)
@@ -154,7 +155,7 @@ def _local_shards(data_df, world: int) -> List[list]:
     return [table.filter(pa.array(ranks == r)).to_batches() for r in range(world)]
 
 
-def launch_local(data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline):
+def launch_local(data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline):
     """``-np`` rank processes on the driver, gang-scheduled by threads."""
     import pyarrow as pa
 
@@ -216,7 +217,7 @@ class SparkLauncher:
         """Each rank's GPUs when they are the driver's (a local master), else None (the tasks')."""
         return assign_local(self.spark, runner.world_size, runner.use_gpu, False, runner.gpus_per_rank)
 
-    def launch(self, runner, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline):
+    def launch(self, runner, data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline):
         profile = rank_profile(self.spark, runner.use_gpu, runner.gpus_per_rank)
         return launch_spark(self.spark, data_df, spec, monitor, deadline, profile)
 
@@ -243,7 +244,7 @@ class LocalLauncher:
     def rank_gpus(self, runner) -> Optional[tuple]:
         return assign_local(self.spark, runner.world_size, runner.use_gpu, True, runner.gpus_per_rank)
 
-    def launch(self, runner, data_df, spec: _task.TaskSpec, monitor: Monitor, deadline: Deadline):
+    def launch(self, runner, data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline):
         return launch_local(data_df, spec, monitor, deadline)
 
 

@@ -3,7 +3,7 @@
 The *task* is the Spark barrier task on an executor (or a driver thread for ``np < 0``,
 :mod:`sparkml_dist.runner._task`); the *rank process* is the child it starts
 (:mod:`sparkml_dist.runner._rank`); the *driver* listens on the log channel
-(:mod:`sparkml_dist.runner.channel`).  Nothing else defines these names.
+(:mod:`sparkml_dist.channel`).  Nothing else defines these names.
 
 Lifecycle of one rank:
 

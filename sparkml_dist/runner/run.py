@@ -22,9 +22,9 @@ from .. import _spark_env, collection, tracking
 from ..channel import new_secret
 from ..channel_server import listen
 from ..errors import WorkerError
-from . import _task, admission, failures, launchers, sharding
-from .feeding import SparkRows
+from . import admission, failures, launchers, sharding
 from .launchers import Deadline
+from .task_spec import SparkRows, TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ class Run:
                 return files, None
             return SparkRows(), sharding.spark_shards(df, r.world_size, r.seed, self.per_task, self.replicas)
 
-    def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> _task.TaskSpec:
+    def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark
         env = ()
         if r.checkpoint_dir:
@@ -118,7 +118,7 @@ class Run:
 
             d = r.checkpoint_dir
             env = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
-        return _task.TaskSpec(
+        return TaskSpec(
             run_id=run_id,
             world_size=r.world_size,
             payload=self.payload,

@@ -23,7 +23,7 @@ from typing import Optional
 
 from .. import parquet_split, partitioning
 from ..errors import ConfigurationError
-from .feeding import ParquetSlices
+from .task_spec import ParquetSlices
 
 log = logging.getLogger(__name__)
 

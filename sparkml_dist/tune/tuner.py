@@ -4,7 +4,7 @@ Optuna draws the parameters (``sampler``: "grid", "random", "tpe" or any ``BaseS
 decides early stopping (``early_stopping``: :mod:`sparkml_dist.tune.policies`); Spark runs each
 trial as a one-task job, launched as soon as a slot frees (never more than ``max_concurrent`` at
 once).  A trial's ``trial.report(step, **metrics)`` travels to the driver over an authenticated
-socket (:mod:`sparkml_dist.runner.channel`), is handed to the pruner, and the answer comes back
+socket (:mod:`sparkml_dist.channel`), is handed to the pruner, and the answer comes back
 before ``report`` returns: ``trial.should_stop()`` then says whether to end.  A trial that raises
 is recorded with its traceback and the tuning goes on.
 

@@ -40,7 +40,10 @@ def test_bad_constructor_arguments():
         (dict(np=2, log_ranks="some"), "log_ranks must be"),
         (dict(np=2, log_dir="s3://bucket/logs"), "log_dir must be a directory path every executor can write"),
         (dict(np=2, max_restarts=-1), "max_restarts must be an integer >= 0"),
-        (dict(np=2, model_bytes=-5), "model_bytes must be a number of bytes"),
+        (
+            dict(np=2, model_bytes=-5),
+            r"model_bytes must be an integer >= 0 or None, got -5; the bytes one rank",
+        ),
     ):
         with pytest.raises(ConfigurationError, match=match):
             BarrierRunner(**kwargs)

@@ -17,8 +17,8 @@ from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel_server import LogServer
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.data import Shard
-from sparkml_dist.runner.feeding import SparkRows
 from sparkml_dist.runner.gangs import ThreadGang
+from sparkml_dist.runner.task_spec import SparkRows
 
 
 def test_local_ranks_and_env():
@@ -439,16 +439,16 @@ def test_a_read_still_blocked_after_the_stall_report_ends_the_task(monkeypatch):
     (in a Spark task: its Python worker) instead of waiting forever."""
     import threading
 
-    from sparkml_dist.runner import feeding as data_watch
+    from sparkml_dist.runner import feeding
 
-    monkeypatch.setattr(data_watch, "STUCK_GRACE", 0.5)
+    monkeypatch.setattr(feeding, "STUCK_GRACE", 0.5)
     release, stuck = threading.Event(), []
 
     def forever():
         yield pa.record_batch({"x": pa.array([1.0])})
         release.wait(30)  # a shuffle fetch from a lost executor
 
-    watch = data_watch.DataWatch(0.5, lambda idle, rows: RuntimeError(f"stalled after {rows}"), stuck.append)
+    watch = feeding.DataWatch(0.5, lambda idle, rows: RuntimeError(f"stalled after {rows}"), stuck.append)
     reader = threading.Thread(target=lambda: [None for _ in watch.batches(forever())])
     started = time.monotonic()
     with watch:
@@ -459,7 +459,7 @@ def test_a_read_still_blocked_after_the_stall_report_ends_the_task(monkeypatch):
         release.set()
         reader.join()
     assert [str(e) for e in stuck] == ["stalled after 1"] and time.monotonic() - started < 5
-    fine = data_watch.DataWatch(0.5, lambda idle, rows: RuntimeError("x"), stuck.append)
+    fine = feeding.DataWatch(0.5, lambda idle, rows: RuntimeError("x"), stuck.append)
     with fine:
         list(fine.batches(iter([pa.record_batch({"x": pa.array([1.0])})])))
     assert len(stuck) == 1  # a read that keeps moving is never ended

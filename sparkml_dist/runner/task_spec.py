@@ -1,0 +1,84 @@
+"""What the driver hands each barrier task: its :class:`TaskSpec`, and where its rows come from.  [anywhere]
+
+Built on the driver by :class:`~sparkml_dist.runner.run.Run`, pickled into the barrier job (or
+handed to the threads of local processes), read by :mod:`sparkml_dist.runner._task` and
+:mod:`sparkml_dist.runner.feeding`: plain values only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple, Union
+
+from .. import parquet_split
+from . import protocol
+
+
+@dataclass(frozen=True)
+class SparkRows:
+    """The ranks' rows move through Spark: each task's partition holds its ranks' shards."""
+
+    source = "Spark"
+
+
+@dataclass(frozen=True)
+class ParquetSlices:
+    """Each rank reads its own row ranges of a plain Parquet scan's files (no Spark shuffle)."""
+
+    split: parquet_split.ParquetSplit
+    source = "its Parquet row ranges"
+
+
+Data = Optional[Union[SparkRows, ParquetSlices]]  # a TaskSpec's ``data``: None, the function has none
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a barrier task needs, as plain values built on the driver."""
+
+    run_id: str
+    world_size: int
+    payload: bytes  # serialized (main, args, kwargs, want_result)
+    backend: str  # a name in backends.BACKENDS
+    use_gpu: bool
+    log_ranks: Tuple[int, ...]  # ranks whose output is streamed
+    channel: Optional[Tuple[str, int]]  # the driver's log server, or None
+    secret: bytes
+    start_timeout: Optional[float]
+    collective_timeout: float
+    return_all: bool
+    max_result_bytes: int
+    env: Tuple[Tuple[str, str], ...] = ()
+    data: Data = None  # where the ranks' shards come from: None (no data), SparkRows, ParquetSlices
+    local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
+    ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
+    log_dir: Optional[str] = None  # every rank's whole output, one file per rank and attempt
+    attempt: int = 1
+    nodes: str = "host"  # what LOCAL_RANK / GROUP_RANK count: a host's ranks, or a task's
+    launch: Optional[Tuple[str, str]] = None  # (driver host, driver's cwd): torchrun's cwd rule
+    work_dir: Optional[str] = None  # BarrierRunner(work_dir=): every rank's cwd
+    clean_work_dir: bool = False
+    job: str = "function"  # names the kept working directory on executors
+    gpus_per_rank: int = 1
+    echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
+    data_timeout: Optional[float] = None  # seconds the data phase may go without a new batch
+
+    def rank_env(self, rank: int, gpus: Optional[List[str]]) -> Dict[str, str]:
+        """The environment rank ``rank``'s process starts with (the rendezvous comes later, in its
+        start message): this process's, without Spark's secrets, plus the run's settings."""
+        env = {
+            **protocol.without_spark_secrets(os.environ),
+            **dict(self.env),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(self.world_size),
+            "PYTHONUNBUFFERED": "1",
+            protocol.TIMEOUT_ENV: str(self.collective_timeout),
+            protocol.START_TIMEOUT_ENV: str(self.start_timeout or ""),
+            protocol.BACKEND_ENV: self.backend,
+            protocol.RUN_ENV: self.run_id,
+            protocol.USE_GPU_ENV: "1" if self.use_gpu else "0",
+        }
+        if gpus is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return env
