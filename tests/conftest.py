@@ -59,3 +59,10 @@ def master():
 only_local = pytest.mark.skipif(
     MASTER != "local[2]", reason="starts its own local Spark; run in the local[2] pass"
 )
+
+# What separate executor JVMs cannot change (checks before any job, Spark SQL alone, MLflow on the
+# driver) runs on local[2] and Connect, not again on local-cluster: each behaviour on the masters
+# where it can differ, so the suite stays within CI's time.
+not_on_cluster = pytest.mark.skipif(
+    IS_CLUSTER, reason="cannot differ with separate executor JVMs: runs in the local[2] and Connect passes"
+)

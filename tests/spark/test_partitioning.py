@@ -16,6 +16,9 @@ from sparkml_dist.partitioning import (
     check_groups,
     group_stats,
 )
+from tests.conftest import not_on_cluster
+
+pytestmark = not_on_cluster
 
 
 @pytest.fixture(scope="module")

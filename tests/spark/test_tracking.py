@@ -14,8 +14,10 @@ from sparkml_dist import mlflow_flavor, tune  # noqa: E402
 from sparkml_dist.ensemble import BaggingClassifier, GroupedTrainer  # noqa: E402
 from sparkml_dist.runner import BarrierRunner  # noqa: E402
 from sparkml_dist.search import ParallelSearchCV  # noqa: E402
-from tests.conftest import IS_CONNECT  # noqa: E402
+from tests.conftest import IS_CONNECT, not_on_cluster  # noqa: E402
 from tests.support import tune_helpers as th  # noqa: E402
+
+pytestmark = not_on_cluster
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,9 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.ensemble import BaggingClassifier, BaggingRegressor
+from tests.conftest import not_on_cluster
+
+pytestmark = not_on_cluster
 
 
 @pytest.fixture(scope="module")
