@@ -66,3 +66,10 @@ only_local = pytest.mark.skipif(
 not_on_cluster = pytest.mark.skipif(
     IS_CLUSTER, reason="cannot differ with separate executor JVMs: runs in the local[2] and Connect passes"
 )
+
+# What Spark Connect cannot change (what ranks do once launched: collectives, pipelines, Horovod;
+# the launch, data path and errors through Connect are tested by tests/spark/test_runner.py there)
+# runs on local[2] and local-cluster, not again over Connect.
+not_on_connect = pytest.mark.skipif(
+    IS_CONNECT, reason="cannot differ over Spark Connect: runs in the local[2] and local-cluster passes"
+)

@@ -6,7 +6,7 @@ from sparkml_dist import ConfigurationError, InsufficientResourcesError, WorkerE
 from sparkml_dist._spark_env import ClusterMemory
 from sparkml_dist.plan import model_bytes
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import only_local
+from tests.conftest import not_on_connect, only_local
 from tests.support import parallel_helpers as ph
 from tests.support.runner_checks import assert_no_rank_left
 
@@ -23,6 +23,7 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@not_on_connect
 @pytest.mark.parametrize("schedule, balance", [("simple", "memory"), ("interleaved", "compute")])
 def test_two_stages_on_two_barrier_tasks_train_like_one_process(spark, unsplit, schedule, balance):
     state, losses = unsplit
@@ -49,6 +50,7 @@ def test_the_planner_refuses_a_model_whole_and_admits_it_split(spark):
     assert len(out["split"]) == 2
 
 
+@not_on_connect
 def test_fsdp2_shards_a_model_over_barrier_tasks(spark, unsplit):
     state, _ = unsplit
     out = BarrierRunner(2, spark=spark, timeout=240).run(ph.train_fsdp, STEPS, ROWS, return_all=True)
