@@ -73,3 +73,9 @@ not_on_cluster = pytest.mark.skipif(
 not_on_connect = pytest.mark.skipif(
     IS_CONNECT, reason="cannot differ over Spark Connect: runs in the local[2] and local-cluster passes"
 )
+
+# What no master can change (model arithmetic, Optuna's samplers and pruners, checks of files on the
+# driver): runs in the local[2] pass only; the Spark paths they share are tested on every master.
+master_independent = pytest.mark.skipif(
+    MASTER != "local[2]", reason="no master can change it: runs in the local[2] pass"
+)

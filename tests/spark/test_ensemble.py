@@ -18,7 +18,7 @@ from sparkml_dist.ensemble import (
     BaggingRegressionModel,
     BaggingRegressor,
 )
-from tests.conftest import IS_CLUSTER
+from tests.conftest import IS_CLUSTER, master_independent
 
 COLS = [f"f{i}" for i in range(6)]
 
@@ -100,6 +100,7 @@ def test_array_features_hard_voting_and_feature_subsets(spark, data3):
     )
 
 
+@master_independent
 def test_members_that_miss_a_class_still_vote_correctly(spark):
     # one of the 3 classes is so rare that most groups never see it
     rng = np.random.default_rng(0)
@@ -115,6 +116,7 @@ def test_members_that_miss_a_class_still_vote_correctly(spark):
     assert model.predict(X[:4]).tolist().count(7.0) >= 1
 
 
+@master_independent
 def test_members_pulled_out_predict_the_users_labels(spark):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(300, 4))
@@ -134,6 +136,7 @@ def test_members_pulled_out_predict_the_users_labels(spark):
     assert unanimous.any() and np.array_equal(model.predict(X)[unanimous], votes[0][unanimous])
 
 
+@master_independent
 def test_regressor_mean_of_members(spark):
     X, y = make_regression(n_samples=500, n_features=4, noise=0.1, random_state=0)
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
@@ -148,6 +151,7 @@ def test_regressor_mean_of_members(spark):
     assert np.corrcoef(pdf["prediction"], pdf["label"])[0, 1] > 0.8
 
 
+@master_independent
 def test_weight_column_reaches_the_members(spark):
     X = np.array([[0.0], [1.0]] * 50)
     y = np.array([0.0, 1.0] * 50)
@@ -163,6 +167,7 @@ def test_weight_column_reaches_the_members(spark):
     assert weighted.predict(np.array([[0.0]]))[0] == 1.0
 
 
+@master_independent
 def test_nan_accepted_by_estimators_that_handle_missing_values(spark, data3):
     X, y = data3
     X = X.copy()
@@ -172,6 +177,7 @@ def test_nan_accepted_by_estimators_that_handle_missing_values(spark, data3):
     assert np.isfinite(model.predict_proba(X)).all()
 
 
+@master_independent
 def test_xgboost_members(spark, data3):
     xgb = pytest.importorskip("xgboost")
     X, y = data3

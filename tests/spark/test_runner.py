@@ -8,7 +8,7 @@ from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError, RunTimeoutError
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import IS_CLUSTER, IS_STANDALONE
+from tests.conftest import IS_CLUSTER, IS_STANDALONE, not_on_connect
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
 
@@ -44,6 +44,7 @@ def test_duplicate_rows_are_spread_over_the_ranks(spark):
     assert all(set(r["values"]) == {0.0, 1.0, 2.0} for r in out)
 
 
+@not_on_connect
 def test_a_shard_slower_to_stream_than_start_timeout_still_runs(spark):
     # 4M rows of 4 doubles per rank take longer to stream into the task than start_timeout=2.5 s
     # (which counted the data phase, and failed every attempt); the rendezvous deadline now starts

@@ -14,6 +14,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.search import ParallelSearchCV
+from tests.conftest import master_independent
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +49,7 @@ def test_grid_search_matches_scikit_learn(spark, iris):
     assert ours.n_splits_ == 3 and ours.score(X, y) == ref.score(X, y)
 
 
+@master_independent
 def test_randomized_search_multimetric_and_train_scores_match(spark, iris):
     X, y = iris
     dists = {
