@@ -212,13 +212,11 @@ def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, s
     host = network.host_address()
     mine = "[" + ",".join(protocol.announce(host, p, m.rows, m.gpus) for m, p in zip(members, ports)) + "]"
     peers = protocol.peers(gang.allgather(mine))
-    sizes = json.dumps([p["rows"] for p in peers])
     for m, shard_env in zip(members, envs):
         env, extra = m.backend.rank_env(
             m.rank, peers, m.gpus, spec.collective_timeout, spec.nodes, spec.ranks_per_task
         )
         env.update(shard_env)
-        env[protocol.SHARD_SIZES_ENV] = sizes
         m.local_rank = int(env.get("LOCAL_RANK", "0"))
         m.send_start(protocol.start_message(env, **extra))
         m.started = time.monotonic()  # start_timeout counts from here: the data phase is bounded apart

@@ -69,7 +69,7 @@ def parse_log_ranks(value, world: int) -> tuple:
     raise ConfigurationError(f"log_ranks must be 'all', 'none', a rank or a list of ranks; got {value!r}")
 
 
-def _unpicklable_part(fn: Callable) -> str:
+def unpicklable_part(fn: Callable) -> str:
     """Name what a function captures that cannot be pickled (closure cells, then globals)."""
     code = getattr(fn, "__code__", None)
     candidates = []
@@ -99,7 +99,7 @@ def payload(main: Callable, args, kwargs, want_result: bool = True) -> bytes:
     except Exception as exc:
         raise ConfigurationError(
             f"cannot send {getattr(main, '__name__', main)!r} and its arguments to the ranks: "
-            f"{type(exc).__name__}: {exc}.{_unpicklable_part(main)}"
+            f"{type(exc).__name__}: {exc}.{unpicklable_part(main)}"
         ) from None
 
 

@@ -30,6 +30,13 @@ start over.  So :func:`load`, called by every rank, compares the steps the ranks
 rendezvous store: plain integers, nothing unpickled) and refuses a mismatch naming the ranks, with
 a pointer to shared storage.  Called before the process group exists, it checks once the group is
 made by :func:`sparkml_dist.runner.init_process_group`.
+
+**The data position too.**  When ``state`` is a dict and the function reads its shard with
+``shard().dataloader(...)``, :func:`save` also stores every live loader's position (epoch, next
+step, global batch, streams: a few integers under :data:`LOADERS_KEY`), and :func:`load` hands them
+back to the loaders (those made later get theirs when they are made), so the next ``iter(loader)``
+continues at the first batch the saved run had not yet trained on: a restart mid-epoch sees every
+sample of the epoch exactly once overall, on the same or another world size (same global batch).
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 
 LATEST = "LATEST"
 _CHECKPOINT_FILE = re.compile(r"step-\d{12}\.pt")  # what save() names; LATEST may name nothing else
+LOADERS_KEY = "__sparkml_dist_loaders__"  # where save() keeps the loaders' positions in a dict state
 DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benchmarks/bench_runner.py)
 
 
@@ -93,6 +101,11 @@ def save(state: Any, step: int, *, keep: int = 2, directory: Optional[str] = Non
     arg_checks.integer("step", step, 0)
     if _rank() != 0:
         return None
+    from . import loader
+
+    places = loader.positions()
+    if places and isinstance(state, dict):
+        state = {**state, LOADERS_KEY: places}
     fs, root = _location(directory)
     fs.create_dir(root, recursive=True)
     buf = io.BytesIO()
@@ -201,4 +214,9 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
             f"checkpoint {path} does not match its LATEST record (size or SHA-256): "
             "it was changed after it was written"
         )
-    return torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)
+    state = torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)
+    if isinstance(state, dict) and LOADERS_KEY in state:
+        from . import loader
+
+        loader.resume(state.pop(LOADERS_KEY))
+    return state

@@ -1,296 +1,299 @@
-"""This rank's shard of the DataFrame, as Arrow / numpy / torch.  [rank]
+"""This rank's shard of the DataFrame: streamed batches, or whole as numpy / torch.  [rank]
 
-The barrier task writes its partition to an Arrow IPC file on local disk; the rank process
-memory-maps it (``shard().table``, zero copy), keeps a handle open and removes the file at once,
-so the disk space goes back when the process ends, whatever way it ends.  Tensors are filled by
-reading the file batch by batch through that handle: building them costs the tensors plus one
-batch of memory.  No rows are pickled.
+A rank's rows are one or more *streams* (:mod:`sparkml_dist.runner.sample_order`) read chunk by
+chunk from where they lie (:mod:`sparkml_dist.runner.shard_sources`): rows that came through Spark
+from the Arrow IPC file the task spilled them to on local disk (opened, then removed from the
+directory at once, so the space goes back when the process ends, whatever way it ends); a plain
+Parquet scan from its files, with no local copy.  No rows are pickled.
 
 Inside ``main``::
 
     from sparkml_dist.runner import shard
-    data = shard()                                   # an Arrow table, plus helpers
-    X = data.to_torch(["features"])                  # list<double> column -> (n, d) float32 tensor
-    for X, y in data.dataloader(64, ["features", "label"], shuffle=True, seed=0):
+    data = shard()
+    for X, y in data.dataloader(64, ["features", "label"], seed=0):    # streamed, bounded memory
         ...
+    X = data.to_torch(["features"])        # the whole shard as one tensor (refused when too big)
 
-Every rank's ``dataloader`` yields the same number of batches per epoch (the largest shard decides;
-smaller shards cycle through their rows again), so DDP never hangs on uneven shards.
+``dataloader`` streams: what it holds is a few windows of rows, whatever the shard's size, and its
+order is the same for any number of ranks (see :mod:`sparkml_dist.runner.loader`).  Every rank
+yields the same number of batches per epoch, so DDP never hangs on uneven shards.
+``to_numpy`` / ``to_torch`` / ``table`` build the whole shard in memory: they refuse a shard that
+does not fit, naming the streaming API.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
-from typing import BinaryIO, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Iterator, List, Optional, Sequence, Union
 
 import numpy as np
 import pyarrow as pa
 
 from .. import arg_checks
 from ..errors import ConfigurationError
-from .protocol import SHARD_ENV, SHARD_SIZES_ENV
+from . import columns as arrow_numpy
+from .loader import ShardLoader
+from .protocol import SHARD_ENV
+from .sample_order import rank_streams
+from .shard_sources import TableSource, open_manifest
 
 Columns = Optional[Union[str, Sequence[str]]]
-_BLOCK_ROWS = 2048  # rows transposed at once by _fill: a block of 50 float64 columns stays in L2
+WINDOW_ROWS = 16384  # rows a stream's window holds by default: the shuffle's reach and its memory
 
 
-def _is_list(t: pa.DataType) -> bool:
-    return pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t)
+def memory_budget() -> int:
+    """Bytes this process may still allocate: the least of the memory available on the machine,
+    the room left under its address-space / data limits, and its cgroup's."""
+    import resource
 
-
-def _chunk_numpy(chunk: pa.Array, name: str) -> np.ndarray:
-    """A zero-copy numpy view of one Arrow chunk: (n, d) for a list column, (n,) otherwise."""
-    if not _is_list(chunk.type):
-        return chunk.to_numpy(zero_copy_only=False)
-    if chunk.null_count:
-        raise ConfigurationError(f"column {name!r}: {chunk.null_count} rows are null")
-    n = len(chunk)
-    values = chunk.flatten()
-    if n and len(values) % n:
-        raise ConfigurationError(f"column {name!r}: rows have different lengths")
-    return values.to_numpy(zero_copy_only=False).reshape(n, len(values) // n if n else 0)
-
-
-def _float_target(float_dtype) -> type:
-    import torch
-
-    return {torch.float64: np.float64, torch.float16: np.float16}.get(float_dtype, np.float32)
-
-
-def _fill(
-    batches: Iterable[pa.RecordBatch], names: List[str], n_rows: int, dtypes: List, stack: bool
-) -> List[np.ndarray]:
-    """One pass over ``batches`` filling freshly allocated arrays for the named columns.
-
-    ``stack``: one (n, total width) array of ``dtypes[0]``; otherwise one array per column,
-    (n, d) for a list column and (n,) for a scalar one.  Each batch is viewed without copying and
-    dropped after use, so the peak is the outputs plus one batch.
-    """
-    outs: Optional[List[np.ndarray]] = None
-    widths: List[int] = []
-    row = 0
-    for batch in batches:
-        if not len(batch):
-            continue
-        parts = [_chunk_numpy(batch.column(c), c) for c in names]
-        if outs is None:
-            widths = [p.shape[1] if p.ndim == 2 else 1 for p in parts]
-            if stack:
-                outs = [np.empty((n_rows, sum(widths)), dtype=dtypes[0])]
-            else:
-                outs = [
-                    np.empty((n_rows, w) if p.ndim == 2 else (n_rows,), dtype=dt)
-                    for p, w, dt in zip(parts, widths, dtypes)
-                ]
-        for name, part, w in zip(names, parts, widths):
-            if part.ndim == 2 and part.shape[1] != w:
-                raise ConfigurationError(f"column {name!r}: rows have different lengths")
-        if stack:  # columns -> rows, a cache-sized block of rows at a time
-            for lo in range(0, len(batch), _BLOCK_ROWS):
-                hi = min(lo + _BLOCK_ROWS, len(batch))
-                block = np.concatenate([p[lo:hi] if p.ndim == 2 else p[lo:hi, None] for p in parts], axis=1)
-                outs[0][row + lo : row + hi] = block
-        else:
-            for j, part in enumerate(parts):
-                outs[j][row : row + len(batch)] = part
-        row += len(batch)
-    if outs is None:  # no rows
-        outs = [np.zeros((0, 0), dtype=dtypes[0])] if stack else [np.zeros(0, dtype=d) for d in dtypes]
-    return outs
+    room = []
+    status = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                status[key] = int(rest.split()[0]) * 1024
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                room.append(int(line.split()[1]) * 1024)
+    for limit, used in ((resource.RLIMIT_AS, "VmSize"), (resource.RLIMIT_DATA, "VmData")):
+        soft = resource.getrlimit(limit)[0]
+        if soft != resource.RLIM_INFINITY:
+            room.append(soft - status.get(used, 0))
+    try:
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            cap = fh.read().strip()
+        if cap != "max":
+            with open("/sys/fs/cgroup/memory.current") as fh:
+                room.append(int(cap) - int(fh.read()))
+    except OSError:
+        pass
+    return max(0, min(room)) if room else 1 << 62
 
 
 class Shard:
-    """One rank's rows.
+    """One rank's rows: ``dataloader`` / ``batches`` stream them; ``to_numpy`` / ``to_torch`` /
+    ``table`` build them whole.
 
-    ``table`` is the memory-mapped Arrow table (zero copy; pages count toward this process's
-    memory only once touched).  ``to_numpy``/``to_torch``/``dataloader`` instead *read* the shard
-    file batch by batch through ``source``, so building a tensor costs the tensor plus one batch,
-    not the tensor plus the mapped shard.
+    ``Shard(table, shard_sizes, rank)`` makes one from an in-memory Arrow table (rank ``rank``'s
+    stream of ``len(shard_sizes)``); inside ``run_with_data`` use :func:`shard`.
     """
 
     def __init__(
-        self, table: pa.Table, shard_sizes: Sequence[int], rank: int, source: Optional[BinaryIO] = None
+        self, table: Optional[pa.Table], shard_sizes: Sequence[int] = (), rank: int = 0, **where
     ) -> None:
-        self.table = table
-        self.shard_sizes = list(shard_sizes)
-        self.rank = rank
-        self._source = source
-
-    def _batches(self) -> Iterator[pa.RecordBatch]:
-        if self._source is None:
-            yield from self.table.to_batches()
-            return
-        self._source.seek(0)
-        reader = pa.ipc.open_file(pa.PythonFile(self._source, mode="r"))
-        for i in range(reader.num_record_batches):
-            yield reader.get_batch(i)
-
-    def _dtype(self, name: str, float_dtype=None, for_torch: bool = False):
-        t = self.table.schema.field(name).type
-        while _is_list(t):
-            t = t.value_type
-        if pa.types.is_floating(t):
-            return _float_target(float_dtype) if for_torch else t.to_pandas_dtype()
-        if for_torch:
-            return np.bool_ if pa.types.is_boolean(t) else np.int64
-        return t.to_pandas_dtype()
+        if table is not None:
+            sizes = list(shard_sizes) or [table.num_rows]
+            where = dict(
+                source=TableSource(table, stream=rank), sizes=sizes, data_rank=rank, data_world=len(sizes)
+            )
+        self._source = where["source"]
+        self.sizes: List[int] = [int(n) for n in where["sizes"]]
+        self.data_rank, self.data_world = int(where["data_rank"]), int(where["data_world"])
+        self.rank = int(where.get("rank", self.data_rank))
+        self.shard_sizes = [
+            sum(self.sizes[c] for c in rank_streams(r, self.data_world, len(self.sizes)))
+            for r in range(self.data_world)
+        ]
 
     @property
     def num_rows(self) -> int:
-        return self.table.num_rows
+        return sum(self.sizes[c] for c in self._source.streams)
 
     @property
     def column_names(self) -> List[str]:
-        return self.table.column_names
+        return list(self._source.schema.names)
+
+    @property
+    def streams(self) -> List[int]:
+        """The streams this rank holds (see :mod:`sparkml_dist.runner.sample_order`)."""
+        return list(self._source.streams)
+
+    def _chunks(self) -> Iterator[pa.RecordBatch]:
+        """Every row of the shard, stream after stream, chunk by chunk."""
+        for c in self._source.streams:
+            for i in range(len(self._source.chunks(c))):
+                yield from self._source.read(c, i).to_batches()
 
     def _names(self, columns: Columns) -> List[str]:
         if columns is None:
-            return list(self.table.column_names)
+            return self.column_names
         names = [columns] if isinstance(columns, str) else list(columns)
-        missing = [c for c in names if c not in self.table.column_names]
+        missing = [c for c in names if c not in self.column_names]
         if missing:
-            raise ConfigurationError(
-                f"columns {missing} are not in this shard; it has {self.table.column_names}"
-            )
+            raise ConfigurationError(f"columns {missing} are not in this shard; it has {self.column_names}")
         return names
+
+    def _type(self, name: str) -> pa.DataType:
+        return self._source.schema.field(name).type
+
+    def _check_fits(self, names: List[str], what: str) -> None:
+        """Refuse to build the whole shard when it does not fit in this process's memory."""
+        if not self.num_rows:
+            return
+        c = self._source.streams[0]
+        first = self._source.read(c, 0).select(names)
+        need = int(first.nbytes / max(1, first.num_rows) * self.num_rows)
+        room = memory_budget()
+        if need > 0.8 * room:
+            raise ConfigurationError(
+                f"{what} of rank {self.rank}'s shard needs about {need / 2**20:.0f} MiB "
+                f"({self.num_rows} rows of {names}) but this process has about {room / 2**20:.0f} MiB left: "
+                "stream it instead with shard().dataloader(batch_size, columns) or "
+                "shard().batches(batch_size, columns), "
+                "which hold a few windows of rows whatever the shard's size"
+            )
+
+    @property
+    def table(self) -> pa.Table:
+        """The whole shard as one Arrow table (refused when it does not fit in memory)."""
+        self._check_fits(self.column_names, "table")
+        batches = list(self._chunks())
+        return pa.Table.from_batches(batches, schema=self._source.schema)
 
     def to_numpy(self, columns: Columns = None, dtype=None) -> np.ndarray:
         """One new 2-D array of the columns (a list column spreads over several), as ``dtype``
-        (default: the columns' common type)."""
+        (default: the columns' common type).  Refused when it does not fit in memory."""
         names = self._names(columns)
-        target = dtype or np.result_type(*[self._dtype(c) for c in names])
-        return _fill(self._batches(), names, self.num_rows, [target], stack=True)[0]
+        self._check_fits(names, "to_numpy()")
+        types = []
+        for c in names:
+            t = self._type(c)
+            while arrow_numpy.is_list(t):
+                t = t.value_type
+            types.append(t.to_pandas_dtype())
+        target = dtype or np.result_type(*types)
+        return arrow_numpy.fill(self._chunks(), names, self.num_rows, [target], stack=True)[0]
 
     def to_torch(self, columns: Columns = None, dtype=None, device=None):
         """A tensor of the columns: floating data as ``dtype`` (default float32), integers as int64.
 
-        Filled straight from the shard file: the peak is the tensor plus one batch.  ``device``
-        (e.g. ``context().device``): where the tensor goes, with a non-blocking copy.
+        Filled chunk by chunk: the peak is the tensor plus one chunk; refused, naming the streaming
+        API, when the tensor does not fit in memory.  ``device`` (e.g. ``context().device``): where
+        the tensor goes, with a non-blocking copy.
         """
         import torch
 
         names = self._names(columns)
-        target = np.result_type(*[self._dtype(c, dtype, for_torch=True) for c in names])
-        tensor = torch.from_numpy(_fill(self._batches(), names, self.num_rows, [target], stack=True)[0])
+        self._check_fits(names, "to_torch()")
+        self._numeric(names)
+        target = np.result_type(*[arrow_numpy.torch_dtype(self._type(c), dtype) for c in names])
+        tensor = torch.from_numpy(
+            arrow_numpy.fill(self._chunks(), names, self.num_rows, [target], stack=True)[0]
+        )
         return tensor if device is None else tensor.to(device, non_blocking=True)
+
+    def _numeric(self, names: List[str]) -> None:
+        for c in names:
+            if not arrow_numpy.is_numeric(self._type(c)):
+                raise ConfigurationError(
+                    f"column {c!r} holds {self._type(c)} values, not numbers: decode it with "
+                    f"shard().dataloader(..., transform=fn), where fn gets the batch's {c!r} values "
+                    "(bytes stay bytes) and returns tensors"
+                )
 
     def steps_per_epoch(self, batch_size: int, drop_last: bool = False) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""
-        biggest = max(self.shard_sizes) if self.shard_sizes else self.num_rows
-        return max(1, biggest // batch_size) if drop_last else max(1, math.ceil(biggest / batch_size))
+        from .sample_order import Plan
+
+        return Plan(self.sizes, batch_size * self.data_world, drop_last).steps
 
     def dataloader(
         self,
-        batch_size: int,
+        batch_size: Optional[int] = None,
         columns: Columns = None,
         shuffle: bool = True,
         seed: int = 0,
         drop_last: bool = False,
         device=None,
         pin_memory: bool = False,
-    ) -> "ShardLoader":
-        """Batches of tensors, one per column: a list column gives (b, d), a scalar column (b,).
+        *,
+        global_batch_size: Optional[int] = None,
+        transform: Optional[Callable] = None,
+        num_workers: int = 0,
+        window_rows: int = WINDOW_ROWS,
+        read_ahead: int = 1,
+    ) -> ShardLoader:
+        """Batches streamed from the shard in the global order (see :mod:`.loader`): without
+        ``transform`` a tuple of tensors, one per column ((b, d) for a list column, (b,) for a
+        scalar one); with it, what ``transform({column: values})`` returns.
 
+        ``batch_size`` rows per rank, or ``global_batch_size`` rows per step over all ranks (keep
+        it fixed to see the same samples per step on any world size).  ``window_rows``: rows a
+        stream shuffles within and holds at once; ``read_ahead``: windows read in advance.
         ``device`` (e.g. ``context().device``): each batch is copied there without blocking the
-        host; ``pin_memory=True`` stages GPU-bound batches in page-locked memory first, so the
-        copy overlaps the previous step's compute.
+        host; ``pin_memory=True`` stages GPU-bound batches in page-locked memory first.
         """
-        arg_checks.integer("batch_size", batch_size, 1)
+        _check_loader_args(batch_size, global_batch_size, window_rows, read_ahead, num_workers)
         if self.num_rows == 0:
             raise ConfigurationError(
-                f"rank {self.rank} received an empty shard; there are fewer rows "
-                "than ranks. Lower np or add data."
+                f"rank {self.rank} received an empty shard; there are fewer rows than ranks. "
+                "Lower np or add data."
             )
         names = self._names(columns)
+        if transform is None:
+            self._numeric(names)
         import torch
 
-        arrays = _fill(
-            self._batches(),
+        return ShardLoader(
+            self._source,
+            self.sizes,
+            self.data_rank,
+            self.data_world,
             names,
-            self.num_rows,
-            [self._dtype(c, for_torch=True) for c in names],
-            stack=False,
+            [arrow_numpy.torch_dtype(self._type(c)) for c in names],
+            batch_size=batch_size,
+            global_batch_size=global_batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            device=None if device is None else torch.device(device),
+            pin_memory=bool(pin_memory) and device is not None and torch.device(device).type == "cuda",
+            transform=transform,
+            num_workers=num_workers,
+            window_rows=window_rows,
+            read_ahead=read_ahead,
         )
-        loader = ShardLoader(
-            self, [torch.from_numpy(a) for a in arrays], batch_size, shuffle, seed, drop_last
-        )
-        loader.device = None if device is None else torch.device(device)
-        loader.pin_memory = bool(pin_memory) and loader.device is not None and loader.device.type == "cuda"
-        return loader
+
+    def batches(self, batch_size: Optional[int] = None, columns: Columns = None, **options) -> ShardLoader:
+        """As :meth:`dataloader` without shuffling unless asked: the rows in stream order."""
+        options.setdefault("shuffle", False)
+        return self.dataloader(batch_size, columns, **options)
 
 
-class ShardLoader:
-    """Iterable over one epoch of batches; each ``iter()`` starts the next epoch (new shuffle).
-
-    Call ``set_epoch(e)`` to choose the epoch explicitly, as with DistributedSampler.
-    """
-
-    def __init__(
-        self, shard: Shard, tensors: list, batch_size: int, shuffle: bool, seed: int, drop_last: bool
-    ) -> None:
-        self._tensors = tensors
-        self.batch_size, self.shuffle, self.seed = batch_size, shuffle, seed
-        self.steps = shard.steps_per_epoch(batch_size, drop_last)
-        self.rows = shard.num_rows
-        self.rank = shard.rank
-        self.epoch = 0
-        self.device = None  # set by Shard.dataloader
-        self.pin_memory = False
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __len__(self) -> int:
-        return self.steps
-
-    def _indices(self, epoch: int) -> np.ndarray:
-        if self.shuffle:
-            rng = np.random.default_rng([self.seed, epoch, self.rank])
-            order = rng.permutation(self.rows)
-        else:
-            order = np.arange(self.rows)
-        need = self.steps * self.batch_size
-        return np.resize(order, need) if need > self.rows else order[:need]
-
-    def __iter__(self) -> Iterator[Tuple]:
-        import torch
-
-        idx = torch.from_numpy(self._indices(self.epoch))
-        self.epoch += 1
-        for s in range(self.steps):
-            sel = idx[s * self.batch_size : (s + 1) * self.batch_size]
-            batch = tuple(t[sel] for t in self._tensors)
-            if self.device is not None:
-                batch = tuple(
-                    (b.pin_memory() if self.pin_memory else b).to(self.device, non_blocking=True)
-                    for b in batch
-                )
-            yield batch
+def _check_loader_args(batch_size, global_batch_size, window_rows, read_ahead, num_workers) -> None:
+    if (batch_size is None) == (global_batch_size is None):
+        raise ConfigurationError("dataloader(): give batch_size (per rank) or global_batch_size, not both")
+    arg_checks.integer(
+        "batch_size" if batch_size else "global_batch_size", batch_size or global_batch_size, 1
+    )
+    arg_checks.integer("window_rows", window_rows, 1)
+    arg_checks.integer("read_ahead", read_ahead, 0)
+    arg_checks.integer("num_workers", num_workers, 0)
 
 
 _SHARD: Optional[Shard] = None
 
 
-def _open_shard_file(path: str) -> pa.Table:
-    source = pa.memory_map(path, "r")
-    table = pa.ipc.open_file(source).read_all()
-    return table
-
-
 def load_from_env(unlink: bool = True) -> None:
-    """Called by the rank bootstrap: map the shard file and remove it from disk."""
+    """Called by the rank bootstrap: open the rank's source from the manifest the task wrote."""
     global _SHARD
     path = os.environ.get(SHARD_ENV)
     if not path:
         return
-    table = _open_shard_file(path)
-    source = open(path, "rb")  # kept open: conversions read through it after the unlink
-    if unlink:
-        os.unlink(path)
-    sizes = json.loads(os.environ.get(SHARD_SIZES_ENV, "[]"))
-    _SHARD = Shard(table, sizes, int(os.environ.get("RANK", "0")), source)
+    source, sizes = open_manifest(path, unlink=unlink)
+    with open(path) as fh:
+        where = json.load(fh)
+    _SHARD = Shard(
+        None,
+        source=source,
+        sizes=sizes,
+        data_rank=int(where["data_rank"]),
+        data_world=int(where["data_world"]),
+        rank=int(os.environ.get("RANK", "0")),
+    )
 
 
 def shard() -> Shard:

@@ -1,8 +1,10 @@
 """A barrier task's data phase: each rank's shard and the function into its work directory.  [executor]
 
-Rows arrive from Spark (the task's partition, routed by rank when the task runs several) or are read
-by the task from Parquet row ranges; either way the phase is bounded by progress
-(:class:`DataWatch`), not by ``start_timeout``, and a stall fails naming the shard's rank.
+Rows that arrive from Spark (the task's partition, each row with its stream) are spilled to each
+rank's local disk, one Arrow IPC record batch per chunk (:class:`Spill`); the phase is bounded by
+progress (:class:`DataWatch`), not by ``start_timeout``, and a stall fails naming the shard's rank.
+A plain Parquet scan is not read here at all: the rank reads its streams from the files as it
+trains.  Either way the rank gets a small manifest (:mod:`sparkml_dist.runner.shard_sources`).
 
 **A progress bound for a task's data phase: rows must keep arriving.**
 Streaming a rank's shard into its task (Spark's shuffle fetch, or the task's own reads of Parquet
@@ -23,11 +25,10 @@ Example::
             write(batch)
     watch.check()   # raises what on_stall returned, if the data phase stalled
 
-**A task's rows into its ranks' shard files (Arrow IPC, memory-mapped by the ranks).**
-One rank per task: the task's batches are its rank's shard.  Several ranks per task (one per GPU
-it holds): each row carries its rank in ``GROUP_COL`` (see :func:`sparkml_dist.runner.sharding.
-spark_shards`), and is routed to that rank's file; the shards are the rows they would be with one
-rank per task.
+**A task's rows into its ranks' spill files.**  Each row carries its stream in ``GROUP_COL`` (see
+:func:`sparkml_dist.runner.sharding.spark_shards`) and the partition is sorted by stream; a row goes
+to the file of every rank of the task that reads its stream (one, or a pipeline replica's stages),
+cut into chunks of :data:`CHUNK_ROWS` rows per stream.
 """
 
 from __future__ import annotations
@@ -37,12 +38,14 @@ import threading
 import time
 from typing import Callable, Dict, Iterable, Iterator, List, Optional
 
+import numpy as np
 import pyarrow as pa
 
-from .. import parquet_split
+from ..errors import ConfigurationError
 from ..group_rows import GROUP_COL
 from . import protocol
 from .protocol import RankFailure
+from .shard_sources import write_manifest
 from .task_spec import ParquetSlices, SparkRows
 
 
@@ -75,33 +78,68 @@ def _end_worker(failure: BaseException) -> None:
 
 
 def feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
-    """Write each rank's shard and the function into its work directory; each shard's environment.
-    Bounded by progress (:class:`DataWatch`), not by ``start_timeout``."""
+    """Give each rank its shard (a manifest, and for Spark's rows a spill file) and the function;
+    each rank's environment.  Bounded by progress (:class:`DataWatch`), not by ``start_timeout``."""
     spec = members[0].spec
-    if not isinstance(spec.data, SparkRows):
+    data = spec.data
+    if not isinstance(data, SparkRows):
         for _ in batches:  # drain the placeholder rows, so Spark can reuse this Python worker
             pass
     envs: List[Dict[str, str]] = [{} for _ in members]
-    if spec.data is not None:
-        paths = [os.path.join(m.workdir, protocol.SHARD_FILE) for m in members]
-        stuck = _end_worker if members[0].gang.echo_output else None  # Spark tasks only, not the driver
-        watch = DataWatch(spec.data_timeout, _stalled(members), stuck)
-        with watch:
-            if isinstance(spec.data, ParquetSlices):  # each rank reads its own row ranges
-                read = lambda m: watch.batches(parquet_split.read(spec.data.split, m.rank))  # noqa: E731
-                rows = [write_shard(read(m), p) for m, p in zip(members, paths)]
-            elif len(members) == 1:
-                rows = [write_shard(watch.batches(batches), paths[0])]
-            else:
-                rows = write_routed(watch.batches(batches), paths, members[0].rank)
-        watch.check()
-        for m, path, n, env in zip(members, paths, rows, envs):
-            m.rows = n
+    if data is not None:
+        streams = data.streams
+        where = [
+            dict(
+                sizes=list(streams.sizes),
+                data_rank=streams.data_rank(m.rank),
+                data_world=streams.data_world,
+                streams=list(streams.of(m.rank)),
+            )
+            for m in members
+        ]
+        if isinstance(data, ParquetSlices):
+            for w in where:
+                parts = data.split.parts
+                w.update(
+                    kind="parquet",
+                    columns=list(data.split.columns),
+                    schema=data.split.schema,
+                    parts={
+                        c: [[s.uri, s.row_group, s.start, s.stop] for s in parts[c]] for c in w["streams"]
+                    },
+                )
+        else:
+            _spill(members, where, batches)
+        for m, w, env in zip(members, where, envs):
+            m.rows = sum(streams.sizes[c] for c in w["streams"])
+            path = os.path.join(m.workdir, protocol.SHARD_FILE)
+            write_manifest(path, **w)
             env[protocol.SHARD_ENV] = path
     for m in members:
         with open(os.path.join(m.workdir, protocol.FN_FILE), "wb") as fh:
             fh.write(spec.payload)
     return envs
+
+
+def _spill(members: list, where: List[dict], batches: Iterable[pa.RecordBatch]) -> None:
+    """Spark's rows into each rank's spill file, watched for stalls."""
+    spec = members[0].spec
+    spills = [
+        Spill(os.path.join(m.workdir, protocol.SPILL_FILE), w["streams"], spec.data.streams.sizes)
+        for m, w in zip(members, where)
+    ]
+    stuck = _end_worker if members[0].gang.echo_output else None  # Spark tasks only, not the driver
+    watch = DataWatch(spec.data_timeout, _stalled(members), stuck)
+    try:
+        with watch:
+            route(watch.batches(batches), spills)
+    finally:
+        for sp in spills:
+            sp.close()
+    watch.check()
+    for sp, w, m in zip(spills, where, members):
+        sp.verify(m.rank)
+        w.update(kind="ipc", file=sp.path, chunk_rows=CHUNK_ROWS)
 
 
 _POLL_S = 0.25
@@ -161,45 +199,75 @@ class DataWatch:
             raise self.failure
 
 
-def write_shard(batches: Iterable[pa.RecordBatch], path: str) -> int:
-    """Stream the task's batches into an Arrow IPC file (an empty file of no columns for none);
-    returns the row count."""
-    rows, writer = 0, None
-    try:
-        for batch in batches:
-            if writer is None:
-                writer = pa.ipc.new_file(path, batch.schema)
-            writer.write_batch(batch)
-            rows += batch.num_rows
-    finally:
-        if writer is not None:
-            writer.close()
-    if writer is None:
-        pa.ipc.new_file(path, pa.schema([])).close()
-    return rows
+CHUNK_ROWS = 4096  # rows of one chunk of a spill file: the unit a rank reads and shuffles
 
 
-def write_routed(batches: Iterable[pa.RecordBatch], paths: List[str], first_rank: int) -> List[int]:
-    """A task of several ranks: each row goes to the shard file of the rank in its GROUP_COL."""
-    writers: List[Optional[pa.ipc.RecordBatchFileWriter]] = [None] * len(paths)
-    rows, schema = [0] * len(paths), None
-    try:
-        for batch in batches:
-            owner = batch.column(GROUP_COL).to_numpy(zero_copy_only=False) - first_rank
-            data = batch.drop_columns([GROUP_COL])
-            schema = data.schema
-            for j in range(len(paths)):
-                part = data.filter(pa.array(owner == j))
-                if part.num_rows:
-                    if writers[j] is None:
-                        writers[j] = pa.ipc.new_file(paths[j], schema)
-                    writers[j].write_batch(part)
-                    rows[j] += part.num_rows
-    finally:
-        for w in writers:
-            if w is not None:
-                w.close()
-    for j, w in enumerate(writers):
-        if w is None:  # a rank without rows: an empty file (the driver refuses fewer rows than ranks)
-            pa.ipc.new_file(paths[j], schema or pa.schema([])).close()
-    return rows
+class Spill:
+    """One rank's spill file: its streams in order, ``CHUNK_ROWS`` rows a record batch."""
+
+    def __init__(self, path: str, streams: List[int], sizes) -> None:
+        self.path, self.streams, self.sizes = path, list(streams), sizes
+        self.rows = {c: 0 for c in self.streams}
+        self._writer: Optional[pa.ipc.RecordBatchFileWriter] = None
+        self._stream: Optional[int] = None
+        self._buf: List[pa.RecordBatch] = []
+        self._held = 0
+
+    def add(self, stream: int, batch: pa.RecordBatch) -> None:
+        """Rows of ``stream``, in order (the streams come one after another)."""
+        if stream != self._stream:
+            self._flush(whole_only=False)
+            self._stream = stream
+        if self._writer is None:
+            self._writer = pa.ipc.new_file(self.path, batch.schema)
+        self._buf.append(batch)
+        self._held += batch.num_rows
+        self.rows[stream] += batch.num_rows
+        if self._held >= CHUNK_ROWS:
+            self._flush(whole_only=True)
+
+    def _flush(self, whole_only: bool) -> None:
+        if not self._held:
+            return
+        table = pa.Table.from_batches(self._buf).combine_chunks()
+        keep = self._held % CHUNK_ROWS if whole_only else 0
+        cut = self._held - keep
+        for lo in range(0, cut, CHUNK_ROWS):
+            for b in table.slice(lo, min(CHUNK_ROWS, cut - lo)).to_batches(max_chunksize=CHUNK_ROWS):
+                self._writer.write_batch(b)
+        self._buf = table.slice(cut).to_batches() if keep else []
+        self._held = keep
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._flush(whole_only=False)
+            self._writer.close()
+            self._writer = None
+
+    def verify(self, rank: int) -> None:
+        """Every stream got the rows the driver counted, else the input changed under us."""
+        for c in self.streams:
+            if self.rows[c] != self.sizes[c]:
+                raise ConfigurationError(
+                    f"rank {rank}: stream {c} received {self.rows[c]} rows, but the DataFrame had "
+                    f"{self.sizes[c]} for it when its rows were counted: the DataFrame gives other "
+                    "rows each time it is read (a non-deterministic source or UDF). Persist it first "
+                    "(df.cache() then df.count(), or df.localCheckpoint()), or write it to Parquet"
+                )
+
+
+def route(batches: Iterable[pa.RecordBatch], spills: List[Spill]) -> None:
+    """Each run of one stream's rows to the spill of every rank that reads the stream."""
+    readers: Dict[int, List[Spill]] = {}
+    for sp in spills:
+        for c in sp.streams:
+            readers.setdefault(c, []).append(sp)
+    for batch in batches:
+        if not batch.num_rows:
+            continue
+        stream = batch.column(GROUP_COL).to_numpy(zero_copy_only=False)
+        data = batch.drop_columns([GROUP_COL])
+        cuts = [0, *(np.flatnonzero(np.diff(stream)) + 1).tolist(), len(stream)]
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            for sp in readers.get(int(stream[a]), ()):
+                sp.add(int(stream[a]), data.slice(a, b - a))

@@ -12,11 +12,12 @@ Lifecycle of one rank:
    (``RANK``, ``WORLD_SIZE``, ``WORKDIR_ENV``, ``CTRL_ENV``, ...), the socket passed as
    ``STORE_FD_ENV``.  The rank process ties its life to the task's and imports its backend
    (rank 0 starts the store) while the task goes on.
-2. **feed**: the task writes the shard (``SHARD_FILE``, Arrow IPC) and the pickled function
-   (``FN_FILE``) into the work directory.
+2. **feed**: the task writes the shard's manifest (``SHARD_FILE``; rows that came through Spark
+   spilled to ``SPILL_FILE``, Arrow IPC) and the pickled function (``FN_FILE``) into the work
+   directory.
 3. **exchange**: the tasks all-gather one :func:`announce` each (address, store port, shard rows,
    GPUs), and each task writes one :func:`start_message` line to its rank's stdin: the rendezvous
-   environment (``MASTER_ADDR``/``HOROVOD_*``, ``SHARD_ENV``, ``SHARD_SIZES_ENV``, ...) plus what
+   environment (``MASTER_ADDR``/``HOROVOD_*``, ``SHARD_ENV``, ...) plus what
    the backend adds (Horovod's slot table).
 4. **run**: the rank process applies the environment, reports ``EVENT_RENDEZVOUS`` on the control
    pipe (``CTRL_ENV``, JSON lines) when it joins the rendezvous, runs the function, writes
@@ -44,15 +45,15 @@ BACKEND_ENV = "SPARKML_DIST_BACKEND"
 RUN_ENV = "SPARKML_DIST_RUN_ID"
 USE_GPU_ENV = "SPARKML_DIST_USE_GPU"
 STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
-SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's Arrow IPC shard
-SHARD_SIZES_ENV = "SPARKML_DIST_SHARD_SIZES"  # JSON list of every rank's row count
+SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's shard manifest (JSON: where its streams are)
 CHECKPOINT_DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
 
 RANK_ENTRY = "from sparkml_dist.runner._rank import run; run()"
 
 # ---------------------------------------------------------------- work directory files
 FN_FILE = "fn.pkl"  # cloudpickled (main, args, kwargs, want_result), written by the task
-SHARD_FILE = "shard.arrow"  # the rank's rows
+SHARD_FILE = "shard.json"  # the rank's shard manifest (see shard_sources)
+SPILL_FILE = "shard.arrow"  # the rank's rows that came through Spark, spilled by its task
 RESULT_FILE = "result.pkl"  # the function's return value, written by the rank process
 
 # ---------------------------------------------------------------- control events (rank -> task)

@@ -24,7 +24,7 @@ from ..channel_server import listen
 from ..errors import WorkerError
 from . import admission, failures, launchers, sharding
 from .launchers import Deadline
-from .task_spec import SparkRows, TaskSpec
+from .task_spec import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -33,9 +33,18 @@ class Run:
     """One call of ``runner.run`` / ``run_with_data`` (see the module docstring)."""
 
     def __init__(
-        self, runner, df, main: Callable, args: tuple, kwargs: dict, return_all: bool, replicas=None
+        self,
+        runner,
+        df,
+        main: Callable,
+        args: tuple,
+        kwargs: dict,
+        return_all: bool,
+        replicas=None,
+        streams=None,
     ):
         self.runner, self.df, self.return_all, self.replicas = runner, df, return_all, replicas
+        self.streams = streams
         self.main = main
         self.launcher = launchers.choose(runner.np, df, runner.spark)
         self.spark = self.launcher.spark
@@ -105,10 +114,12 @@ class Run:
         if df is None:
             return None, None
         with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
-            files = sharding.file_split(df, r.world_size, self.replicas) if r.read_files else None
+            files = None
+            if r.read_files:
+                files = sharding.file_split(df, r.world_size, self.replicas, self.streams)
             if files is not None:
                 return files, None
-            return SparkRows(), sharding.spark_shards(df, r.world_size, r.seed, self.per_task, self.replicas)
+            return sharding.spark_shards(df, r.world_size, r.seed, self.per_task, self.replicas, self.streams)
 
     def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark

@@ -30,8 +30,10 @@ import os
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
+from .. import arg_checks
 from . import admission, backends
 from .run import Run
+from .sample_order import check_streams
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +173,14 @@ class BarrierRunner:
         return self._run(None, main, args, kwargs, return_all)
 
     def run_with_data(
-        self, df, main: Callable, *args, return_all: bool = False, replicas: Optional[int] = None, **kwargs
+        self,
+        df,
+        main: Callable,
+        *args,
+        return_all: bool = False,
+        replicas: Optional[int] = None,
+        streams: Optional[int] = None,
+        **kwargs,
     ):
         """As :meth:`run`, with each rank's shard of ``df`` available as ``sparkml_dist.runner.shard()``.
 
@@ -186,10 +195,18 @@ class BarrierRunner:
         whose ranks of one replica must all read the *same* rows: the rows are split into D shards
         and the ``np / D`` ranks of replica ``d`` (ranks ``d*np/D ...``, the pipeline's layout) all
         read shard ``d``, in the same order.
+
+        ``streams``: how many parts the rows are cut into for the sample order (default: one per
+        data rank); fix it (e.g. 12) to make ``shard().dataloader(global_batch_size=G, seed=s)``
+        give the same samples at every step on any world size it is a multiple of, and to resume
+        a checkpoint's position on another world size.  See :mod:`sparkml_dist.runner.loader`.
         """
         replicas = admission.check_replicas(replicas, self.world_size)
-        return self._run(df, main, args, kwargs, return_all, replicas)
+        if streams is not None:
+            arg_checks.integer("streams", streams, 1)
+            check_streams(streams, replicas or self.world_size)
+        return self._run(df, main, args, kwargs, return_all, replicas, streams)
 
     # ------------------------------------------------------------------ running
-    def _run(self, df, main, args, kwargs, return_all: bool, replicas: Optional[int] = None):
-        return Run(self, df, main, args, kwargs, return_all, replicas).execute()
+    def _run(self, df, main, args, kwargs, return_all: bool, replicas=None, streams=None):
+        return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()

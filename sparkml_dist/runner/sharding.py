@@ -1,65 +1,70 @@
-"""How ``run_with_data`` turns a DataFrame into one shard per rank.  [driver]
+"""How ``run_with_data`` turns a DataFrame into the ranks' streams.  [driver]
 
-Two ways, decided before launching:
+The rows are cut into ``S`` *streams* (``streams=``, default the number of data ranks; see
+:mod:`sparkml_dist.runner.sample_order`), which depend on the data and the seed only, and rank
+``r`` of ``D`` data ranks holds streams ``r, r + D, ...``.  Two ways, decided before launching:
 
-* a plain Parquet scan is read straight from its files by the tasks
-  (:func:`sparkml_dist.parquet_split.split_files`: contiguous row ranges whose sizes differ by at
-  most one row);
-* anything else moves through Spark: rows are dealt to ranks by the shared partitioning layer
-  (:func:`sparkml_dist.partitioning.balanced_groups`: shard sizes differ by at most one row whatever
-  the rows, duplicates included; the same rows and seed give the same shards however the input is
-  partitioned).  Partition r then holds rank r's shard.
+* a plain Parquet scan is read straight from its files by the ranks themselves
+  (:func:`sparkml_dist.parquet_split.split_files`: ``S`` contiguous row ranges whose sizes differ by
+  at most one row): no Spark job moves the rows, no local copy is made;
+* anything else moves through Spark: rows are dealt to streams by the shared partitioning layer
+  (:func:`sparkml_dist.partitioning.balanced_groups`: sizes differ by at most one row whatever the
+  rows, duplicates included; the same rows and seed give the same streams however the input is
+  partitioned), each task's partition holding its ranks' streams in the order of the rows' keys,
+  which the task spills to its ranks' local disk.
 
 With ``replicas=D`` (pipelines: every rank of a replica must read the same rows in the same order)
-the rows are dealt into D shards instead, and rank r reads shard ``r // (np / D)``, as
-``parallel.pipeline(..., data_parallel=D)`` lays out its ranks; within a shard rows come in the
-order of their keys, so the ranks of a replica see them in one order.
+there are ``D`` data ranks and rank r is data rank ``r // (np / D)``, as
+``parallel.pipeline(..., data_parallel=D)`` lays out its ranks.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Tuple
 
 from .. import parquet_split, partitioning
 from ..errors import ConfigurationError
-from .task_spec import ParquetSlices
+from .sample_order import check_streams
+from .task_spec import ParquetSlices, SparkRows, Streams
 
 log = logging.getLogger(__name__)
+TASK_COL = "__sd_task"
 
 
-def _too_few_rows(n: int, world: int) -> ConfigurationError:
+def _too_few_rows(n: int, streams: int, named: bool) -> ConfigurationError:
+    parts = f"run_with_data(streams={streams})" if named else f"np={streams} ranks"
     return ConfigurationError(
-        f"the DataFrame has {n} rows, fewer than np={world} ranks; every rank needs at least one row."
+        f"the DataFrame has {n} rows, fewer than {parts}; every rank (every stream) needs at "
+        "least one row. Lower np (or streams) or add data."
     )
 
 
-def file_split(df, world: int, replicas: Optional[int] = None) -> Optional[ParquetSlices]:
-    """Each rank's row ranges of ``df``'s Parquet files, or None to move the rows through Spark;
-    with ``replicas`` D, D shards, rank r reading shard ``r // (world / D)``."""
-    shards = replicas or world
-    split, why = parquet_split.split_files(df, shards)
+def layout(world: int, replicas: Optional[int], streams: Optional[int]) -> Tuple[int, int, int]:
+    """(data ranks, ranks per data rank, streams), checked."""
+    data_world = replicas or world
+    count = streams or data_world
+    check_streams(count, data_world)
+    return data_world, world // data_world, count
+
+
+def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional[int] = None):
+    """The streams of ``df``'s Parquet files, or None to move the rows through Spark."""
+    data_world, per, count = layout(world, replicas, streams)
+    split, why = parquet_split.split_files(df, count)
     if split is None:
         log.info("run_with_data: the rows go through Spark, not straight from files: %s", why)
         return None
-    if split.num_rows < shards:
-        raise _too_few_rows(split.num_rows, shards)
-    if replicas:
-        import dataclasses
-
-        per = world // replicas
-        split = dataclasses.replace(
-            split,
-            parts=tuple(split.parts[r // per] for r in range(world)),
-            rows=tuple(split.rows[r // per] for r in range(world)),
-        )
+    if split.num_rows < count:
+        raise _too_few_rows(split.num_rows, count, streams is not None)
     log.info(
-        "run_with_data: %d ranks read %d rows straight from %d Parquet files",
+        "run_with_data: %d ranks read %d rows (%d streams) straight from %d Parquet files",
         world,
         split.num_rows,
+        count,
         len({s.uri for part in split.parts for s in part}),
     )
-    return ParquetSlices(split)
+    return ParquetSlices(split, Streams(tuple(split.rows), data_world, per))
 
 
 def _check_hashable(schema) -> None:
@@ -74,49 +79,41 @@ def _check_hashable(schema) -> None:
             )
 
 
-def spark_shards(df, world: int, seed: int = 0, per_task: int = 1, replicas: Optional[int] = None):
-    """``df`` as ``world`` partitions, partition r holding rank r's shard (lazy but for the job that
-    counts the rows). The ranks exchange their row counts at the rendezvous.
+def spark_shards(
+    df,
+    world: int,
+    seed: int = 0,
+    per_task: int = 1,
+    replicas: Optional[int] = None,
+    streams: Optional[int] = None,
+):
+    """``(SparkRows, rows)``: ``rows`` has ``world / per_task`` partitions, task t's holding the
+    streams of its ranks (``t*per_task ...``), each row with its stream in ``GROUP_COL``, sorted by
+    stream then by the rows' keys; a stream several tasks read (replicas) is copied to each.  Lazy
+    but for the job that counts the rows."""
+    from pyspark.sql import functions as F
 
-    ``per_task`` > 1 (a task runs several ranks): ``world / per_task`` partitions, task t holding
-    the shards of ranks ``t*per_task ...`` with each row's rank in ``partitioning.GROUP_COL``, so
-    the shards are the same rows as with one rank per task.  ``replicas``: see the module docstring.
-    """
     _check_hashable(df.schema)
+    data_world, per, count = layout(world, replicas, streams)
     cols = df.columns
-    shards = replicas or world
     spec = partitioning.SplitSpec(
-        num_groups=shards, seed=seed, names={"num_groups": "replicas" if replicas else "np"}
+        num_groups=count, seed=seed, names={"num_groups": "streams" if streams else "np"}
     )
     grouped, n = partitioning.balanced_groups(df, spec, cols)
-    if n < shards:
-        raise _too_few_rows(n, shards)
-    if replicas:
-        return _replicated(grouped, cols, world, replicas, per_task)
-    log.info("run_with_data: %d rows dealt to %d ranks (%d or %d each)", n, world, n // world, -(-n // world))
-    if per_task == 1:
-        return grouped.select(*cols)
-    from pyspark.sql import functions as F
-
-    task = (F.col(partitioning.GROUP_COL) / per_task).cast("int")
-    return grouped.select(*cols, partitioning.GROUP_COL).repartitionById(world // per_task, task)
-
-
-def _replicated(grouped, cols, world: int, replicas: int, per_task: int):
-    """Shard g (``GROUP_COL``) copied to ranks ``g*per .. g*per + per - 1`` (per = world /
-    replicas), partition r holding rank r's rows (task t the ranks of its ``per_task``), each in the
-    order of the rows' keys: the ranks of a replica read the same rows in the same order."""
-    from pyspark.sql import functions as F
-
-    per = world // replicas
+    if n < count:
+        raise _too_few_rows(n, count, streams is not None)
+    layout_ = Streams(tuple(n // count + (c < n % count) for c in range(count)), data_world, per)
+    log.info("run_with_data: %d rows dealt to %d streams of %d ranks", n, count, world)
+    tasks = world // per_task
+    readers = [sorted({r // per_task for r in range(world) if c in layout_.of(r)}) for c in range(count)]
     g = F.col(partitioning.GROUP_COL)
-    rank = "__sd_rank"
-    copies = grouped.select(
-        *cols, partitioning.KEY_COL, F.explode(F.sequence(g * per, g * per + per - 1)).alias(rank)
-    )
-    order = [rank, partitioning.KEY_COL, *partitioning.orderable(copies, cols)]
-    if per_task == 1:
-        return copies.repartitionById(world, F.col(rank)).sortWithinPartitions(*order).select(*cols)
-    task = (F.col(rank) / per_task).cast("int")
-    out = copies.repartitionById(world // per_task, task).sortWithinPartitions(*order)
-    return out.select(*cols, F.col(rank).cast("int").alias(partitioning.GROUP_COL))
+    order = [partitioning.GROUP_COL, partitioning.KEY_COL, *partitioning.orderable(grouped, cols)]
+    if all(ts == [c] for c, ts in enumerate(readers)):  # stream c is task c's: already in place
+        return SparkRows(layout_), grouped.sortWithinPartitions(*order).select(*cols, partitioning.GROUP_COL)
+    if all(len(ts) == 1 for ts in readers):
+        task = F.element_at(F.array(*[F.lit(ts[0]) for ts in readers]), g + 1)
+    else:
+        task = F.explode(F.element_at(F.array(*[F.array(*[F.lit(t) for t in ts]) for ts in readers]), g + 1))
+    placed = grouped.select(*cols, partitioning.KEY_COL, partitioning.GROUP_COL, task.alias(TASK_COL))
+    out = placed.repartitionById(tasks, F.col(TASK_COL)).sortWithinPartitions(*order)
+    return SparkRows(layout_), out.select(*cols, partitioning.GROUP_COL)

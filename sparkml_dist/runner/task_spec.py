@@ -13,20 +13,43 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from .. import parquet_split
 from . import protocol
+from .sample_order import rank_streams
+
+
+@dataclass(frozen=True)
+class Streams:
+    """The rows cut into ``len(sizes)`` streams (:mod:`.sample_order`), dealt to ``data_world``
+    data ranks; ``per_data_rank`` ranks share one data rank's streams (a pipeline's stages), so
+    rank ``r`` is data rank ``r // per_data_rank``."""
+
+    sizes: Tuple[int, ...]
+    data_world: int
+    per_data_rank: int = 1
+
+    def data_rank(self, rank: int) -> int:
+        return rank // self.per_data_rank
+
+    def of(self, rank: int) -> Tuple[int, ...]:
+        """The streams rank ``rank`` reads."""
+        return rank_streams(self.data_rank(rank), self.data_world, len(self.sizes))
 
 
 @dataclass(frozen=True)
 class SparkRows:
-    """The ranks' rows move through Spark: each task's partition holds its ranks' shards."""
+    """The ranks' rows move through Spark: each task's partition holds its ranks' streams, each row
+    with its stream in ``GROUP_COL``, sorted by stream, then by the rows' keys."""
 
+    streams: Streams
     source = "Spark"
 
 
 @dataclass(frozen=True)
 class ParquetSlices:
-    """Each rank reads its own row ranges of a plain Parquet scan's files (no Spark shuffle)."""
+    """Each rank reads its own streams of a plain Parquet scan's files (``split.parts[c]`` is
+    stream ``c``): no Spark shuffle, no local copy."""
 
     split: parquet_split.ParquetSplit
+    streams: Streams
     source = "its Parquet row ranges"
 
 

@@ -18,7 +18,7 @@ from sparkml_dist.channel_server import LogServer
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.data import Shard
 from sparkml_dist.runner.gangs import ThreadGang
-from sparkml_dist.runner.task_spec import SparkRows
+from sparkml_dist.runner.task_spec import SparkRows, Streams
 
 
 def test_local_ranks_and_env():
@@ -183,6 +183,7 @@ def _spec(
     start_timeout=60.0,
     per_task=1,
     data_timeout=None,
+    rows=2000,
 ):
     return _task.TaskSpec(
         data_timeout=data_timeout,
@@ -197,7 +198,9 @@ def _spec(
         secret=b"s",
         start_timeout=start_timeout,
         collective_timeout=60.0,
-        data=SparkRows() if data_timeout is not None else None,
+        data=SparkRows(Streams(tuple(rows for _ in range(world)), world))
+        if data_timeout is not None
+        else None,
         return_all=return_all,
         max_result_bytes=max_result,
     )
@@ -373,13 +376,18 @@ def test_local_ranks_of_tasks_holding_several_gpus_on_mixed_hosts():
     assert {e["MASTER_PORT"] for e in envs} == {"29500"} and {e["WORLD_SIZE"] for e in envs} == {"6"}
 
 
-def _trickle(batches, gap_s, stall_after=None, stall_s=0.0):
-    """Batches arriving every ``gap_s`` seconds; after ``stall_after`` batches, none for ``stall_s``."""
+def _trickle(batches, gap_s, stall_after=None, stall_s=0.0, stream=0):
+    """Batches of 100 rows of stream ``stream`` arriving every ``gap_s`` seconds; after
+    ``stall_after`` batches, none for ``stall_s``."""
+    from sparkml_dist.group_rows import GROUP_COL
+
     for i in range(batches):
         if i == stall_after:
             time.sleep(stall_s)
         time.sleep(gap_s)
-        yield pa.record_batch({"x": pa.array([float(i)] * 100)})
+        yield pa.record_batch(
+            {"x": pa.array([float(i)] * 100), GROUP_COL: pa.array([stream] * 100, pa.int32())}
+        )
 
 
 def test_a_shard_that_keeps_arriving_is_never_cut_off_by_the_data_or_start_timeout():
@@ -390,7 +398,7 @@ def test_a_shard_that_keeps_arriving_is_never_cut_off_by_the_data_or_start_timeo
     # when the shard is written, and a batch every 0.25 s is progress
     spec = _spec(shard_summary, 10, world=2, data_timeout=1.0, start_timeout=2.0, return_all=True)
     started = time.monotonic()
-    out, errors = _run_gang(spec, feed=lambda r: _trickle(20, 0.25))
+    out, errors = _run_gang(spec, feed=lambda r: _trickle(20, 0.25, stream=r))
     assert not errors and time.monotonic() - started > 5.0
     res = collection.decode(pa.Table.from_batches(out[0] + out[1]), range(2), what="rank")
     assert [res[(r, 0)]["rows"] for r in range(2)] == [2000, 2000]

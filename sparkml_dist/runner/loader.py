@@ -1,0 +1,271 @@
+"""A rank's batches in the global order: bounded memory, read-ahead, decoders, a resumable position.  [rank]
+
+Made by ``shard().dataloader(...)`` (or ``.batches(...)``); see
+:mod:`sparkml_dist.runner.sample_order` for the order.  Each of the rank's streams is read one
+*window* at a time (``window_rows`` rows of whole chunks, converted to numpy once and permuted),
+with ``read_ahead`` more windows read by a background thread while the current one is used: what
+the rank holds is ``(1 + read_ahead)`` windows per stream plus the batches in flight, whatever the
+shard's size.
+
+``transform=fn`` gets each batch as ``{column: values}`` (numeric columns as numpy arrays, (b,)
+or (b, d); binary and string columns as object arrays of ``bytes`` / ``str``) and returns what the
+loader yields (tensors, a tuple or a dict of them).  ``num_workers=k`` runs ``fn`` in ``k`` forked
+processes; only each batch's values travel to them, never the shard.
+
+The position (epoch, next step) is ``state_dict()``; :func:`sparkml_dist.runner.checkpoint.save`
+stores the live loaders' positions with the state and :func:`~sparkml_dist.runner.checkpoint.load`
+gives them back, so a restarted run continues at the next unseen batch, on any world size with the
+same global batch.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+
+from ..errors import ConfigurationError
+from . import columns as arrow_numpy
+from .sample_order import Plan, StreamOrder
+
+_live: "weakref.WeakSet[ShardLoader]" = weakref.WeakSet()
+_pending: List[dict] = []  # positions loaded from a checkpoint before their loader existed
+_made = itertools.count()  # creation order of the loaders
+
+
+class _Stream:
+    """One stream's windows in one epoch's order: the current one and ``read_ahead`` more."""
+
+    def __init__(self, loader: "ShardLoader", stream: int, epoch: int) -> None:
+        self.loader, self.stream = loader, stream
+        self.size = loader.sizes[stream]
+        self.order = StreamOrder(
+            loader.source.chunks(stream),
+            seed=loader.seed,
+            epoch=epoch,
+            stream=stream,
+            shuffle=loader.shuffle,
+            window_rows=loader.window_rows,
+        )
+        self._windows: Dict[int, Future] = {}
+
+    def _load(self, w: int) -> Dict[str, np.ndarray]:
+        src, names, dtypes = self.loader.source, self.loader.names, self.loader.dtypes
+        import pyarrow as pa
+
+        table = pa.concat_tables([src.read(self.stream, int(i)) for i in self.order.windows[w]])
+        perm = self.order.permutation(w)
+        return {n: arrow_numpy.values(table.column(n), n, dt)[perm] for n, dt in zip(names, dtypes)}
+
+    def _window(self, w: int) -> Dict[str, np.ndarray]:
+        pool = self.loader._pool
+        for old in [k for k in self._windows if k < w]:
+            self._windows.pop(old).cancel()
+        for k in range(w, min(w + 1 + self.loader.read_ahead, len(self.order.windows))):
+            if k not in self._windows:
+                self._windows[k] = pool.submit(self._load, k)
+        return self._windows[w].result()
+
+    def take(self, lo: int, hi: int) -> Dict[str, np.ndarray]:
+        """The values at positions ``[lo, hi)`` of this stream's epoch order (cycling)."""
+        pos = np.arange(lo, hi) % self.size
+        wins, offs = self.order.locate(pos)
+        cut = np.flatnonzero((np.diff(wins) != 0) | (np.diff(offs) != 1)) + 1
+        parts = []
+        for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(pos)]])):
+            arrays = self._window(int(wins[a]))
+            parts.append({n: v[offs[a] : offs[a] + (b - a)] for n, v in arrays.items()})
+        if len(parts) == 1:
+            return parts[0]
+        return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
+
+    def close(self) -> None:
+        for f in self._windows.values():
+            f.cancel()
+        self._windows.clear()
+
+
+def _interleave(parts: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
+    """The streams' values position-major: position 0 of every stream, then position 1, ..."""
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for n in parts[0]:
+        stacked = np.stack([p[n] for p in parts], axis=1)
+        out[n] = stacked.reshape(-1, *stacked.shape[2:])
+    return out
+
+
+_worker_fn: Optional[Callable] = None
+
+
+def _init_worker(fn: Callable) -> None:
+    global _worker_fn
+    _worker_fn = fn
+
+
+def _run_worker(values: Dict[str, np.ndarray]):
+    return _worker_fn(values)
+
+
+class ShardLoader:
+    """Iterable over one epoch of batches; each ``iter()`` starts the next epoch, or, after
+    ``load_state_dict`` (a checkpoint's position), goes on at its next unseen step.
+    ``set_epoch(e)`` starts epoch ``e`` explicitly."""
+
+    def __init__(self, source, sizes: Sequence[int], data_rank: int, data_world: int, names, dtypes, **opt):
+        self.source, self.sizes, self.names, self.dtypes = source, list(sizes), list(names), list(dtypes)
+        self.rank = data_rank
+        global_batch = opt["global_batch_size"] or opt["batch_size"] * data_world
+        if global_batch % data_world:
+            raise ConfigurationError(
+                f"global_batch_size={global_batch} must be a multiple of the {data_world} data ranks"
+            )
+        self.plan = Plan(self.sizes, global_batch, opt["drop_last"])
+        self.batch_size = global_batch // data_world
+        self.shuffle, self.seed = bool(opt["shuffle"]), int(opt["seed"])
+        self.window_rows, self.read_ahead = int(opt["window_rows"]), int(opt["read_ahead"])
+        self.transform, self.num_workers = opt["transform"], int(opt["num_workers"])
+        self.device, self.pin_memory = opt["device"], bool(opt["pin_memory"])
+        self.epoch, self.step = 0, 0
+        self._fresh = True  # the next iter() starts at (epoch, step); else at the next epoch
+        self._resumed = False  # a restored position not yet iterated from
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkml_dist-read-ahead")
+        self._workers = None
+        self._made = next(_made)
+        _live.add(self)
+        if _pending:
+            self.load_state_dict(_pending.pop(0))
+
+    def __len__(self) -> int:
+        return self.plan.steps
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch ``epoch`` at the next ``iter()`` (as DistributedSampler's); the epoch a
+        checkpoint's position was restored into keeps its step, so the usual
+        ``for e in range(start, E): loader.set_epoch(e)`` loop resumes mid-epoch."""
+        if self._resumed and int(epoch) == self.epoch:
+            return
+        self.epoch, self.step, self._fresh = int(epoch), 0, True
+
+    def state_dict(self) -> dict:
+        """The position: a few integers (what :mod:`.checkpoint` stores)."""
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "global_batch_size": self.plan.global_batch,
+            "streams": self.plan.streams,
+            "rows": sum(self.sizes),
+            "seed": self.seed,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue at ``state``'s position (the same data, seed and streams; a global batch of
+        another size resumes at the same sample when the samples seen are a whole number of its
+        batches)."""
+        mine = self.state_dict()
+        for key in ("streams", "rows", "seed"):
+            if int(state[key]) != mine[key]:
+                raise ConfigurationError(
+                    f"the saved loader position is for {key}={state[key]}, this loader has "
+                    f"{mine[key]}: resume with the same data, seed and run_with_data(streams=)"
+                )
+        seen = int(state["step"]) * int(state["global_batch_size"])
+        if seen % self.plan.global_batch:
+            raise ConfigurationError(
+                f"the saved position ({seen} samples into epoch {state['epoch']}) is not a whole "
+                f"number of global batches of {self.plan.global_batch}: resume with "
+                f"global_batch_size={state['global_batch_size']}"
+            )
+        self.epoch, self.step = int(state["epoch"]), seen // self.plan.global_batch
+        if self.step >= self.plan.steps:
+            self.epoch, self.step = self.epoch + 1, 0
+        self._fresh = self._resumed = True
+
+    def _raw(self, epoch: int, start: int) -> Iterator[Dict[str, np.ndarray]]:
+        streams = [_Stream(self, c, epoch) for c in self.source.streams]
+        try:
+            for s in range(start, self.plan.steps):
+                lo, hi = self.plan.positions(s)
+                yield _interleave([st.take(lo, hi) for st in streams])
+        finally:
+            for st in streams:
+                st.close()
+
+    def _decoded(self, raw: Iterator[Dict[str, np.ndarray]]) -> Iterator:
+        if self.transform is None:
+            import torch
+
+            for values in raw:
+                yield tuple(torch.from_numpy(values[n]) for n in self.names)
+        elif self.num_workers <= 0:
+            for values in raw:
+                yield self.transform(values)
+        else:
+            yield from self._in_workers(raw)
+
+    def _in_workers(self, raw: Iterator[Dict[str, np.ndarray]]) -> Iterator:
+        if self._workers is None:
+            import torch.multiprocessing as tmp
+
+            ctx = tmp.get_context("fork")
+            self._workers = ctx.Pool(self.num_workers, initializer=_init_worker, initargs=(self.transform,))
+        flight: collections.deque = collections.deque()
+        for values in raw:
+            flight.append(self._workers.apply_async(_run_worker, (values,)))
+            if len(flight) >= 2 * self.num_workers:
+                yield flight.popleft().get()
+        while flight:
+            yield flight.popleft().get()
+
+    def __iter__(self) -> Iterator:
+        if not self._fresh:  # the last epoch was left before its end: iter() starts the next one
+            self.epoch, self.step = self.epoch + 1, 0
+        self._fresh = self._resumed = False
+        epoch, start = self.epoch, self.step
+        for s, batch in enumerate(self._decoded(self._raw(epoch, start)), start):
+            self.step = s + 1
+            yield batch if self.device is None else _to_device(batch, self.device, self.pin_memory)
+        self.epoch, self.step, self._fresh = epoch + 1, 0, True
+
+    def close(self) -> None:
+        """Stop the decoding workers and the read-ahead thread (also done when collected)."""
+        if self._workers is not None:
+            self._workers.terminate()
+            self._workers = None
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
+
+def _to_device(batch, device, pin: bool):
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return (batch.pin_memory() if pin else batch).to(device, non_blocking=True)
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(_to_device(b, device, pin) for b in batch)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device, pin) for k, v in batch.items()}
+    return batch
+
+
+def positions() -> List[dict]:
+    """Every live loader's position, oldest first (what a checkpoint stores)."""
+    return [lo.state_dict() for lo in sorted(_live, key=lambda lo: lo._made)]
+
+
+def resume(states: List[dict]) -> None:
+    """Give loaded positions to the live loaders, oldest first; the rest wait for new loaders."""
+    live = sorted(_live, key=lambda lo: lo._made)
+    for loader, state in zip(live, states):
+        loader.load_state_dict(state)
+    _pending[:] = list(states[len(live) :])
