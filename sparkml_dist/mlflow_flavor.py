@@ -21,9 +21,17 @@ loading refuses an ``MLmodel`` whose signature is missing or wrong, as it refuse
 of ours runs: for directories from elsewhere, load with :func:`load_model` (which reads ``MLmodel``
 itself, checks it, and imports nothing it names).
 
+Networks trained with the runner (:mod:`sparkml_dist.torch_models`: safetensors + JSON) are logged
+with :func:`log_network` under the same flavor (``kind: network``); the pyfunc feeds the frame's
+columns (list columns spread) to the network as one float32 tensor and returns its output.  The
+network is rebuilt by the builder its ``model.json`` names only when the loader is allowed to call
+it: listed in ``SPARKML_DIST_TRUSTED_BUILDERS`` (comma separated ``module:name``), or the files
+signed with ``SPARKML_DIST_MODEL_KEY``; :func:`load_network` takes ``builder=`` directly.
+
 Example::
 
     from sparkml_dist import mlflow_flavor
+    mlflow_flavor.log_network(net, run_id, builder=make_net, builder_kwargs={"hidden": 64})
     mlflow_flavor.log_model(model, run_id)                  # what a tracked fit does itself
     loaded = mlflow.pyfunc.load_model(f"runs:/{run_id}/model")
     loaded.predict(pdf)
@@ -46,8 +54,10 @@ import numpy as np
 FLAVOR = "sparkml_dist"
 STAGE_DIR = "stage"
 SPARK_DIR = "sparkml"
+NETWORK_DIR = "network"
+TRUSTED_BUILDERS_ENV = "SPARKML_DIST_TRUSTED_BUILDERS"
 SIGNATURE = "MLmodel.sig"
-_STAGE = re.compile(rf"({STAGE_DIR}|{SPARK_DIR}/stages/[A-Za-z0-9][A-Za-z0-9_.-]{{0,200}})")
+_STAGE = re.compile(rf"({STAGE_DIR}|{NETWORK_DIR}|{SPARK_DIR}/stages/[A-Za-z0-9][A-Za-z0-9_.-]{{0,200}})")
 
 
 def _spark_flavor(model: Any, path: str) -> Optional[str]:
@@ -95,15 +105,56 @@ def save_model(model: Any, path: str) -> None:
         fh.write(f"sparkml_dist=={__version__}\nscikit-learn=={sklearn.__version__}\n")
 
 
-def log_model(model: Any, run_id: str, artifact_path: str = "model") -> str:
-    """Save ``model`` into the artifacts of MLflow run ``run_id``; returns its ``runs:/`` URI."""
+def save_network(module: Any, path: str, *, builder, builder_kwargs: Optional[dict] = None) -> None:
+    """Write a network (see :func:`sparkml_dist.torch_models.save`) as an MLflow model directory."""
+    import mlflow.pyfunc
+    from mlflow.models import Model
+
+    from . import __version__, torch_models
+
+    os.makedirs(path, exist_ok=False)
+    torch_models.save(os.path.join(path, NETWORK_DIR), module, builder=builder, builder_kwargs=builder_kwargs)
+    mlmodel = Model()
+    mlmodel.add_flavor(FLAVOR, stage=NETWORK_DIR, kind="network", version=__version__)
+    mlflow.pyfunc.add_to_model(mlmodel, loader_module=__name__, data=NETWORK_DIR)
+    mlmodel.save(os.path.join(path, "MLmodel"))
+    _sign(path)
+    import torch
+
+    with open(os.path.join(path, "requirements.txt"), "w", encoding="utf-8") as fh:
+        fh.write(f"sparkml_dist=={__version__}\ntorch=={torch.__version__.split('+')[0]}\nsafetensors\n")
+
+
+def _log(save: Any, run_id: str, artifact_path: str) -> str:
     from mlflow.tracking import MlflowClient
 
     with tempfile.TemporaryDirectory() as tmp:
         local = os.path.join(tmp, "model")
-        save_model(model, local)
+        save(local)
         MlflowClient().log_artifacts(run_id, local, artifact_path)
     return f"runs:/{run_id}/{artifact_path}"
+
+
+def log_model(model: Any, run_id: str, artifact_path: str = "model") -> str:
+    """Save ``model`` into the artifacts of MLflow run ``run_id``; returns its ``runs:/`` URI."""
+    return _log(lambda local: save_model(model, local), run_id, artifact_path)
+
+
+def log_network(
+    module: Any, run_id: str, *, builder, builder_kwargs: Optional[dict] = None, artifact_path: str = "model"
+) -> Optional[str]:
+    """Log a network into MLflow run ``run_id`` (rank 0 writes in a distributed run; the others get
+    None); returns its ``runs:/`` URI."""
+    from . import torch_models
+
+    state = torch_models.full_state(module)  # a collective for FSDP2 and pipelines: every rank
+    if state is None:
+        return None
+    return _log(
+        lambda local: save_network(state, local, builder=builder, builder_kwargs=builder_kwargs),
+        run_id,
+        artifact_path,
+    )
 
 
 def _mac(key: bytes, root: str) -> str:
@@ -156,13 +207,34 @@ def _read_stage(root: str, stage: Any):
     from .ensemble.persistence import load_stage
 
     _verify(root)
-    return load_stage(_stage_path(root, stage))
+    path = _stage_path(root, stage)
+    if stage == NETWORK_DIR:
+        return _network(path)
+    return load_stage(path)
 
 
-def load_model(model_uri: str) -> Any:
-    """The pyspark.ml model (``BaggingClassificationModel``, ``GroupedModel``...) logged at
-    ``model_uri``: ``MLmodel`` is read as YAML data (nothing it names is imported), its stage path
-    checked, and its signature verified when ``SPARKML_DIST_MODEL_KEY`` is set."""
+def _network(path: str, builder: Any = None):
+    """The network of an MLflow model's ``network`` directory, rebuilt by ``builder`` or by the
+    builder its record names when trusted (``SPARKML_DIST_TRUSTED_BUILDERS``, or signed files)."""
+    from . import torch_models
+    from .model_store import key_bytes
+
+    if builder is not None:
+        return torch_models.load(path, builder)
+    allowed = [n.strip() for n in os.environ.get(TRUSTED_BUILDERS_ENV, "").split(",") if n.strip()]
+    if key_bytes(None) is not None:  # the signed record's builder was written by a key holder
+        allowed.append(torch_models.read_meta(path)["builder"])
+    try:
+        return torch_models.load(path, allowed=allowed)
+    except torch_models.UnsafeModelError as exc:
+        raise torch_models.UnsafeModelError(
+            f"{exc}; for MLflow's loader list it in {TRUSTED_BUILDERS_ENV}, or sign the model "
+            "(SPARKML_DIST_MODEL_KEY), or call mlflow_flavor.load_network(uri, builder=...)"
+        ) from None
+
+
+def _local_root(model_uri: str):
+    """(local directory, the flavor's stage path) of a logged model; nothing ``MLmodel`` names is imported."""
     import mlflow.artifacts
     import yaml
 
@@ -173,10 +245,28 @@ def load_model(model_uri: str) -> Any:
     text = read_regular(os.path.join(local, "MLmodel"), 1 << 20, f"the MLmodel of {model_uri!r}")
     conf = yaml.safe_load(text) if text is not None else None
     try:
-        stage = conf["flavors"][FLAVOR]["stage"]
+        return local, conf["flavors"][FLAVOR]["stage"]
     except (TypeError, KeyError):
         raise UnsafeModelError(f"{model_uri!r} has no MLmodel naming a {FLAVOR} flavor") from None
-    return _read_stage(local, stage)
+
+
+def load_network(model_uri: str, builder: Any = None):
+    """The ``torch.nn.Module`` logged at ``model_uri`` by :func:`log_network`, rebuilt by
+    ``builder`` (or a trusted builder, see the module docstring)."""
+    from .model_formats import UnsafeModelError
+
+    local, stage = _local_root(model_uri)
+    _verify(local)
+    if stage != NETWORK_DIR:
+        raise UnsafeModelError(f"{model_uri!r} holds no network (its stage is {stage!r}): use load_model")
+    return _network(_stage_path(local, stage), builder)
+
+
+def load_model(model_uri: str) -> Any:
+    """The pyspark.ml model (``BaggingClassificationModel``, ``GroupedModel``...) logged at
+    ``model_uri``: ``MLmodel`` is read as YAML data (nothing it names is imported), its stage path
+    checked, and its signature verified when ``SPARKML_DIST_MODEL_KEY`` is set."""
+    return _read_stage(*_local_root(model_uri))
 
 
 class PyFuncModel:
@@ -190,6 +280,8 @@ class PyFuncModel:
 
         frame = model_input if isinstance(model_input, pd.DataFrame) else pd.DataFrame(model_input)
         stage = self.stage
+        if _is_network(stage):
+            return _network_predict(stage, frame)
         if hasattr(stage, "getGroupCol"):
             key = stage.getGroupCol()
             if key not in frame.columns:
@@ -210,3 +302,24 @@ def _load_pyfunc(path: str) -> PyFuncModel:
             return PyFuncModel(_read_stage(root, os.path.relpath(os.path.abspath(path), root)))
         root = os.path.dirname(root)
     raise UnsafeModelError(f"{path!r} is not inside an MLflow model directory (no MLmodel above it)")
+
+
+def _is_network(stage: Any) -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return isinstance(stage, torch.nn.Module)
+
+
+def _network_predict(net: Any, frame) -> np.ndarray:
+    """The frame's columns (list columns spread) as one float32 tensor through ``net``."""
+    import torch
+
+    parts = [
+        np.stack(frame[c].to_numpy()) if frame[c].dtype == object else frame[c].to_numpy()[:, None]
+        for c in frame.columns
+    ]
+    x = torch.from_numpy(np.concatenate(parts, axis=1).astype(np.float32, copy=False))
+    with torch.no_grad():
+        return net(x).numpy()
