@@ -6,6 +6,7 @@
     sparkml-dist search --conf conf/search_example.yaml   a parameter search, every fit on Spark
     sparkml-dist tune --conf conf/tune_example.yaml       tune any training function (job file:
                                                           :mod:`sparkml_dist.tune.job`)
+    sparkml-dist predict --model DIR --input PATH --output PATH   score rows (:mod:`.cli_predict`)
 
 Under ``spark-submit`` pass this file (its imports are absolute) and omit ``--master``, so the
 session spark-submit configured is used::
@@ -47,6 +48,8 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
+from sparkml_dist import cli_predict
+
 log = logging.getLogger("sparkml_dist.cli")
 
 _DEFAULT_CONF = os.path.join(
@@ -66,14 +69,6 @@ def _estimator(spec: Optional[dict]):
     return getattr(importlib.import_module(module), name)(**(spec.get("params") or {}))
 
 
-def _read(spark, spec: dict):
-    fmt = spec.get("format") or ("csv" if str(spec["path"]).endswith(".csv") else "parquet")
-    reader = spark.read
-    if fmt == "csv":
-        reader = reader.option("header", True).option("inferSchema", True)
-    return reader.format(fmt).load(spec["path"])
-
-
 def run_ensemble_job(spark, job: dict) -> dict:
     """Train (and optionally evaluate and save) a bagging ensemble described by ``job``."""
     from pyspark.sql import types as T
@@ -83,7 +78,7 @@ def run_ensemble_job(spark, job: dict) -> dict:
     task = job.get("task", "classification")
     if task not in ("classification", "regression"):
         raise SystemExit(f"task must be classification or regression, got {task!r}")
-    df = _read(spark, job["input"])
+    df = cli_predict.read_input(spark, job["input"])
     params = dict(job.get("params") or {})
     label = params.setdefault("labelCol", "label")
     if not params.get("featuresCols") and "featuresCol" not in params:
@@ -127,7 +122,7 @@ def _search_input(spark, spec: dict, label: str):
         frame = frame.rename(columns=lambda c: str(c).replace(" ", "_").replace("(", "").replace(")", ""))
         frame = frame.rename(columns={"target": label})
         return spark.createDataFrame(frame)
-    return _read(spark, spec)
+    return cli_predict.read_input(spark, spec)
 
 
 def run_search_job(spark, job: dict) -> dict:
@@ -234,8 +229,9 @@ def _run_script(spark, args) -> int:
 
     with open(args.script) as fh:
         source = fh.read()
-    split = lambda v: [p for p in (v or "").split(",") if p]  # noqa: E731
-    files = bundle(args.script, split(args.py_files), split(args.archives))
+    files = bundle(
+        args.script, *[[p for p in (v or "").split(",") if p] for v in (args.py_files, args.archives)]
+    )
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
     runner = BarrierRunner(
         args.np,
@@ -260,6 +256,7 @@ def _parser() -> argparse.ArgumentParser:
         ("search", "a parameter search from a job file, every fit on Spark"),
         ("run", "run a torch.distributed training script on barrier tasks"),
         ("tune", "tune any training function (module:function) from a job file, trials on Spark"),
+        ("predict", "score a Parquet/CSV file with a saved model or network, written as Parquet"),
     ):
         p = sub.add_parser(name, help=help_)
         p.add_argument(
@@ -270,6 +267,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--spark-conf", default=None, help="YAML file of Spark settings")
         if name in ("ensemble", "search", "tune"):
             p.add_argument("--conf", required=True, help="YAML job file")
+        if name == "predict":
+            cli_predict.add_arguments(p)
         if name == "run":
             p.add_argument(
                 "--np",
@@ -322,6 +321,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             report = demo(spark)
         elif args.command == "run":
             return _run_script(spark, args)
+        elif args.command == "predict":
+            report = cli_predict.run(spark, args)
         else:
             import yaml
 
