@@ -43,8 +43,10 @@ class _Stream:
     def __init__(self, loader: "ShardLoader", stream: int, epoch: int) -> None:
         self.loader, self.stream = loader, stream
         self.size = loader.sizes[stream]
+        groups = getattr(loader.source, "groups", None)
         self.order = StreamOrder(
             loader.source.chunks(stream),
+            groups=groups(stream) if groups else None,
             seed=loader.seed,
             epoch=epoch,
             stream=stream,

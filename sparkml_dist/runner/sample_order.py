@@ -3,15 +3,17 @@
 ``run_with_data`` cuts the rows into ``S`` *streams* (``streams=``, default the number of data
 ranks), fixed for the data and the seed whatever the world size; rank ``r`` of ``D`` data ranks
 holds streams ``r, r + D, r + 2D, ...`` (``S`` must be a multiple of ``D``).  A stream is a list of
-*chunks* (its storage units: a record batch of the rank's spill file, a Parquet row-group slice).
+*chunks* (its storage units: a record batch of the rank's spill file, a few thousand rows of a
+Parquet row group).
 
-In epoch ``e`` a stream's rows come in this order, computed from ``(seed, e, stream)`` alone:
-the chunks in a random order, taken a *window* (``window_rows`` rows, whole chunks) at a time, the
-rows of a window in a random order.  Global step ``s`` with a global batch of ``G`` rows takes the
-next ``G / S`` positions of every stream; a rank's batch is its streams' share, interleaved
-position-major.  So the set of samples of every global step is fixed by the data, the seed, ``S``
-and ``G``; a run on 4 ranks and one on 2 (``batch_size`` = ``G / D``) train on the same samples
-step by step, and a restart on another world size resumes at the same position.
+In epoch ``e`` a stream's rows come in this order, computed from ``(seed, e, stream)`` alone: the
+chunks in a random order (Parquet: the row-group slices in a random order, each slice's chunks in
+sequence, so the files are read forward), taken a *window* (``window_rows`` rows, whole chunks) at a
+time, the rows of a window in a random order. Global step ``s`` with a global batch of ``G`` rows
+takes the next ``G / S`` positions of every stream; a rank's batch is its streams' share,
+interleaved position-major. So the set of samples of every global step is fixed by the data, the
+seed, ``S`` and ``G``; a run on 4 ranks and one on 2 (``batch_size`` = ``G / D``) train on the same
+samples step by step, and a restart on another world size resumes at the same position.
 
 Streams of unequal size (they differ by at most one row) cycle: position ``p`` of stream ``c`` is
 its row ``p mod size_c``, so every rank's batch has exactly ``G / D`` rows at every step; an epoch
@@ -28,7 +30,7 @@ Example::
 from __future__ import annotations
 
 import math
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -82,6 +84,21 @@ class Plan:
         return step * self.per_stream, (step + 1) * self.per_stream
 
 
+def _chunk_order(n: int, groups: Optional[Sequence[int]], rng) -> np.ndarray:
+    """The chunks' order: shuffled (``rng``), or, for chunks in ``groups`` (a source that reads a
+    group's chunks in sequence, such as the row groups of a Parquet file), the groups shuffled and
+    each group's chunks in their order."""
+    if rng is None:
+        return np.arange(n)
+    if groups is None:
+        return rng.permutation(n)
+    labels = np.asarray(groups)
+    firsts = np.flatnonzero(np.r_[True, labels[1:] != labels[:-1]])
+    bounds = np.r_[firsts, n]
+    picked = rng.permutation(len(firsts))
+    return np.concatenate([np.arange(bounds[g], bounds[g + 1]) for g in picked]) if n else np.arange(0)
+
+
 class StreamOrder:
     """Stream ``stream``'s rows in epoch ``epoch``'s order, window by window (see the module)."""
 
@@ -89,6 +106,7 @@ class StreamOrder:
         self,
         chunks: Sequence[int],
         *,
+        groups: Optional[Sequence[int]] = None,
         seed: int,
         epoch: int,
         stream: int,
@@ -98,7 +116,7 @@ class StreamOrder:
         self._key = [int(seed), int(epoch), int(stream)]
         self.shuffle = shuffle
         sizes = np.asarray(chunks, dtype=np.int64)
-        order = np.random.default_rng(self._key).permutation(len(sizes)) if shuffle else np.arange(len(sizes))
+        order = _chunk_order(len(sizes), groups, np.random.default_rng(self._key) if shuffle else None)
         self.windows: List[np.ndarray] = []
         start, rows = 0, 0
         for i in range(len(order)):

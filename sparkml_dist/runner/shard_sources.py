@@ -9,7 +9,7 @@ using, never by its shard:
   another.  The file is read with plain reads (not memory-mapped), so only the chunks being used
   count toward the process's memory.
 * :class:`ParquetSource`: a plain Parquet scan, read by the rank itself from the files (no local
-  copy); a chunk is one row-group slice, so memory follows the files' row-group size.
+  copy), chunk after chunk of a row group with a bounded read buffer.
 * :class:`TableSource`: an in-memory Arrow table (one stream; tests and direct use).
 
 The task describes the source in a small JSON *manifest* (:func:`write_manifest`) beside the rank's
@@ -81,16 +81,40 @@ class IpcSource:
 
 
 class ParquetSource:
-    """Each stream a list of Parquet row-group slices ``(uri, row_group, start, stop)``."""
+    """Each stream a list of Parquet row-group slices ``(uri, row_group, start, stop)``, read in
+    chunks of ``chunk_rows`` rows (aligned on the row group's start) by a sequential reader per
+    stream with a bounded read buffer: memory follows the chunks in use, not the files' row-group
+    size.  :meth:`groups` tells the sample order which chunks share a slice, so it keeps them in
+    sequence (the slices are shuffled, and the rows within each window)."""
 
-    def __init__(self, columns: Sequence[str], schema: pa.Schema, parts: Dict[int, list]) -> None:
+    def __init__(
+        self, columns: Sequence[str], schema: pa.Schema, parts: Dict[int, list], chunk_rows: int = 4096
+    ):
         self.columns, self.schema = list(columns), schema
         self.streams = tuple(sorted(parts))
+        self._rows = int(chunk_rows)
         self._parts = {c: [tuple(s) for s in parts[c]] for c in self.streams}
+        # per stream: (slice index, batch number within the row group, start, stop) of every chunk
+        self._chunks: Dict[int, List[Tuple[int, int, int, int]]] = {}
+        for c in self.streams:
+            cut = []
+            for k, (_, _, start, stop) in enumerate(self._parts[c]):
+                start, stop = int(start), int(stop)
+                for b in range(start // self._rows, -(-stop // self._rows)):
+                    lo, hi = max(start, b * self._rows), min(stop, (b + 1) * self._rows)
+                    if lo < hi:
+                        cut.append((k, b, lo, hi))
+            self._chunks[c] = cut
         self._files: Dict[str, object] = {}
+        self._cursor: Dict[int, list] = {}  # stream -> [slice index, next batch number, iterator]
+        self.opened = 0  # row-group readers started (a re-read shows here)
 
     def chunks(self, stream: int) -> List[int]:
-        return [int(stop) - int(start) for _, _, start, stop in self._parts[stream]]
+        return [hi - lo for _, _, lo, hi in self._chunks[stream]]
+
+    def groups(self, stream: int) -> List[int]:
+        """The slice of each chunk: the chunks of one slice are read in sequence."""
+        return [k for k, _, _, _ in self._chunks[stream]]
 
     def _file(self, uri: str):
         import pyarrow.parquet as pq
@@ -99,13 +123,31 @@ class ParquetSource:
         pf = self._files.get(uri)
         if pf is None:
             filesystem, path = pafs.FileSystem.from_uri(uri)
-            pf = self._files[uri] = pq.ParquetFile(filesystem.open_input_file(path))
+            pf = self._files[uri] = pq.ParquetFile(
+                filesystem.open_input_file(path), buffer_size=1 << 20, pre_buffer=False
+            )
         return pf
 
+    def _batch(self, stream: int, k: int, b: int) -> pa.RecordBatch:
+        """Batch ``b`` of slice ``k``'s row group: the next of the stream's reader, or a new reader."""
+        cur = self._cursor.get(stream)
+        if cur is None or cur[0] != k or cur[1] > b:
+            uri, group, _, _ = self._parts[stream][k]
+            batches = self._file(uri).iter_batches(
+                batch_size=self._rows, row_groups=[int(group)], columns=self.columns, use_threads=False
+            )
+            cur = self._cursor[stream] = [k, 0, batches]
+            self.opened += 1
+        while True:
+            batch = next(cur[2])
+            cur[1] += 1
+            if cur[1] - 1 == b:
+                return batch
+
     def read(self, stream: int, i: int) -> pa.Table:
-        uri, group, start, stop = self._parts[stream][i]
-        table = self._file(uri).read_row_group(int(group), columns=self.columns, use_threads=False)
-        return table.slice(int(start), int(stop) - int(start)).select(self.columns).cast(self.schema)
+        k, b, lo, hi = self._chunks[stream][i]
+        batch = self._batch(stream, k, b).slice(lo - b * self._rows, hi - lo)
+        return pa.Table.from_batches([batch]).select(self.columns).cast(self.schema)
 
 
 def write_manifest(path: str, **fields) -> None:

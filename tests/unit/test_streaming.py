@@ -264,3 +264,54 @@ def test_a_shard_five_times_the_memory_limit_streams_in_bounded_memory(tmp_path)
     assert got["growth"] < limit_mib * 2**20, got  # bounded by the windows, not the shard
     assert "shard().dataloader(batch_size, columns)" in got["refused"]  # to_torch names the streaming API
     assert not os.path.exists(spill)  # the spill left the directory as soon as the rank opened it
+
+
+def _parquet_shards(tmp_path, world, streams=4, rows=10_000):
+    """The shards of ``world`` ranks over ``streams`` contiguous ranges of a Parquet file of
+    ``rows`` ids in row groups of 3,000, as run_with_data deals a plain scan."""
+    import pyarrow.parquet as pq
+
+    from sparkml_dist.runner.shard_sources import ParquetSource
+
+    path = str(tmp_path / "ids.parquet")
+    if not os.path.exists(path):
+        pq.write_table(pa.table({"id": np.arange(rows)}), path, row_group_size=3000)
+    sizes = [rows // streams + (c < rows % streams) for c in range(streams)]
+    starts = np.r_[0, np.cumsum(sizes)]
+    parts = {}
+    for c in range(streams):  # each stream's slices of the row groups it spans
+        lo, hi, cut = int(starts[c]), int(starts[c + 1]), []
+        for g in range(lo // 3000, -(-hi // 3000)):
+            a, b = max(lo, g * 3000), min(hi, (g + 1) * 3000)
+            cut.append([path, g, a - g * 3000, b - g * 3000])
+        parts[c] = cut
+    schema = pa.schema([("id", pa.int64())])
+    return [
+        Shard(
+            None,
+            source=ParquetSource(
+                ["id"], schema, {c: parts[c] for c in rank_streams(r, world, streams)}, chunk_rows=1000
+            ),
+            sizes=sizes,
+            data_rank=r,
+            data_world=world,
+        )
+        for r in range(world)
+    ]
+
+
+def test_parquet_streams_read_each_row_group_forward_once_per_epoch_in_the_same_global_order(tmp_path):
+    per_world = {}
+    for world in (1, 2):
+        shards = _parquet_shards(tmp_path, world)
+        loaders = [
+            s.dataloader(global_batch_size=40, columns=["id"], seed=9, window_rows=1500) for s in shards
+        ]
+        per_rank = [[b[0].tolist() for b in lo] for lo in loaders]
+        per_world[world] = [sorted(sum((p[s] for p in per_rank), [])) for s in range(len(per_rank[0]))]
+        assert sorted(sum(per_world[world], [])) == list(range(10_000))  # every id once
+        slices = sum(len(src._parts[c]) for src in (s._source for s in shards) for c in src.streams)
+        assert sum(s._source.opened for s in shards) == slices  # each row-group slice read once, forward
+    assert per_world[1] == per_world[2]
+    first = per_world[1][0]
+    assert first != sorted(first) or first[-1] - first[0] > 40  # shuffled, not the files' order
