@@ -74,6 +74,8 @@ bench: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_runner.py
 	$(BIN)/python benchmarks/bench_search.py
 	$(BIN)/python benchmarks/bench_parallel.py
+	$(BIN)/python benchmarks/bench_feed.py
+	$(BIN)/python benchmarks/bench_predict.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info spark-warehouse metastore_db derby.log

@@ -160,7 +160,7 @@ def ours_load(cols):
     _reset_peak()
     s = shard()
     X = s.to_torch(cols)
-    shard_mb = s.table.nbytes / 2**20
+    shard_mb = X.element_size() * X.nelement() / 2**20
     return {"rows": X.shape[0], "shard_mb": shard_mb, "peak_growth_mb": _status_mb("VmHWM") - base}
 
 

@@ -3,6 +3,8 @@
 * :mod:`sparkml_dist.ensemble` - one scikit-learn-API model per group of rows (bagging), as
   pyspark.ml Estimators.
 * :mod:`sparkml_dist.runner` - data-parallel PyTorch training in barrier mode (BarrierRunner).
+* :mod:`sparkml_dist.torch_models` and :mod:`sparkml_dist.inference` - a trained network saved
+  safely (safetensors + JSON) and any model scoring a DataFrame (``predict_batch``).
 * :mod:`sparkml_dist.partitioning` and :mod:`sparkml_dist.collection` - the shared split of rows
   into groups and the shared way back for fitted objects.
 

@@ -126,6 +126,20 @@ def _ensemble_scores(df, stage, input_cols, output_col: str, method: str):
     return out.withColumn(output_col, vector_to_array(tmp)).drop(tmp) if method == "predict_proba" else out
 
 
+def _function_spec(make_predict_fn: Callable) -> dict:
+    from . import serialization
+    from .runner.admission import unpicklable_part
+
+    try:
+        blob = serialization.dumps(make_predict_fn)
+    except Exception as exc:  # noqa: BLE001 - whatever the captured object raises
+        raise ConfigurationError(
+            f"cannot send make_predict_fn to the executors: {type(exc).__name__}: {exc}."
+            f"{unpicklable_part(make_predict_fn)}"
+        ) from None
+    return dict(make_fn=blob, key=uuid.uuid4().hex)
+
+
 def _model_spec(model: Any, method: str, trusted_types: Sequence[str]) -> dict:
     if not callable(getattr(model, method, None)):
         raise ConfigurationError(
@@ -167,20 +181,7 @@ def predict_batch(
         return _ensemble_scores(df, stage, list(input_cols), output_col, method)
     dtype = _spark_type(return_type)
     field = _arrow_field(output_col, dtype)
-    if make_predict_fn is not None:
-        from . import serialization
-        from .runner.admission import unpicklable_part
-
-        try:
-            blob = serialization.dumps(make_predict_fn)
-        except Exception as exc:  # noqa: BLE001 - whatever the captured object raises
-            raise ConfigurationError(
-                f"cannot send make_predict_fn to the executors: {type(exc).__name__}: {exc}."
-                f"{unpicklable_part(make_predict_fn)}"
-            ) from None
-        where = dict(make_fn=blob, key=uuid.uuid4().hex)
-    else:
-        where = _model_spec(model, method, trusted_types)
+    where = _function_spec(make_predict_fn) if model is None else _model_spec(model, method, trusted_types)
     spec = PredictSpec(
         input_cols=tuple(input_cols),  # checked by _inputs
         output_col=output_col,

@@ -52,6 +52,13 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(tmp_path):
         (g, i) for g in range(3) for i in (0, 1)
     ]
     assert "pickle" not in {o["format"] for o in manifest["objects"]}
+    scored = _run(
+        "predict", "--master", "local[2]", "--model", str(tmp_path / "model"), "--format", "csv",
+        "--input", str(tmp_path / "train.csv"), "--output", str(tmp_path / "scored"),
+    )  # fmt: skip
+    assert scored["kind"] == "BaggingClassificationModel" and scored["rows"] == 400
+    out = pd.read_parquet(tmp_path / "scored")
+    assert (out["prediction"] == out["y"]).mean() > 0.85  # the saved ensemble, scoring on Spark
 
 
 @only_local
@@ -102,3 +109,33 @@ def test_tune_job_runs_the_example_function_shipped_by_value(tmp_path):
     assert set(report["best_params"]) == {"lr", "hidden", "epochs"} and report["best_value"] < 2.3
     trials = pd.read_csv(tmp_path / "trials.csv")
     assert (trials["steps"] == 3).all() and trials["value"].min() == report["best_value"]
+
+
+@only_local
+def test_predict_scores_a_file_with_a_saved_network_built_by_the_named_builder(tmp_path):
+    import torch
+
+    from sparkml_dist import torch_models
+    from tests.support.parallel_helpers import build_model
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(300, 16)).astype(np.float32)
+    pd.DataFrame({"id": np.arange(300), "features": list(X)}).to_parquet(tmp_path / "rows.parquet")
+    net = build_model(layers=2)
+    torch_models.save(str(tmp_path / "net"), net, builder=build_model, builder_kwargs={"layers": 2})
+    report = _run(
+        "predict", "--master", "local[2]", "--model", str(tmp_path / "net"),
+        "--builder", "tests.support.parallel_helpers:build_model", "--input-cols", "features",
+        "--input", str(tmp_path / "rows.parquet"), "--output", str(tmp_path / "scored"),
+    )  # fmt: skip
+    assert report["kind"] == "network" and report["rows"] == 300
+    out = pd.read_parquet(tmp_path / "scored").sort_values("id")
+    with torch.no_grad():
+        want = net.eval()(torch.from_numpy(X)).numpy()
+    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), want, rtol=1e-6, atol=1e-6)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkml_dist", "predict", "--model", str(tmp_path / "net"), "--input",
+         str(tmp_path / "rows.parquet"), "--output", str(tmp_path / "again"), "--master", "local[1]"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "give --builder module:function" in proc.stderr

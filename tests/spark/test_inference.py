@@ -67,6 +67,7 @@ def test_scores_equal_local_prediction_and_the_function_is_made_once_per_worker(
     assert len(pids) <= 6  # never once per batch (25 batches here)
 
 
+@not_on_cluster
 def test_a_fitted_model_travels_in_a_safe_format_and_predicts_like_it_does_locally(spark):
     X, y = _data(20_000, 4, seed=1)
     tree = DecisionTreeClassifier(max_depth=5, random_state=0).fit(X, y)
@@ -137,6 +138,7 @@ def test_bad_columns_and_arguments_are_refused_before_any_job(spark):
         predict_batch(df, model=object(), input_cols=["a"])
 
 
+@not_on_cluster
 def test_a_saved_ensemble_scores_by_its_directory_as_its_transform_does(spark, tmp_path):
     from sparkml_dist.ensemble import BaggingClassifier
 
