@@ -1,0 +1,154 @@
+"""The user's own training function, called once per group of rows.  [executor]
+
+The executor side of :func:`sparkml_dist.ensemble.train_per_group`: rows arrive with their group in
+``GROUP_COL`` (all of a group's rows in one task, the groups one after another), are put in a fixed
+order (by ``KEY_COL``, a hash of the seed and the row), and handed to ``fn(data, key)``:
+
+* without ``features``: ``data`` is a pandas DataFrame of the group's columns;
+* with ``features``: ``data`` is ``(X, y)``; ``X`` stacks the feature columns left to right: numeric
+  columns and arrays as dense columns, Spark ML vectors as they are stored, so a sparse vector
+  column (``HashingTF``, ``CountVectorizer``, one-hot) makes ``X`` a ``scipy.sparse.csr_matrix``
+  without ever being densified; ``y`` is the label column (None without one).
+
+What ``fn`` returns (``model`` or ``(model, {"metric": value})``) goes back through the collection
+layer; an exception becomes the group's error (with the traceback), or a skipped group.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import pyarrow as pa
+
+from .. import collection, serialization
+from ..group_rows import GROUP_COL, KEY_COL, order_rows
+
+
+@dataclass(frozen=True)
+class PerGroupSpec:
+    fn_blob: bytes  # cloudpickled by this run's driver
+    keys: Tuple[Any, ...]  # group number -> the key fn is told
+    features: Tuple[str, ...] = ()
+    label: Optional[str] = None
+    on_error: str = "raise"
+
+
+@dataclass
+class GroupResult:
+    """One group's outcome: its model and metrics, or why it was skipped."""
+
+    group: int
+    key: Any
+    rows: int
+    model: Any = None
+    metrics: Optional[dict] = None
+    error: Optional[str] = None
+
+
+def _is_vector(t: pa.DataType) -> bool:
+    return pa.types.is_struct(t) and {f.name for f in t} >= {"type", "size", "indices", "values"}
+
+
+def _vector_csr(arr: pa.Array, name: str):
+    """Spark ML vectors (struct of type 0 sparse / 1 dense, size, indices, values) as CSR."""
+    from scipy import sparse
+
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if arr.null_count:
+        raise ValueError(f"column {name!r}: {arr.null_count} rows hold no vector")
+    kind = arr.field("type").to_numpy(zero_copy_only=False)
+    sizes = arr.field("size").to_numpy(zero_copy_only=False)
+    values = arr.field("values")
+    indices = arr.field("indices")
+    n = len(arr)
+    lengths = values.value_lengths().to_numpy(zero_copy_only=False)  # values stored per row
+    width = int(np.max(np.where(kind == 0, sizes, lengths))) if n else 0
+    if n and np.any(np.where(kind == 0, sizes, lengths) != width):
+        raise ValueError(f"column {name!r}: vectors of different sizes")
+    data = values.flatten().to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    sparse_idx = indices.flatten().to_numpy(zero_copy_only=False)  # dense rows hold null indices
+    if np.all(kind == 0):
+        col_idx = sparse_idx
+    elif np.all(kind == 1):
+        col_idx = np.tile(np.arange(width), n)
+    else:  # mixed rows: a dense row's columns are 0..size-1
+        cols, at = [], 0
+        for r in range(n):
+            k = int(lengths[r])
+            cols.append(sparse_idx[at : at + k] if kind[r] == 0 else np.arange(k))
+            at += k if kind[r] == 0 else 0
+        col_idx = np.concatenate(cols)
+    indptr = np.r_[0, np.cumsum(lengths)]
+    return sparse.csr_matrix((data, col_idx, indptr), shape=(n, width))
+
+
+def _column(arr, name: str):
+    if _is_vector(arr.type):
+        return _vector_csr(arr, name)
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
+        from ._worker import features_to_numpy
+
+        return features_to_numpy(arr, what=f"column {name!r}")
+    return arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[:, None]
+
+
+def group_data(table: pa.Table, spec: PerGroupSpec):
+    """What ``fn`` receives for one group's rows (see the module docstring)."""
+    order = order_rows(table.column(KEY_COL).to_numpy())
+    table = table.take(pa.array(order)).drop_columns(
+        [c for c in (GROUP_COL, KEY_COL) if c in table.column_names]
+    )
+    if not spec.features:
+        return table.to_pandas()
+    parts = [_column(table.column(c), c) for c in spec.features]
+    if any(not isinstance(p, np.ndarray) for p in parts):
+        from scipy import sparse
+
+        X = sparse.hstack([sparse.csr_matrix(p) if isinstance(p, np.ndarray) else p for p in parts]).tocsr()
+    else:
+        X = np.hstack(parts) if len(parts) > 1 else parts[0]
+    y = table.column(spec.label).to_numpy(zero_copy_only=False) if spec.label else None
+    return X, y
+
+
+def _call(fn, group: int, parts: List[pa.RecordBatch], spec: PerGroupSpec) -> pa.RecordBatch:
+    key = spec.keys[group]
+    table = pa.Table.from_batches(parts)
+    rows = table.num_rows
+    try:
+        out = fn(group_data(table, spec), key)
+        model, metrics = (
+            out if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else (out, {})
+        )
+        metrics = {str(k): float(v) for k, v in metrics.items()}
+    except Exception as exc:  # noqa: BLE001 - the user's function: reported with its traceback
+        why = f"group {key!r} ({rows} rows): {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
+        if spec.on_error == "raise":
+            return collection.encode_error(group, why)
+        return collection.encode(group, 0, GroupResult(group, key, rows, error=why))
+    return collection.encode(group, 0, GroupResult(group, key, rows, model=model, metrics=metrics))
+
+
+def fit_per_group(batches: Iterable[pa.RecordBatch], spec: PerGroupSpec) -> Iterator[pa.RecordBatch]:
+    """``fn`` once per group of the task's rows (one group held at a time)."""
+    fn = serialization.loads(spec.fn_blob)
+    pending: List[pa.RecordBatch] = []
+    current: Optional[int] = None
+    for batch in batches:
+        groups = batch.column(GROUP_COL).to_numpy()
+        if not len(groups):
+            continue
+        cuts = np.flatnonzero(np.diff(groups)) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(groups)]):
+            g = int(groups[lo])
+            if current is not None and g != current:
+                yield _call(fn, current, pending, spec)
+                pending = []
+            current = g
+            pending.append(batch.slice(lo, hi - lo))
+    if current is not None:
+        yield _call(fn, current, pending, spec)

@@ -1,0 +1,158 @@
+"""train_per_group: the user's own function per group, inside the executors; members as a table."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn.linear_model import LogisticRegression
+from sklearn.neighbors import KNeighborsClassifier
+
+from sparkml_dist import ConfigurationError, WorkerError
+from sparkml_dist.ensemble import BaggingClassifier, GroupModels, train_per_group
+from sparkml_dist.model_checks import UnsafeModelError
+from tests.conftest import not_on_cluster
+
+
+def _stores(n=1200, seed=0):
+    rng = np.random.default_rng(seed)
+    store = rng.choice(["a", "b", "c"], size=n)
+    X = rng.normal(size=(n, 2))
+    shift = {"a": 0.0, "b": 1.0, "c": -1.0}
+    y = (X[:, 0] + np.array([shift[s] for s in store]) + 0.5 * rng.normal(size=n) > 0).astype(int)
+    return pd.DataFrame({"store": store, "x1": X[:, 0], "x2": X[:, 1], "label": y})
+
+
+def fit_logistic(data, key):
+    """A user's function on a pandas DataFrame: a model and a metric of its own."""
+    model = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(data[["x1", "x2"]], data["label"])
+    return model, {"train_acc": model.score(data[["x1", "x2"]], data["label"]), "n": len(data)}
+
+
+def test_a_function_per_key_equals_fitting_each_key_locally(spark):
+    pdf = _stores()
+    result = train_per_group(spark.createDataFrame(pdf).repartition(4), fit_logistic, groupCol="store")
+    assert [m.group for m in result.members] == ["a", "b", "c"] and not result.skipped
+    for m in result.members:
+        part = pdf[pdf.store == m.group]
+        local = LogisticRegression(C=1.0, tol=1e-10, max_iter=1000).fit(part[["x1", "x2"]], part["label"])
+        np.testing.assert_allclose(m.model.coef_, local.coef_, atol=1e-8)
+        assert m.rows == len(part) and m.metrics["n"] == len(part) and 0.5 < m.metrics["train_acc"] <= 1
+
+
+def memorize(data, key):
+    X, y = data
+    return KNeighborsClassifier(n_neighbors=1).fit(X, y)
+
+
+@not_on_cluster
+def test_num_groups_deal_the_rows_bagging_deals(spark):
+    pdf = _stores(600, seed=1)[["x1", "x2", "label"]]
+    df = spark.createDataFrame(pdf).repartition(3)
+    ours = train_per_group(df, memorize, numGroups=3, featuresCols=["x1", "x2"], labelCol="label", seed=11)
+    bag = BaggingClassifier(
+        estimator=KNeighborsClassifier(n_neighbors=1),
+        numModels=3,
+        featuresCols=["x1", "x2"],
+        labelCol="label",
+        seed=11,
+    ).fit(df.repartition(5))
+    for m, member in zip(ours.members, bag.models):
+        mine = np.sort(m.model._fit_X.view("f8,f8"), axis=0)
+        theirs = np.sort(member.model._fit_X.view("f8,f8"), axis=0)
+        assert np.array_equal(mine, theirs) and m.rows == len(theirs)
+    assert sum(m.rows for m in ours.members) == len(pdf)
+
+
+def sparse_fit(data, key):
+    from scipy import sparse
+
+    X, y = data
+    assert sparse.isspmatrix_csr(X) and X.shape[1] == 2**18 + 1  # never densified
+    return LogisticRegression(max_iter=200).fit(X, y), {"nnz_per_row": X.nnz / X.shape[0]}
+
+
+@not_on_cluster
+def test_sparse_vector_columns_reach_the_function_as_csr(spark):
+    from pyspark.ml.feature import HashingTF, Tokenizer
+
+    rng = np.random.default_rng(3)
+    words = np.array(["good", "great", "fine", "bad", "awful", "poor", "the", "a", "movie", "plot"])
+    texts, labels = [], []
+    for i in range(400):
+        positive = i % 2
+        picks = (
+            rng.choice(words[:3] if positive else words[3:6], size=3).tolist()
+            + rng.choice(words[6:], 2).tolist()
+        )
+        texts.append(" ".join(picks))
+        labels.append(positive)
+    df = spark.createDataFrame(pd.DataFrame({"text": texts, "label": labels, "bias": 1.0}))
+    tf = HashingTF(numFeatures=2**18, inputCol="words", outputCol="tf").transform(
+        Tokenizer(inputCol="text", outputCol="words").transform(df)
+    )
+    result = train_per_group(tf, sparse_fit, numGroups=2, featuresCols=["tf", "bias"], labelCol="label")
+    for m in result.members:
+        assert 2 <= m.metrics["nnz_per_row"] <= 6  # distinct tokens + the dense bias column
+    X_probe = result.members[0].model.coef_
+    assert X_probe.shape == (1, 2**18 + 1)
+
+
+def fail_on_b(data, key):
+    if key == "b":
+        raise ValueError("no model for b")
+    return fit_logistic(data, key)
+
+
+@not_on_cluster
+def test_a_failing_group_is_named_with_its_traceback_or_skipped(spark):
+    df = spark.createDataFrame(_stores(300))
+    with pytest.raises(WorkerError, match="group 'b'.*ValueError: no model for b") as err:
+        train_per_group(df, fail_on_b, groupCol="store")
+    assert "fail_on_b" in str(err.value) + str(getattr(err.value, "worker_traceback", ""))
+    kept = train_per_group(df, fail_on_b, groupCol="store", onError="skip")
+    assert [m.group for m in kept.members] == ["a", "c"] and list(kept.skipped) == ["b"]
+    assert "ValueError: no model for b" in kept.skipped["b"]
+
+
+@not_on_cluster
+def test_bad_arguments_are_refused_before_any_job(spark):
+    df = spark.createDataFrame(_stores(30))
+    cases = [
+        (dict(), "give groupCol"),
+        (dict(groupCol="store", numGroups=2), "not both"),
+        (dict(groupCol="nope"), "groupCol='nope' is not in the DataFrame"),
+        (dict(numGroups=2, featuresCols=["store"]), "column 'store' is string"),
+        (dict(numGroups=2, featuresCols=["x1"], labelCol="y"), "column 'y' is not in the DataFrame"),
+        (dict(groupCol="store", onError="ignore"), "onError must be one of"),
+    ]
+    for kwargs, message in cases:
+        with pytest.raises(ConfigurationError, match=message):
+            train_per_group(df, fit_logistic, **kwargs)
+    lock = __import__("threading").Lock()
+    with pytest.raises(ConfigurationError, match="captures 'lock'"):
+        train_per_group(df, lambda data, key: lock, groupCol="store")
+
+
+@not_on_cluster
+def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    result = train_per_group(spark.createDataFrame(_stores(600)), fit_logistic, groupCol="store")
+    table = result.to_table(spark)
+    assert table.columns == ["group", "rows", "format", "model", "metrics", "sha256"]
+    table.write.parquet(str(tmp_path / "members"))
+    stored = spark.read.parquet(str(tmp_path / "members"))
+    assert {r.format for r in stored.select("format").collect()} == {"skops"}
+    best = stored.orderBy(F.col("metrics")["train_acc"].desc()).first().group  # SQL over the members
+    assert best == max(result.members, key=lambda m: m.metrics["train_acc"]).group
+    back = GroupModels.from_table(stored)
+    X = pd.DataFrame(np.random.default_rng(0).normal(size=(5, 2)), columns=["x1", "x2"])
+    for a, b in zip(result.members, back.members):
+        assert a.group == b.group and np.array_equal(a.model.predict(X), b.model.predict(X))
+    forged = stored.withColumn(
+        "model", F.when(F.col("group") == "a", F.lit(b"\x80\x04junk")).otherwise(F.col("model"))
+    )
+    with pytest.raises(UnsafeModelError, match="group 'a' does not match its sha256"):
+        GroupModels.from_table(forged)
+    pickled = forged.withColumn("format", F.lit("pickle")).withColumn("sha256", F.sha2(F.col("model"), 256))
+    with pytest.raises(Exception, match="pickle"):
+        GroupModels.from_table(pickled)
