@@ -80,7 +80,7 @@ def _inputs(df, input_cols: Sequence[str]):
         if c not in fields:
             raise ConfigurationError(f"input column {c!r} is not in the DataFrame; it has {sorted(fields)}")
         t = fields[c]
-        if t.typeName() == "vector":
+        if t.simpleString() == "vector":
             df = df.withColumn(c, vector_to_array(c))
             continue
         inner = t.elementType if isinstance(t, T.ArrayType) else t
@@ -114,7 +114,9 @@ def _ensemble_scores(df, stage, input_cols, output_col: str, method: str):
     if method == "predict_proba" and not stage.hasParam("probabilityCol"):
         raise ConfigurationError("method='predict_proba' needs a classifier ensemble")
     m = stage.copy()
-    one = len(input_cols) == 1 and df.schema[input_cols[0]].dataType.typeName() in ("array", "vector")
+    one = len(input_cols) == 1 and df.schema[input_cols[0]].dataType.simpleString().startswith(
+        ("array", "vector")
+    )
     m.set(m.featuresCol, input_cols[0] if one else m.getFeaturesCol())
     m.set(m.featuresCols, [] if one else list(input_cols))
     tmp = "__sd_proba"

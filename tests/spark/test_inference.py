@@ -162,3 +162,19 @@ def test_a_saved_ensemble_scores_by_its_directory_as_its_transform_does(spark, t
     np.testing.assert_allclose(
         np.stack(rows.to_numpy()), np.stack([v.toArray() for v in want["probability"]])
     )
+
+
+@not_on_cluster
+def test_vector_columns_arrive_as_two_dimensional_arrays(spark):
+    from pyspark.ml.feature import VectorAssembler
+
+    X, y = _data(500, 3, seed=4)
+    pdf = pd.DataFrame({"a": X[:, 0], "b": X[:, 1], "c": X[:, 2], "id": np.arange(500)})
+    df = VectorAssembler(inputCols=["a", "b", "c"], outputCol="v").transform(spark.createDataFrame(pdf))
+    scored = predict_batch(df, _row_sums, input_cols=["v"], batch_size=64)
+    got = scored.select("id", "prediction").toPandas().sort_values("id")["prediction"].to_numpy()
+    np.testing.assert_allclose(got, X.sum(axis=1))
+
+
+def _row_sums():
+    return lambda v: v.sum(axis=1)
