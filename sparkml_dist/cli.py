@@ -1,7 +1,7 @@
 """``sparkml-dist`` / ``python -m sparkml_dist``: command-line entry points.  [driver]
 
     sparkml-dist demo [--master local[*]]                 train and evaluate on a bundled dataset
-    sparkml-dist ensemble --conf conf/ensemble_example.yaml [--master ...]
+    sparkml-dist ensemble --conf conf/ensemble_example.yaml [--master ...] [--function mod:fn]
     sparkml-dist run --np 2 train.py -- --epochs 3        a training script on 2 ranks (torchrun for Spark)
     sparkml-dist search --conf conf/search_example.yaml   a parameter search, every fit on Spark
     sparkml-dist tune --conf conf/tune_example.yaml       tune any training function (job file:
@@ -29,8 +29,7 @@ Search job file (YAML)::
     input: {dataset: digits}       # a bundled scikit-learn dataset, or {path: ..., format: ...}
     labelCol: label                # featuresCols defaults to every numeric column but the label
     estimator: {class: sklearn.ensemble.RandomForestClassifier, params: {random_state: 0}}
-    param_grid: {n_estimators: [50, 100], max_depth: [4, 8, null]}
-    # or param_distributions: {...} with n_iter and random_state
+    param_grid: {n_estimators: [50, 100], max_depth: [4, 8, null]}  # or param_distributions + n_iter
     cv: 3
     scoring: accuracy
     max_concurrent: null           # null: as many fits as slots and memory allow
@@ -48,7 +47,7 @@ import sys
 import tempfile
 from typing import Optional, Sequence
 
-from sparkml_dist import cli_predict
+from sparkml_dist import cli_predict, per_group_job
 
 log = logging.getLogger("sparkml_dist.cli")
 
@@ -267,6 +266,8 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--spark-conf", default=None, help="YAML file of Spark settings")
         if name in ("ensemble", "search", "tune"):
             p.add_argument("--conf", required=True, help="YAML job file")
+        if name == "ensemble":
+            p.add_argument("--function", help="your own fn(data, key) per group (module:function)")
         if name == "predict":
             cli_predict.add_arguments(p)
         if name == "run":
@@ -328,12 +329,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
             from sparkml_dist.job_files import resolve_paths
 
+            base = os.path.dirname(os.path.abspath(args.conf))
             with open(args.conf) as fh:
-                job = resolve_paths(yaml.safe_load(fh), os.path.dirname(os.path.abspath(args.conf)))
+                job = resolve_paths(yaml.safe_load(fh), base)
             if args.command == "tune":
                 from sparkml_dist.tune.job import run_tune_job
 
-                report = run_tune_job(spark, job, os.path.dirname(os.path.abspath(args.conf)))
+                report = run_tune_job(spark, job, base)
+            elif getattr(args, "function", None):  # ensemble --function: your own fn per group
+                report = per_group_job.run_per_group_job(spark, job, args.function, base)
             else:
                 report = (run_search_job if args.command == "search" else run_ensemble_job)(spark, job)
         print(json.dumps(report, indent=2, default=str))

@@ -139,3 +139,30 @@ def test_predict_scores_a_file_with_a_saved_network_built_by_the_named_builder(t
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode != 0 and "give --builder module:function" in proc.stderr
+
+
+@only_local
+def test_ensemble_with_your_own_function_per_group_writes_the_members_table(tmp_path):
+    rng = np.random.default_rng(1)
+    pdf = pd.DataFrame({"store": rng.choice(["north", "south", "east"], 300), "x": rng.normal(size=300)})
+    pdf["label"] = (pdf["x"] > 0).astype(int)
+    pdf.to_csv(tmp_path / "sales.csv", index=False)
+    (tmp_path / "mymodels.py").write_text(
+        "from sklearn.linear_model import LogisticRegression\n\n"
+        "def fit(data, key):\n"
+        "    model = LogisticRegression().fit(data[['x']], data['label'])\n"
+        "    return model, {'acc': model.score(data[['x']], data['label'])}\n"
+    )
+    job = {
+        "input": {"path": str(tmp_path / "sales.csv")},
+        "params": {"groupCol": "store"},
+        "output": {"members_table": "out/members"},  # under the job file's folder
+    }
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    report = _run(
+        "ensemble", "--conf", str(tmp_path / "job.yaml"), "--function", "mymodels:fit", "--master", "local[2]"
+    )
+    assert report["groups"] == 3 and sum(report["rows"].values()) == 300 and not report["skipped"]
+    assert all(m["acc"] > 0.9 for m in report["metrics"].values())
+    table = pd.read_parquet(tmp_path / "out" / "members")
+    assert sorted(table["group"]) == ["east", "north", "south"] and set(table["format"]) == {"skops"}
