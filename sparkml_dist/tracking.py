@@ -200,6 +200,8 @@ def tracked_fit(stage, fit, dataset):
             )
         if hasattr(model, "skippedGroups"):
             figures["skipped_groups"] = len(model.skippedGroups)
+        if getattr(model, "oobScore_", None) is not None:
+            figures["oob_score"] = model.oobScore_
         run.log_metrics(figures)
         run.log_model(model)
     return model

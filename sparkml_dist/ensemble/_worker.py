@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 
 from .. import collection, member_gpus, serialization
 from ..group_rows import GROUP_COL, KEY_COL, order_rows
-from .aggregation import mean_prediction, probabilities, vote
+from .aggregation import Batch, mean_prediction, probabilities, vote
 from .member_records import FEATURES, LABEL, WEIGHT, Member, write_member
 
 
@@ -152,4 +152,36 @@ def predict_arrow(features: pa.Array, spec: PredictSpec) -> pa.Array:
 
     return pa.StructArray.from_arrays(
         [pa.array(pred, pa.float64()), lists(prob), lists(raw)], names=["prediction", "probability", "raw"]
+    )
+
+
+def oob_arrow(features: pa.Array, groups: pa.Array, spec: PredictSpec) -> pa.Array:
+    """Arrow UDF body of the out-of-bag score: each row predicted by the members whose group did
+    not hold it (``groups``: the groups it was drawn into); ``has_oob`` false when every member saw it."""
+    members = serialization.cached_loads(spec.blob, spec.digest)
+    if hasattr(members, "loaded"):
+        members = members.loaded()
+    X = Batch(features_to_numpy(features, spec.n_features, what=f"column {spec.features_col!r}"))
+    n = X.shape[0]
+    inbag = np.zeros((n, len(members)), dtype=bool)
+    lists = groups.combine_chunks() if isinstance(groups, pa.ChunkedArray) else groups
+    rows = np.repeat(np.arange(n), lists.value_lengths().to_numpy(zero_copy_only=False))
+    inbag[rows, lists.flatten().to_numpy(zero_copy_only=False)] = True
+    out = ~inbag
+    if spec.is_classifier:
+        raw = np.zeros((n, spec.n_classes))
+        for k, m in enumerate(members):
+            if spec.voting == "soft":
+                raw += m.aligned_proba(X, spec.n_classes) * out[:, k, None]
+            else:
+                np.add.at(raw, (np.arange(n), m.aligned_vote(X)), out[:, k].astype(float))
+        pred = np.asarray(spec.classes)[raw.argmax(axis=1)] if n else np.zeros(0)
+    else:
+        total = np.zeros(n)
+        for k, m in enumerate(members):
+            total += m.predict_value(X) * out[:, k]
+        pred = total / np.maximum(out.sum(axis=1), 1)
+    has = out.any(axis=1)
+    return pa.StructArray.from_arrays(
+        [pa.array(pred, pa.float64()), pa.array(has)], names=["prediction", "has_oob"]
     )

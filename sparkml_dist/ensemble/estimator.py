@@ -27,7 +27,7 @@ from pyspark.ml import Estimator
 
 from .. import _spark_env, arg_checks, launch, member_gpus, partitioning, serialization, tracking
 from ..errors import ConfigurationError
-from . import _worker, member_store, validation
+from . import _worker, member_store, oob, validation
 from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
@@ -167,6 +167,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
 
     def _fit_members(self, dataset):
         spec = self._split_spec()
+        if self.getOobScore():
+            oob.check(spec.sampling)
         max_classes = self._max_classes()  # checked before any job
         est = self._resolved_estimator()
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
@@ -203,6 +205,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         if fit_spec.members_store is not None:
             members = member_store.committed(fit_spec.members_store, members)
         model = self._model_class()(members=members, n_features=info["n_features"], classes=info["classes"])
+        if self.getOobScore():
+            model.oobScore_ = oob.score(model, prepared, spec, key_cols)
         return self._copyValues(model)
 
 
@@ -248,6 +252,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         membersDir: Optional[str] = None,
         mlflow: Optional[bool] = None,
         useGpu: bool = False,
+        oobScore: bool = False,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -286,6 +291,7 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
         membersDir: Optional[str] = None,
         mlflow: Optional[bool] = None,
         useGpu: bool = False,
+        oobScore: bool = False,
     ):
         super().__init__()
         self._set(**self._input_kwargs)

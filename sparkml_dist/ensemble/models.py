@@ -39,6 +39,7 @@ class _BaggingModel(Model, StageReadWrite):
         self._members = members if isinstance(members, LazyMembers) else list(members or [])
         self._n_features = int(n_features)
         self._classes = tuple(float(c) for c in classes) if classes is not None else None
+        self.oobScore_: Optional[float] = None  # set by a fit with oobScore=True (not saved with the model)
 
     # ------------------------------------------------------------------ inspection
     @property

@@ -82,6 +82,13 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
         TypeConverters.toString,
     )
 
+    oobScore = declare(
+        "oobScore",
+        "after fitting, score each row with the members that did not see it (bootstrap/subsample): "
+        "model.oobScore_, accuracy or R^2",
+        TypeConverters.toBoolean,
+    )
+
     useGpu = declare(
         "useGpu",
         "fit each member on a GPU of its task: the estimator's device parameter is set to that GPU "
@@ -102,7 +109,11 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
             featureRatio=1.0,
             seed=42,
             useGpu=False,
+            oobScore=False,
         )
+
+    def getOobScore(self) -> bool:
+        return self.getOrDefault(self.oobScore)
 
     def getUseGpu(self) -> bool:
         return self.getOrDefault(self.useGpu)
