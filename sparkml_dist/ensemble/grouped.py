@@ -43,6 +43,7 @@ from . import validation
 from ._grouped_worker import FitSpec, PredictSpec, fit_keys, predict_batch, predict_keys
 from ._worker import fresh_copy
 from .member_records import FEATURES, LABEL, KeyModel
+from .members_table import TableMembers
 from .params import _GroupedParams
 from .persistence import StageReadWrite
 
@@ -209,8 +210,17 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         return self._copyValues(model)
 
 
-class GroupedModel(Model, _GroupedParams, StageReadWrite):
+class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
     """The models of a :class:`GroupedTrainer`, one per key."""
+
+    def _table_state(self) -> dict:
+        return {"label_is_string": self._label_is_string}
+
+    @classmethod
+    def _from_members(cls, members: list, state: dict):
+        return cls(
+            members=sorted(members, key=lambda m: m.group), label_is_string=bool(state.get("label_is_string"))
+        )
 
     def __init__(
         self,

@@ -22,12 +22,23 @@ from .aggregation import mean_prediction, probabilities, vote
 from .member_records import Member
 from .member_store import LazyMembers
 from .members import FittedMember, public
+from .members_table import TableMembers
 from .params import _ClassifierParams, _RegressorParams
 from .persistence import StageReadWrite
 
 
-class _BaggingModel(Model, StageReadWrite):
+class _BaggingModel(Model, StageReadWrite, TableMembers):
     _is_classifier = False
+
+    def _table_state(self) -> dict:
+        return {
+            "n_features": self._n_features,
+            "classes": None if self._classes is None else list(self._classes),
+        }
+
+    @classmethod
+    def _from_members(cls, members: list, state: dict):
+        return cls(members=members, n_features=int(state.get("n_features", 0)), classes=state.get("classes"))
 
     def __init__(
         self,

@@ -13,7 +13,7 @@ inside the executors once per group, on all of that group's rows, and returns a 
     result = train_per_group(df, fit, groupCol="store")            # one model per store
     result = train_per_group(df, fit, numGroups=8, sampling="bootstrap", sampleRatio=0.5, seed=7)
     result.members[0].model, result.members[0].metrics, result.skipped
-    result.to_table(spark).write.parquet("models/")                # (group, rows, format, model, ...)
+    result.to_table(spark).write.parquet("models/")    # (group, rows, format, model, metrics, ...)
 
 Groups come from a column's values (``groupCol``: one group per distinct non-null key) or from the
 shared partitioning layer (``numGroups`` + ``sampling`` / ``sampleRatio`` / ``seed``: the same
@@ -29,14 +29,14 @@ traceback (``onError="raise"``), or is listed in ``skipped`` with its error (``o
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .. import arg_checks, launch, model_formats, partitioning, plan
+from .. import arg_checks, launch, partitioning, plan
 from ..errors import CollectionError, ConfigurationError
 from ..group_rows import GROUP_COL, KEY_COL
+from . import members_table
 from ._per_group_worker import PerGroupSpec, fit_per_group
 from .member_records import FEATURES, LABEL
 
@@ -68,23 +68,12 @@ class GroupModels:
         raise KeyError(key)
 
     def to_table(self, spark, *, key: Any = None):
-        """A Spark DataFrame ``(group, rows, format, model, metrics, sha256)``, one row per member:
-        each model in a safe format (:mod:`sparkml_dist.model_formats`: skops, XGBoost's own, JSON;
-        never a pickle) with the SHA-256 of its bytes (an HMAC with ``key=`` or
+        """A Spark DataFrame of the members, one row each (:mod:`.members_table`: ``group, rows,
+        format, model, metrics, record, sha256``), each model in a safe format (skops, XGBoost's
+        own, JSON; never a pickle) with a SHA-256 (an HMAC with ``key=`` or
         ``SPARKML_DIST_MODEL_KEY``), for ``df.write.parquet`` and SQL over the members."""
-        from ..model_store import key_bytes
-
-        signing = key_bytes(key)
-        rows = []
-        for m in self.members:
-            fmt, data = model_formats.encode(m.model)
-            rows.append(
-                (str(m.group), int(m.rows), fmt, bytearray(data), dict(m.metrics), _digest(data, signing))
-            )
-        schema = (
-            "group string, rows long, format string, model binary, metrics map<string,double>, sha256 string"
-        )
-        return spark.createDataFrame(rows, schema)
+        entries = [(m.group, m.rows, m.model, m.metrics, {}) for m in self.members]
+        return members_table.to_table(spark, entries, key)
 
     @classmethod
     def from_table(
@@ -92,35 +81,9 @@ class GroupModels:
     ) -> "GroupModels":
         """Members back from a table :meth:`to_table` wrote: every row's bytes checked against its
         digest and decoded through the same safe formats and validation as the model store (a
-        forged row is refused like a forged file).  Keys come back as strings, members in their order."""
-        from ..model_store import key_bytes
-
-        signing = key_bytes(key)
-        members = []
-        for r in df.select("group", "rows", "format", "model", "metrics", "sha256").collect():
-            data = bytes(r["model"])
-            if _digest(data, signing) != r["sha256"]:
-                raise model_formats.UnsafeModelError(
-                    f"the model of group {r['group']!r} does not match its sha256 column"
-                    f"{' (HMAC with the signing key)' if signing else ''}: changed after it was written"
-                )
-            model = model_formats.decode(
-                r["format"],
-                data,
-                trusted_types=trusted_types,
-                allow_pickle=allow_pickle,
-                what=f"group {r['group']!r}",
-            )
-            members.append(GroupMember(r["group"], int(r["rows"]), model, dict(r["metrics"] or {})))
-        return cls(sorted(members, key=lambda m: m.group))
-
-
-def _digest(data: bytes, key: Optional[bytes]) -> str:
-    if key:
-        import hmac
-
-        return hmac.new(key, data, hashlib.sha256).hexdigest()
-    return hashlib.sha256(data).hexdigest()
+        forged row is refused like a forged file).  Keys come back as strings, in their order."""
+        rows = members_table.read_table(df, key, trusted_types, allow_pickle)
+        return cls([GroupMember(g, n, model, metrics) for g, n, model, metrics, _ in rows])
 
 
 def _payload(fn: Callable) -> bytes:

@@ -138,7 +138,7 @@ def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_pa
 
     result = train_per_group(spark.createDataFrame(_stores(600)), fit_logistic, groupCol="store")
     table = result.to_table(spark)
-    assert table.columns == ["group", "rows", "format", "model", "metrics", "sha256"]
+    assert table.columns == ["group", "rows", "format", "model", "metrics", "record", "sha256"]
     table.write.parquet(str(tmp_path / "members"))
     stored = spark.read.parquet(str(tmp_path / "members"))
     assert {r.format for r in stored.select("format").collect()} == {"skops"}
@@ -153,6 +153,43 @@ def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_pa
     )
     with pytest.raises(UnsafeModelError, match="group 'a' does not match its sha256"):
         GroupModels.from_table(forged)
-    pickled = forged.withColumn("format", F.lit("pickle")).withColumn("sha256", F.sha2(F.col("model"), 256))
+    digest = F.sha2(F.concat(F.encode("record", "utf-8"), F.lit(bytearray(b"\x00")), F.col("model")), 256)
+    pickled = forged.withColumn("format", F.lit("pickle")).withColumn("sha256", digest)  # a forger's digest
     with pytest.raises(Exception, match="pickle"):
         GroupModels.from_table(pickled)
+
+
+@not_on_cluster
+def test_bagging_and_grouped_models_go_through_a_members_table_and_back(spark, tmp_path):
+    from pyspark.sql import functions as F
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sparkml_dist.ensemble import BaggingClassificationModel, GroupedModel, GroupedTrainer
+
+    pdf = _stores(900, seed=4)
+    df = spark.createDataFrame(pdf)
+    bag = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=4),
+        numModels=4,
+        featureRatio=0.5,
+        featuresCols=["x1", "x2"],
+    ).fit(df)
+    bag.members_table().write.parquet(str(tmp_path / "bag"))
+    stored = spark.read.parquet(str(tmp_path / "bag"))
+    assert stored.count() == 4 and stored.where("rows > 0").count() == 4
+    back = BaggingClassificationModel.from_table(stored, featuresCols=["x1", "x2"])
+    X = pdf[["x1", "x2"]].to_numpy()
+    assert np.array_equal(back.predict_proba(X), bag.predict_proba(X)) and back.numClasses == 2
+    a = bag.transform(df).select("prediction").toPandas()
+    b = back.transform(df).select("prediction").toPandas()
+    assert a.equals(b)
+    changed = F.regexp_replace("record", '"n_rows": ', '"n_rows": 9')  # a record edited, its digest not
+    swapped = stored.withColumn("record", F.when(F.col("group") == "0", changed).otherwise(F.col("record")))
+    with pytest.raises(UnsafeModelError, match="group '0' does not match its sha256"):
+        BaggingClassificationModel.from_table(swapped)
+    grouped = GroupedTrainer(
+        estimator=LogisticRegression(), groupCol="store", featuresCols=["x1", "x2"], labelCol="label"
+    ).fit(df)
+    again = GroupedModel.from_table(grouped.members_table(spark), groupCol="store", featuresCols=["x1", "x2"])
+    assert again.keys == grouped.keys == ["a", "b", "c"]
+    assert np.array_equal(again.predict(X, pdf["store"]), grouped.predict(X, pdf["store"]))
