@@ -124,13 +124,17 @@ def _call(fn, group: int, parts: List[pa.RecordBatch], spec: PerGroupSpec) -> pa
         model, metrics = (
             out if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], dict) else (out, {})
         )
+        if model is None:
+            raise ValueError(
+                "fn returned no model: end it with `return model` or `return model, {metric: value}`"
+            )
         metrics = {str(k): float(v) for k, v in metrics.items()}
+        return collection.encode(group, 0, GroupResult(group, key, rows, model=model, metrics=metrics))
     except Exception as exc:  # noqa: BLE001 - the user's function: reported with its traceback
         why = f"group {key!r} ({rows} rows): {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         if spec.on_error == "raise":
             return collection.encode_error(group, why)
         return collection.encode(group, 0, GroupResult(group, key, rows, error=why))
-    return collection.encode(group, 0, GroupResult(group, key, rows, model=model, metrics=metrics))
 
 
 def fit_per_group(batches: Iterable[pa.RecordBatch], spec: PerGroupSpec) -> Iterator[pa.RecordBatch]:

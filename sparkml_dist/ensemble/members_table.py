@@ -24,6 +24,7 @@ import json
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from .. import model_formats
+from ..errors import ConfigurationError
 from ..model_checks import UnsafeModelError
 
 SCHEMA = (
@@ -45,7 +46,14 @@ def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: An
     signing = key_bytes(key)
     rows = []
     for group, n, model, metrics, record in entries:
-        fmt, data = model_formats.encode(model)
+        try:
+            fmt, data = model_formats.encode(model)
+        except Exception as exc:  # noqa: BLE001 - whatever the format's writer raises
+            raise ConfigurationError(
+                f"the model of group {group!r} ({type(model).__name__}) cannot be stored in a safe format "
+                f"(skops, XGBoost's own, JSON): {type(exc).__name__}: {exc}. Return a scikit-learn-API "
+                "model, an XGBoost model, or plain values from the training function"
+            ) from exc
         text = json.dumps(record, sort_keys=True)
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
         rows.append((str(group), int(n), fmt, bytearray(data), metrics, text, _digest(text, data, signing)))
@@ -100,7 +108,6 @@ class TableMembers:
         """The members as a Spark DataFrame (see :mod:`sparkml_dist.ensemble.members_table`)."""
         from pyspark.sql import SparkSession
 
-        from ..errors import ConfigurationError
         from .member_records import KeyModel, to_record
 
         spark = spark or SparkSession.getActiveSession()
@@ -119,7 +126,6 @@ class TableMembers:
     ):
         """The model whose members a :meth:`members_table` holds (rows checked and decoded as the
         model store's files are); ``params`` set its Params (``featuresCols=``, ``groupCol=`` ...)."""
-        from ..errors import ConfigurationError
         from .member_records import from_record
 
         rows = read_table(df, key, trusted_types, allow_pickle)

@@ -113,6 +113,27 @@ def test_a_failing_group_is_named_with_its_traceback_or_skipped(spark):
     assert "ValueError: no model for b" in kept.skipped["b"]
 
 
+def returns_nothing_for_a(data, key):
+    if key == "a":
+        return None
+    if key == "b":
+        import threading
+
+        return threading.Lock()  # cannot travel back to the driver
+    return fit_logistic(data, key)
+
+
+@not_on_cluster
+def test_a_function_returning_nothing_or_an_unstorable_object_is_named(spark):
+    df = spark.createDataFrame(_stores(300))
+    kept = train_per_group(df, returns_nothing_for_a, groupCol="store", onError="skip")
+    assert [m.group for m in kept.members] == ["c"]
+    assert "fn returned no model: end it with `return model`" in kept.skipped["a"]
+    assert "group 'b'" in kept.skipped["b"] and "lock" in kept.skipped["b"].lower()
+    with pytest.raises(WorkerError, match="group 'a'.*returned no model"):
+        train_per_group(df, returns_nothing_for_a, groupCol="store")
+
+
 @not_on_cluster
 def test_bad_arguments_are_refused_before_any_job(spark):
     df = spark.createDataFrame(_stores(30))
