@@ -8,7 +8,7 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.ensemble import BaggingClassifier, BaggingRegressor
-from tests.conftest import not_on_cluster
+from tests.conftest import master_independent, not_on_cluster
 
 
 def _frame(spark, n, seed, regression=False):
@@ -24,6 +24,7 @@ def _frame(spark, n, seed, regression=False):
     return spark.createDataFrame(pdf), pdf
 
 
+@not_on_cluster
 def test_one_member_scores_exactly_the_rows_it_left_out(spark):
     df, pdf = _frame(spark, 600, seed=0)
     model = BaggingClassifier(
@@ -44,7 +45,7 @@ def test_one_member_scores_exactly_the_rows_it_left_out(spark):
     assert model.oobScore_ == pytest.approx(expected, abs=1e-12)
 
 
-@not_on_cluster
+@master_independent
 def test_the_oob_score_estimates_the_held_out_score(spark):
     train, _ = _frame(spark, 4000, seed=1)
     test, test_pdf = _frame(spark, 2000, seed=2)

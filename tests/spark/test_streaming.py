@@ -39,6 +39,7 @@ def _seen(log_dir):
     return sorted(int(i) for i in lines)
 
 
+@not_on_connect
 def test_a_run_killed_mid_epoch_resumes_at_the_next_unseen_batch(ids, tmp_path):
     logs = tmp_path / "same"
     logs.mkdir()
