@@ -9,7 +9,7 @@ from sklearn.neighbors import KNeighborsClassifier
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.ensemble import BaggingClassifier, GroupModels, train_per_group
 from sparkml_dist.model_checks import UnsafeModelError
-from tests.conftest import not_on_cluster
+from tests.conftest import master_independent, not_on_cluster
 
 
 def _stores(n=1200, seed=0):
@@ -43,7 +43,7 @@ def memorize(data, key):
     return KNeighborsClassifier(n_neighbors=1).fit(X, y)
 
 
-@not_on_cluster
+@master_independent  # executor-side logic: the same on every master
 def test_num_groups_deal_the_rows_bagging_deals(spark):
     pdf = _stores(600, seed=1)[["x1", "x2", "label"]]
     df = spark.createDataFrame(pdf).repartition(3)
@@ -70,7 +70,7 @@ def sparse_fit(data, key):
     return LogisticRegression(max_iter=200).fit(X, y), {"nnz_per_row": X.nnz / X.shape[0]}
 
 
-@not_on_cluster
+@master_independent  # executor-side logic: the same on every master
 def test_sparse_vector_columns_reach_the_function_as_csr(spark):
     from pyspark.ml.feature import HashingTF, Tokenizer
 
@@ -102,7 +102,7 @@ def fail_on_b(data, key):
     return fit_logistic(data, key)
 
 
-@not_on_cluster
+@master_independent  # executor-side logic: the same on every master
 def test_a_failing_group_is_named_with_its_traceback_or_skipped(spark):
     df = spark.createDataFrame(_stores(300))
     with pytest.raises(WorkerError, match="group 'b'.*ValueError: no model for b") as err:
@@ -123,7 +123,7 @@ def returns_nothing_for_a(data, key):
     return fit_logistic(data, key)
 
 
-@not_on_cluster
+@master_independent  # executor-side logic: the same on every master
 def test_a_function_returning_nothing_or_an_unstorable_object_is_named(spark):
     df = spark.createDataFrame(_stores(300))
     kept = train_per_group(df, returns_nothing_for_a, groupCol="store", onError="skip")
