@@ -7,14 +7,14 @@ The executor side of :class:`sparkml_dist.ensemble.GroupedTrainer`: module-level
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import collection, serialization
-from ..group_rows import GROUP_COL
+from ..group_rows import group_runs
 from ._worker import features_to_numpy
 from .member_records import FEATURES, LABEL, KeyModel
 
@@ -27,8 +27,6 @@ class FitSpec:
 
 def fit_keys(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.RecordBatch]:
     """Fit one clone per group; rows arrive sorted by group, so one group is held at a time."""
-    pending: List[pa.RecordBatch] = []
-    current: Optional[int] = None
 
     def fit(group: int, parts: List[pa.RecordBatch]):
         table = pa.Table.from_batches(parts)
@@ -45,20 +43,8 @@ def fit_keys(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.Re
             )
         return collection.encode(group, 0, KeyModel(group, spec.keys[group], model, len(y)))
 
-    for batch in batches:
-        groups = batch.column(GROUP_COL).to_numpy()
-        if not len(groups):
-            continue
-        cuts = np.flatnonzero(np.diff(groups)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(groups)]):
-            g = int(groups[lo])
-            if current is not None and g != current:
-                yield fit(current, pending)
-                pending = []
-            current = g
-            pending.append(batch.slice(lo, hi - lo))
-    if current is not None:
-        yield fit(current, pending)
+    for group, parts in group_runs(batches):
+        yield fit(group, parts)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import collection, serialization
-from ..group_rows import GROUP_COL, KEY_COL, order_rows
+from ..group_rows import GROUP_COL, KEY_COL, group_runs, order_rows
 
 
 @dataclass(frozen=True)
@@ -140,19 +140,5 @@ def _call(fn, group: int, parts: List[pa.RecordBatch], spec: PerGroupSpec) -> pa
 def fit_per_group(batches: Iterable[pa.RecordBatch], spec: PerGroupSpec) -> Iterator[pa.RecordBatch]:
     """``fn`` once per group of the task's rows (one group held at a time)."""
     fn = serialization.loads(spec.fn_blob)
-    pending: List[pa.RecordBatch] = []
-    current: Optional[int] = None
-    for batch in batches:
-        groups = batch.column(GROUP_COL).to_numpy()
-        if not len(groups):
-            continue
-        cuts = np.flatnonzero(np.diff(groups)) + 1
-        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(groups)]):
-            g = int(groups[lo])
-            if current is not None and g != current:
-                yield _call(fn, current, pending, spec)
-                pending = []
-            current = g
-            pending.append(batch.slice(lo, hi - lo))
-    if current is not None:
-        yield _call(fn, current, pending, spec)
+    for group, parts in group_runs(batches):
+        yield _call(fn, group, parts, spec)
