@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from harness import interleaved  # noqa: E402
+from harness import interleaved, local_session  # noqa: E402
 
 COLS = [f"c{i}" for i in range(50)]
 
@@ -90,19 +90,8 @@ def main() -> None:
     from pyspark.sql import functions as F
 
     from sparkml_dist.runner import BarrierRunner
-    from sparkml_dist.session import get_session
 
-    spark = get_session(
-        "local[2]",
-        conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
-        conf={
-            "spark.driver.memory": "6g",
-            "spark.executorEnv.PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        },
-        app_name="bench_feed",
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+    spark = local_session("bench_feed")
     path = os.path.join(HERE, "data", f"labelled_{args.rows}x50.parquet")
     if not os.path.exists(path):
         spark.range(args.rows, numPartitions=8).select(

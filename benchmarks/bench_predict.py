@@ -18,7 +18,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from harness import interleaved  # noqa: E402
+from harness import interleaved, local_session  # noqa: E402
 
 
 def make_predict_fn():
@@ -48,18 +48,8 @@ def main() -> None:
     from pyspark.sql.types import FloatType
 
     from sparkml_dist.inference import predict_batch
-    from sparkml_dist.session import get_session
 
-    spark = get_session(
-        "local[2]",
-        conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
-        conf={
-            "spark.driver.memory": "6g",
-            "spark.executorEnv.PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        },
-        app_name="bench_predict",
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("bench_predict")
     path = os.path.join(HERE, "data", f"vectors_{args.rows}x50.parquet")
     if not os.path.exists(path):
         spark.range(args.rows, numPartitions=8).select(

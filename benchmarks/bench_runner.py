@@ -31,6 +31,9 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from harness import local_session  # noqa: E402
 
 
 # ---------------------------------------------------------------- functions run on the ranks
@@ -228,19 +231,8 @@ def main() -> None:
     from pyspark.ml.torch.distributor import TorchDistributor
 
     from sparkml_dist.runner import BarrierRunner
-    from sparkml_dist.session import get_session
 
-    spark = get_session(
-        "local[2]",
-        conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
-        conf={
-            "spark.driver.memory": "6g",
-            "spark.executorEnv.PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", ""),
-        },
-        app_name="bench_runner",
-    )
-    spark.sparkContext.setLogLevel("ERROR")
-    os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+    spark = local_session("bench_runner")
     quiet = dict(log_ranks="none")
 
     def timed(fn):

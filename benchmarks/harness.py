@@ -23,3 +23,21 @@ def interleaved(
             walls[name].append(time.perf_counter() - t)
             print(f"round {r} {name:18s} load {load:4.2f} wall {walls[name][-1]:7.2f}s", flush=True)
     return walls, last
+
+
+def local_session(app_name: str, memory: str = "6g"):
+    """The benchmarks' SparkSession: local[2] with the repository's settings, executors (and rank
+    processes) finding the benchmark modules on their path, Spark's own logging quiet."""
+    from sparkml_dist.session import get_session
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = here + os.pathsep + os.environ.get("PYTHONPATH", "")
+    spark = get_session(
+        "local[2]",
+        conf_file=os.path.join(os.path.dirname(here), "conf", "spark-local.yaml"),
+        conf={"spark.driver.memory": memory, "spark.executorEnv.PYTHONPATH": path},
+        app_name=app_name,
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    os.environ["PYTHONPATH"] = path
+    return spark
