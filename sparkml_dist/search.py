@@ -37,11 +37,11 @@ import inspect
 import logging
 import time
 from collections import defaultdict
-from typing import List, Optional, Sequence
+from typing import List
 
 import numpy as np
 
-from . import _spark_env, launch, member_gpus, plan, progress, serialization, tracking
+from . import _spark_env, launch, member_gpus, plan, progress, search_data, serialization, tracking
 from ._search_worker import Job, SearchSpec, search_task
 from .errors import ConfigurationError
 
@@ -164,42 +164,6 @@ class ParallelSearchCV(BaseSearchCV):
         evaluate_candidates(self._candidates())
 
     # ------------------------------------------------------------------ data
-    @staticmethod
-    def _from_dataframe(df, featuresCols: Optional[Sequence[str]], labelCol: Optional[str]):
-        if not featuresCols:
-            raise ConfigurationError(
-                "fit(df, ...) on a Spark DataFrame needs featuresCols=[...] "
-                "(and labelCol= for supervised estimators)"
-            )
-        wanted = list(featuresCols) + ([labelCol] if labelCol else [])
-        missing = [c for c in wanted if c not in df.columns]
-        if missing:
-            raise ConfigurationError(f"columns {missing} are not in the DataFrame; it has {df.columns}")
-        from pyspark.sql.types import BooleanType, NumericType
-
-        types = {f.name: f.dataType for f in df.schema.fields}
-        bad = [c for c in featuresCols if not isinstance(types[c], (NumericType, BooleanType))]
-        if bad:
-            raise ConfigurationError(
-                f"feature columns {bad} are not numeric; encode them first "
-                "(e.g. pyspark.ml.feature.StringIndexer)"
-            )
-        spark = df.sparkSession
-        budget = _spark_env.ClusterMemory.from_spark(spark).python_bytes_per_executor
-        n = df.count()
-        need = n * len(wanted) * 8
-        if need * 4 > budget:
-            raise ConfigurationError(
-                f"the DataFrame ({n} rows x {len(wanted)} columns, ~{need / 2**20:.0f} MiB) is too "
-                f"large to copy into every task (Python budget {budget / 2**20:.0f} MiB per executor). "
-                "Search on a sample (df.sample(...)), or train one model over all rows with "
-                "sparkml_dist.ensemble.BaggingClassifier / BarrierRunner."
-            )
-        pdf = df.select(*wanted).toPandas()
-        X = pdf[list(featuresCols)]
-        y = pdf[labelCol].to_numpy() if labelCol else None
-        return X, y
-
     # ------------------------------------------------------------------ fit
     def fit(self, X, y=None, *, groups=None, featuresCols=None, labelCol=None, **params):
         """Run the search: ``fit(X, y)`` on numpy/pandas, or ``fit(df, featuresCols=..., labelCol=...)``."""
@@ -212,7 +176,7 @@ class ParallelSearchCV(BaseSearchCV):
     def _search(self, X, y, groups, featuresCols, labelCol, params):
         if _is_spark_df(X):
             spark = X.sparkSession
-            X, y = self._from_dataframe(X, featuresCols, labelCol)
+            X, y = search_data.from_dataframe(X, featuresCols, labelCol, self.estimator)
         else:
             spark = _spark_env.active_session("ParallelSearchCV (its fits run on Spark)")
         candidates = self._candidates()

@@ -6,6 +6,7 @@ The executor side of :class:`sparkml_dist.ensemble.GroupedTrainer`: module-level
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, List, Tuple
 
@@ -13,9 +14,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import collection, serialization
+from .. import collection, feature_arrays, serialization
 from ..group_rows import group_runs
-from ._worker import features_to_numpy
 from .member_records import FEATURES, LABEL, KeyModel
 
 
@@ -30,9 +30,11 @@ def fit_keys(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.Re
 
     def fit(group: int, parts: List[pa.RecordBatch]):
         table = pa.Table.from_batches(parts)
-        X = features_to_numpy(table.column(FEATURES), what=f"group {spec.keys[group]!r}: features")
-        y = table.column(LABEL).to_numpy(zero_copy_only=False)
         model = serialization.loads(spec.estimator_blob)
+        sparse_ok = feature_arrays.accepts_sparse(model)
+        what = f"group {spec.keys[group]!r}: features"
+        X = feature_arrays.matrix(table.column(FEATURES), sparse_ok=sparse_ok, what=what)
+        y = table.column(LABEL).to_numpy(zero_copy_only=False)
         try:
             model.fit(X, y)
         except Exception as exc:
@@ -66,13 +68,14 @@ def _models(spec: PredictSpec):
 
 def predict_batch(
     key_array: pa.Array,
-    features: np.ndarray,
+    features: Any,
     keys: pa.Array,
     models: List[Any],
     unseen: str,
     out_type: pa.DataType,
 ) -> pa.Array:
-    """Predictions for one batch: each row from its key's model (null where the key has none)."""
+    """Predictions for one batch: each row from its key's model (null where the key has none).
+    ``features``: a matrix, or ``sparse_ok -> matrix`` building the form each model takes."""
     value_set = keys if keys.type == key_array.type else keys.cast(key_array.type)
     idx = pc.fill_null(pc.index_in(key_array, value_set=value_set), -1).to_numpy(zero_copy_only=False)
     unknown = idx < 0
@@ -86,7 +89,8 @@ def predict_batch(
     out = np.empty(len(idx), dtype=object) if is_string else np.full(len(idx), np.nan)
     for g in np.unique(idx[~unknown]):
         rows = np.flatnonzero(idx == g)
-        preds = np.asarray(models[g].predict(features[rows]))
+        X = features(feature_arrays.accepts_sparse(models[g])) if callable(features) else features
+        preds = np.asarray(models[g].predict(X[rows]))
         out[rows] = preds.astype(str) if is_string else preds
     return pa.array(out, type=out_type, mask=unknown)
 
@@ -95,7 +99,12 @@ def predict_keys(batches: Iterable[pa.RecordBatch], spec: PredictSpec) -> Iterat
     keys, models = _models(spec)
     out_type = pa.string() if spec.prediction_type == "string" else pa.float64()
     for batch in batches:
-        features = features_to_numpy(batch.column(FEATURES), what="features")
+        column = batch.column(FEATURES)
+        features = functools.lru_cache(maxsize=2)(
+            lambda sparse_ok, column=column: feature_arrays.matrix(
+                column, sparse_ok=sparse_ok, what="features"
+            )
+        )  # built once per batch in each form its keys' models take
         preds = predict_batch(batch.column(spec.key_col), features, keys, models, spec.unseen, out_type)
         kept = [i for i, name in enumerate(batch.schema.names) if name != FEATURES]
         yield pa.RecordBatch.from_arrays(

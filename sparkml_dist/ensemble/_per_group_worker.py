@@ -23,7 +23,7 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from .. import collection, serialization
+from .. import collection, feature_arrays, serialization
 from ..group_rows import GROUP_COL, KEY_COL, group_runs, order_rows
 
 
@@ -48,51 +48,12 @@ class GroupResult:
     error: Optional[str] = None
 
 
-def _is_vector(t: pa.DataType) -> bool:
-    return pa.types.is_struct(t) and {f.name for f in t} >= {"type", "size", "indices", "values"}
-
-
-def _vector_csr(arr: pa.Array, name: str):
-    """Spark ML vectors (struct of type 0 sparse / 1 dense, size, indices, values) as CSR."""
-    from scipy import sparse
-
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    if arr.null_count:
-        raise ValueError(f"column {name!r}: {arr.null_count} rows hold no vector")
-    kind = arr.field("type").to_numpy(zero_copy_only=False)
-    sizes = arr.field("size").to_numpy(zero_copy_only=False)
-    values = arr.field("values")
-    indices = arr.field("indices")
-    n = len(arr)
-    lengths = values.value_lengths().to_numpy(zero_copy_only=False)  # values stored per row
-    width = int(np.max(np.where(kind == 0, sizes, lengths))) if n else 0
-    if n and np.any(np.where(kind == 0, sizes, lengths) != width):
-        raise ValueError(f"column {name!r}: vectors of different sizes")
-    data = values.flatten().to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    sparse_idx = indices.flatten().to_numpy(zero_copy_only=False)  # dense rows hold null indices
-    if np.all(kind == 0):
-        col_idx = sparse_idx
-    elif np.all(kind == 1):
-        col_idx = np.tile(np.arange(width), n)
-    else:  # mixed rows: a dense row's columns are 0..size-1
-        cols, at = [], 0
-        for r in range(n):
-            k = int(lengths[r])
-            cols.append(sparse_idx[at : at + k] if kind[r] == 0 else np.arange(k))
-            at += k if kind[r] == 0 else 0
-        col_idx = np.concatenate(cols)
-    indptr = np.r_[0, np.cumsum(lengths)]
-    return sparse.csr_matrix((data, col_idx, indptr), shape=(n, width))
-
-
 def _column(arr, name: str):
-    if _is_vector(arr.type):
-        return _vector_csr(arr, name)
+    if feature_arrays.is_vector(arr.type):
+        return feature_arrays.vectors_to_csr(arr, what=f"column {name!r}")
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type):
-        from ._worker import features_to_numpy
-
-        return features_to_numpy(arr, what=f"column {name!r}")
+        return feature_arrays.lists_to_numpy(arr, what=f"column {name!r}")
     return arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[:, None]
 
 

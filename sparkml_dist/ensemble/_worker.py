@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Optional, Tuple
+from typing import Any, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import collection, member_gpus, serialization
+from .. import collection, feature_arrays, member_gpus, serialization
 from ..group_rows import GROUP_COL, KEY_COL, order_rows
 from .aggregation import Batch, mean_prediction, probabilities, vote
 from .member_records import FEATURES, LABEL, WEIGHT, Member, write_member
@@ -32,27 +32,10 @@ class FitSpec:
     has_weight: bool
     members_store: Optional[Any] = None  # a ModelStore: executors write members there (membersDir)
     gpus: Optional[Tuple[str, ...]] = None  # useGpu: () the task's own GPU, else the driver's to deal
-
-
-def features_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str = "features") -> np.ndarray:
-    """A list<double> Arrow array -> (n_rows, n_features) float64 array; nulls inside become NaN."""
-    if isinstance(arr, pa.ChunkedArray):
-        arr = arr.combine_chunks()
-    n = len(arr)
-    if arr.null_count:
-        raise ValueError(f"{what}: {arr.null_count} rows have a null feature vector")
-    values = arr.flatten()
-    if n == 0:
-        return np.zeros((0, n_features or 0))
-    width = len(values) // n
-    lengths = pc.list_value_length(arr)
-    lo, hi = pc.min_max(lengths).values()
-    if lo.as_py() != hi.as_py() or (n_features is not None and width != n_features):
-        raise ValueError(
-            f"{what}: rows have {lo.as_py()}..{hi.as_py()} values; expected "
-            f"{n_features if n_features is not None else 'the same number'} in every row"
-        )
-    return values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False).reshape(n, width)
+    vectors: bool = False  # the features are Spark ML vectors: their values are checked here
+    sparse_ok: bool = False  # the estimator takes scipy.sparse input (feature_arrays.matrix's rule)
+    allow_nan: bool = False
+    features_col: str = "features"
 
 
 def _estimator_from(blob: bytes):
@@ -69,16 +52,44 @@ def fresh_copy(estimator):
     return copy.deepcopy(estimator)
 
 
-def _fit_member(spec: FitSpec, group: int, table: pa.Table) -> Member:
-    X = features_to_numpy(table.column(FEATURES), spec.n_features)
-    y = table.column(LABEL).to_numpy().astype(np.float64)
-    w = table.column(WEIGHT).to_numpy().astype(np.float64) if spec.has_weight else None
-    keys = table.column(KEY_COL).to_numpy()
-    order = order_rows(keys, X, y) if w is None else order_rows(keys, X, y, w)
+def _group_arrays(spec: FitSpec, parts: List[pa.RecordBatch]):
+    """(X, y, w) of one group's rows in their fixed order.  ``parts`` is emptied as the rows are
+    read: a sparse group whose rows arrive in key order (Spark sorts them) is copied into its CSR
+    matrix batch by batch, so it is held about once while the matrix is built, not twice."""
+    columns = lambda name: np.concatenate([b.column(name).to_numpy() for b in parts])  # noqa: E731
+    y = columns(LABEL).astype(np.float64)
+    w = columns(WEIGHT).astype(np.float64) if spec.has_weight else None
+    keys = columns(KEY_COL)
+    what = f"featuresCol={spec.features_col!r}"
+    if spec.vectors and spec.sparse_ok and np.all(keys[1:] >= keys[:-1]):  # arrived in order
+        X = feature_arrays.csr_from_batches(parts, FEATURES, spec.n_features, what)
+        if X.shape[0] and X.nnz >= feature_arrays.SPARSE_SHARE * X.shape[0] * X.shape[1]:
+            X = X.toarray()  # mostly stored anyway: dense is faster (feature_arrays.matrix's rule)
+        feature_arrays.check_finite(X, spec.allow_nan, what)
+        return X, y, w
+    table = pa.Table.from_batches(parts).select([FEATURES])
+    parts.clear()
+    if spec.vectors:  # equal keys are bootstrap copies of one row: ordered by label and weight
+        order = order_rows(keys, y) if w is None else order_rows(keys, y, w)
+        table = table.take(pa.array(order))
+        X = feature_arrays.matrix(
+            table.column(FEATURES), spec.n_features, sparse_ok=spec.sparse_ok, what=what
+        )
+        del table
+        feature_arrays.check_finite(X, spec.allow_nan, what)
+    else:
+        X = feature_arrays.lists_to_numpy(table.column(FEATURES), spec.n_features)
+        del table
+        order = order_rows(keys, X, y) if w is None else order_rows(keys, X, y, w)
+        X = X[order]
+    return X, y[order], (w[order] if w is not None else None)
+
+
+def _fit_member(spec: FitSpec, group: int, parts: List[pa.RecordBatch]) -> Member:
+    X, yg, wg = _group_arrays(spec, parts)
     feats = np.asarray(spec.feature_subsets[group], dtype=np.int64)
-    Xg = X[order][:, feats] if feats.size != X.shape[1] else X[order]
-    yg = y[order]
-    wg = w[order] if w is not None else None
+    Xg = X[:, feats] if feats.size != X.shape[1] else X
+    del X
     classes = None
     if spec.is_classifier:
         global_classes = np.asarray(spec.classes)
@@ -102,15 +113,14 @@ def _fit_member(spec: FitSpec, group: int, table: pa.Table) -> Member:
 def fit_groups(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.RecordBatch]:
     """Executor task: the rows of one or more groups in, one chunked Member per group out."""
     batches = [b for b in batches if b.num_rows]
-    if not batches:
-        return
-    table = pa.Table.from_batches(batches)
-    groups = table.column(GROUP_COL).to_numpy()
-    for group in np.unique(groups):
+    groups = np.unique(np.concatenate([b.column(GROUP_COL).to_numpy() for b in batches])) if batches else []
+    for group in groups:  # on Spark a task holds one group (partition g is group g)
         g = int(group)
-        part = table.filter(pa.array(groups == group)) if len(np.unique(groups)) > 1 else table
+        parts = (
+            batches if len(groups) == 1 else [b.filter(pc.equal(b.column(GROUP_COL), group)) for b in batches]
+        )
         try:
-            member = _fit_member(spec, g, part)
+            member = _fit_member(spec, g, parts)
             if spec.members_store is not None:  # only the files' metadata goes back to the driver
                 member = {"metas": write_member(spec.members_store.write, member)}
         except Exception as exc:  # one failed member is reported with its group, not retried
@@ -134,17 +144,31 @@ class PredictSpec:
     features_col: str
 
 
+_SPARSE_OK: dict = {}  # members' digest -> whether every member takes sparse input (per worker)
+
+
+def _batch_matrix(features: pa.Array, members, spec: PredictSpec):
+    """A batch's features as the members take them (:func:`feature_arrays.matrix`)."""
+    sparse_ok = _SPARSE_OK.get(spec.digest)
+    if sparse_ok is None:
+        fitted = [m.model for m in members if not m.constant]
+        sparse_ok = _SPARSE_OK[spec.digest] = all(feature_arrays.accepts_sparse(m) for m in fitted)
+    return feature_arrays.matrix(
+        features, spec.n_features, sparse_ok=sparse_ok, what=f"column {spec.features_col!r}"
+    )
+
+
 def predict_arrow(features: pa.Array, spec: PredictSpec) -> pa.Array:
     """Arrow UDF body: features in, a struct of prediction (+ probability and raw scores) out."""
     members = serialization.cached_loads(spec.blob, spec.digest)  # once per Python worker
     if hasattr(members, "loaded"):  # members in a store (membersDir): read there once, kept
         members = members.loaded()
-    X = features_to_numpy(features, spec.n_features, what=f"column {spec.features_col!r}")
+    X = _batch_matrix(features, members, spec)
     if not spec.is_classifier:
         return pa.StructArray.from_arrays([pa.array(mean_prediction(members, X))], names=["prediction"])
     raw = vote(members, X, spec.n_classes, spec.voting)
     prob = probabilities(raw)
-    pred = np.asarray(spec.classes)[raw.argmax(axis=1)] if len(X) else np.zeros(0)
+    pred = np.asarray(spec.classes)[raw.argmax(axis=1)] if X.shape[0] else np.zeros(0)
     c = spec.n_classes
 
     def lists(m: np.ndarray) -> pa.Array:
@@ -161,7 +185,7 @@ def oob_arrow(features: pa.Array, groups: pa.Array, spec: PredictSpec) -> pa.Arr
     members = serialization.cached_loads(spec.blob, spec.digest)
     if hasattr(members, "loaded"):
         members = members.loaded()
-    X = Batch(features_to_numpy(features, spec.n_features, what=f"column {spec.features_col!r}"))
+    X = Batch(_batch_matrix(features, members, spec))
     n = X.shape[0]
     inbag = np.zeros((n, len(members)), dtype=bool)
     lists = groups.combine_chunks() if isinstance(groups, pa.ChunkedArray) else groups

@@ -14,7 +14,7 @@ from .member_records import Member
 
 
 class Batch:
-    """One batch of features shared by all members, converted at most once per dtype.
+    """One batch of features (dense, or CSR) shared by all members, converted at most once per dtype.
 
     scikit-learn trees predict on float32 and convert float64 input themselves, once per call;
     converting once per batch for all tree members gives the same numbers without the copies.
@@ -26,7 +26,7 @@ class Batch:
         self._f32: Optional[np.ndarray] = None
 
     def for_model(self, model: Any) -> np.ndarray:
-        if hasattr(model, "tree_"):
+        if hasattr(model, "tree_") and isinstance(self.X, np.ndarray):  # CSR goes as it is
             if self._f32 is None:
                 self._f32 = np.ascontiguousarray(self.X, dtype=np.float32)
             return self._f32
@@ -35,7 +35,7 @@ class Batch:
 
 def vote(members: Sequence[Member], X: np.ndarray, n_classes: int, voting: str) -> np.ndarray:
     """Raw class scores (n_rows, n_classes): summed probabilities (soft) or vote counts (hard)."""
-    X = Batch(X) if isinstance(X, np.ndarray) else X
+    X = X if isinstance(X, Batch) else Batch(X)
     raw = np.zeros((X.shape[0], n_classes))
     if voting == "soft":
         for m in members:
@@ -54,7 +54,7 @@ def probabilities(raw: np.ndarray) -> np.ndarray:
 
 
 def mean_prediction(members: Sequence[Member], X: np.ndarray) -> np.ndarray:
-    X = Batch(X) if isinstance(X, np.ndarray) else X
+    X = X if isinstance(X, Batch) else Batch(X)
     out = np.zeros(X.shape[0])
     for m in members:
         out += m.predict_value(X)

@@ -25,7 +25,16 @@ from typing import Any, List, Optional
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import _spark_env, arg_checks, launch, member_gpus, partitioning, serialization, tracking
+from .. import (
+    _spark_env,
+    arg_checks,
+    feature_arrays,
+    launch,
+    member_gpus,
+    partitioning,
+    serialization,
+    tracking,
+)
 from ..errors import ConfigurationError
 from . import _worker, member_store, oob, validation
 from .member_records import FEATURES, LABEL, WEIGHT
@@ -130,12 +139,15 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         return dataset.select(*cols), key_cols
 
     def _check_groups(self, spark, dataset, grouped, spec, est, weight_col: str, max_classes: int) -> dict:
-        """One job sizes the groups and validates the data; returns check_data's findings."""
+        """One job sizes the groups and validates the data; returns check_data's findings (and
+        whether vectors reach the members sparse)."""
+        vectors = validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols())
+        width, stored = validation.vector_shape(dataset, self.getFeaturesCol()) if vectors else (None, 0.0)
         with launch.job_scope(spark, "sparkml_dist: sizing groups"):
             stats = partitioning.group_stats(
                 grouped,
                 spec.num_groups,
-                validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes),
+                validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes, vectors),
             )
         if not stats.rows and dataset.isEmpty():
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
@@ -150,17 +162,33 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             is_classifier=self._is_classifier,
             counts_copies=spec.sampling != "disjoint",
             max_classes=max_classes,
+            vector_width=width,
         )
         info["subsets"] = partitioning.feature_subsets(info["n_features"], spec)
-        widest = max(len(s) for s in info["subsets"])
-        partitioning.check_groups(
-            stats,
-            spec,
-            bytes_per_row=8.0 * (widest + 4) * 4,
-            budget_bytes=_spark_env.task_memory_budget(spark),
-        )
+        info["vectors"], info["sparse_ok"] = vectors, vectors and feature_arrays.accepts_sparse(est)
+        self._check_group_memory(spark, stats, spec, info, stored, est)
         log.info("%s: %s", type(self).__name__, stats.summary())
         return info
+
+    def _check_group_memory(self, spark, stats, spec, info: dict, stored: float, est) -> None:
+        """No group larger than a task can hold: dense rows, or CSR rows where vectors stay sparse."""
+        widest = max(len(s) for s in info["subsets"])
+        width = info["n_features"]
+        sparse = info["sparse_ok"] and stored < feature_arrays.SPARSE_SHARE * width
+        per_row = 12.0 * (stored * widest / width + 2) if sparse else 8.0 * (widest + 4)
+        try:
+            partitioning.check_groups(
+                stats, spec, bytes_per_row=per_row * 4, budget_bytes=_spark_env.task_memory_budget(spark)
+            )
+        except ConfigurationError as exc:
+            if not info["vectors"] or info["sparse_ok"]:
+                raise
+            raise ConfigurationError(
+                f"{exc} featuresCol={self.getFeaturesCol()!r} holds vectors of {width} entries, which "
+                f"estimator={est!r} needs dense (it does not take scipy.sparse input): use one that "
+                "does (LogisticRegression, SGDClassifier, trees and forests, XGBoost, LightGBM) to keep "
+                "them sparse, or make the vectors narrower (e.g. HashingTF's numFeatures)."
+            ) from None
 
     def _fit(self, dataset):
         return tracking.tracked_fit(self, self._fit_members, dataset)
@@ -181,6 +209,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         else:
             grouped = partitioning.assign_groups(prepared, spec, key_cols)
         info = self._check_groups(spark, dataset, grouped, spec, est, weight_col, max_classes)
+        if info["sparse_ok"]:  # rows reach each task in key order: its CSR matrix is built in place
+            grouped = grouped.sortWithinPartitions(partitioning.GROUP_COL, partitioning.KEY_COL)
         gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")
         fit_spec = _worker.FitSpec(
             estimator_blob=blob,
@@ -192,6 +222,10 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             has_weight=bool(weight_col),
             members_store=member_store.new_store(self.getMembersDir(), self.uid),
             gpus=gpus,
+            vectors=info["vectors"],
+            sparse_ok=info["sparse_ok"],
+            allow_nan=validation.estimator_allows_nan(est),
+            features_col=self.getFeaturesCol(),
         )
         results = launch.run_on_groups(
             grouped,

@@ -254,7 +254,7 @@ class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
 
     def predict(self, X, keys) -> np.ndarray:
         """Local predictions: row i from the model of ``keys[i]`` (``unseenKey`` applies)."""
-        X = np.asarray(X, dtype=np.float64)
+        X = X.tocsr() if hasattr(X, "tocsr") else np.asarray(X, dtype=np.float64)
         out_type = pa.string() if self._label_is_string else pa.float64()
         preds = predict_batch(
             pa.array(list(keys)),
@@ -290,7 +290,7 @@ class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
         )
         from functools import partial
 
-        # the features as fit saw them (vector_to_array for vectors, sparse ones included)
+        # the features as fit saw them (vectors stay vectors: CSR for models that take it)
         return dataset.withColumn(FEATURES, feats).mapInArrow(partial(predict_keys, spec=spec), schema)
 
     # persistence (StageReadWrite stores _members in the model store, this state in metadata)

@@ -74,6 +74,10 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
 
     # ------------------------------------------------------------------ local prediction
     def _local_X(self, X) -> np.ndarray:
+        if hasattr(X, "tocsr"):  # scipy.sparse: kept sparse, as transform keeps sparse vectors
+            if X.ndim != 2 or X.shape[1] != self._n_features:
+                raise ConfigurationError(f"X has shape {X.shape}; expected (n_rows, {self._n_features}).")
+            return X.tocsr()
         cols = self.getFeaturesCols()
         if hasattr(X, "columns") and cols and all(c in X.columns for c in cols):
             X = X[cols]

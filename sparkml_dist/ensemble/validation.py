@@ -3,7 +3,10 @@
 Schema and parameter problems are found without starting any Spark job.  Data problems (empty
 input, NaN/inf, null labels, ragged vectors, a single class) are found by the same single
 aggregation job that sizes the groups (:func:`sparkml_dist.partitioning.group_stats`), before any
-model is trained.
+model is trained.  Spark ML vector columns pass through as vectors (never expanded: a hashed
+2^18-column space stays sparse); SQL cannot look inside them, so their width comes from the first
+rows (:func:`vector_shape`) and their values are checked where each group is fitted
+(:func:`sparkml_dist.feature_arrays.check_finite`), with the same messages.
 
 NaN policy: NaN (and null elements of array features) is refused unless the estimator declares
 that it handles missing values (scikit-learn's ``allow_nan`` tag: HistGradientBoosting*, XGBoost,
@@ -12,8 +15,9 @@ LightGBM, ...), in which case NaN is passed through.  +/-inf is always refused.
 
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
@@ -33,10 +37,23 @@ def _is_vector(dt) -> bool:
     return isinstance(dt, T.UserDefinedType) and type(dt).__name__ == "VectorUDT"
 
 
-def features_column(df, features_col: str, features_cols: List[str]):
-    """An ``array<double>`` Column of the features, from a vector, an array or numeric columns."""
-    from pyspark.ml.functions import vector_to_array
+def is_vector_input(df, features_col: str, features_cols: List[str]) -> bool:
+    """Whether the features are one Spark ML vector column (passed through as vectors)."""
+    return not features_cols and features_col in df.columns and _is_vector(df.schema[features_col].dataType)
 
+
+def vector_shape(df, features_col: str, sample: int = 1000) -> Tuple[int, float]:
+    """(width, mean stored values per row) of a vector column, from its first ``sample`` rows."""
+    rows = [r[0] for r in df.select(features_col).limit(sample).collect() if r[0] is not None]
+    if not rows:
+        return 0, 0.0
+    stored = [len(v.values) for v in rows]
+    return int(rows[0].size), float(np.mean(stored))
+
+
+def features_column(df, features_col: str, features_cols: List[str]):
+    """The features as fit reads them: the vector column itself, else an ``array<double>`` Column
+    of an array column or of numeric columns."""
     schema = df.schema
     if features_cols:
         for c in features_cols:
@@ -54,7 +71,7 @@ def features_column(df, features_col: str, features_cols: List[str]):
         "Assemble numeric columns with VectorAssembler, or set featuresCols=[...].",
     )
     if _is_vector(dt):
-        return vector_to_array(df[features_col])
+        return df[features_col]
     if isinstance(dt, T.ArrayType) and isinstance(dt.elementType, T.NumericType):
         return df[features_col].cast("array<double>")
     raise ConfigurationError(
@@ -83,21 +100,29 @@ def estimator_allows_nan(estimator) -> bool:
         return bool(tags().get("allow_nan", False)) if callable(tags) else False
 
 
-def data_aggregates(is_classifier: bool, has_weight: bool, max_classes: int = 1000) -> Dict[str, object]:
+def data_aggregates(
+    is_classifier: bool, has_weight: bool, max_classes: int = 1000, vectors: bool = False
+) -> Dict[str, object]:
     """Per-group aggregates computed alongside the group sizes (a classifier's labels: at most
-    ``max_classes + 1`` distinct values per group reach the driver, enough to refuse too many)."""
+    ``max_classes + 1`` distinct values per group reach the driver, enough to refuse too many).
+    ``vectors``: the features are vectors, whose values the executors check instead."""
     feats = F.col(FEATURES)
     label = F.col(LABEL)
-    aggs = {
-        "null_vectors": F.sum(F.when(feats.isNull(), 1).otherwise(0)),
-        "nan_rows": F.sum(F.when(F.exists(feats, lambda x: x.isNull() | F.isnan(x)), 1).otherwise(0)),
-        "inf_rows": F.sum(F.when(F.exists(feats, lambda x: F.abs(x) == float("inf")), 1).otherwise(0)),
-        "min_len": F.min(F.size(feats)),
-        "max_len": F.max(F.size(feats)),
-        "bad_labels": F.sum(
-            F.when(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf")), 1).otherwise(0)
-        ),
-    }
+    aggs = {"null_vectors": F.sum(F.when(feats.isNull(), 1).otherwise(0))}
+    if not vectors:
+        aggs.update(
+            nan_rows=F.sum(F.when(F.exists(feats, lambda x: x.isNull() | F.isnan(x)), 1).otherwise(0)),
+            inf_rows=F.sum(F.when(F.exists(feats, lambda x: F.abs(x) == float("inf")), 1).otherwise(0)),
+            min_len=F.min(F.size(feats)),
+            max_len=F.max(F.size(feats)),
+        )
+    aggs.update(
+        {
+            "bad_labels": F.sum(
+                F.when(label.isNull() | F.isnan(label) | (F.abs(label) == float("inf")), 1).otherwise(0)
+            ),
+        }
+    )
     if has_weight:
         w = F.col(WEIGHT)
         aggs["bad_weights"] = F.sum(
@@ -144,8 +169,10 @@ def check_data(
     is_classifier: bool,
     counts_copies: bool,
     max_classes: int = 1000,
+    vector_width: Optional[int] = None,
 ) -> dict:
-    """Raise ConfigurationError for bad data; return {"n_features", "classes"}."""
+    """Raise ConfigurationError for bad data; return {"n_features", "classes"}.  ``vector_width``:
+    the features are vectors of that width (:func:`vector_shape`), checked on the executors."""
     ex = stats.extras.values()
     rows = "row copies" if counts_copies else "rows"
     total = lambda key: sum(int(e.get(key) or 0) for e in ex)  # noqa: E731
@@ -177,13 +204,18 @@ def check_data(
             f"weightCol={weight_col!r}: {total('bad_weights')} {rows} have a "
             "null, NaN, infinite or negative weight."
         )
-    return _shape_and_classes(list(ex), fname, label_col, is_classifier, max_classes)
+    return _shape_and_classes(list(ex), fname, label_col, is_classifier, max_classes, vector_width)
 
 
-def _shape_and_classes(ex: list, fname: str, label_col: str, is_classifier: bool, max_classes: int) -> dict:
+def _shape_and_classes(
+    ex: list, fname: str, label_col: str, is_classifier: bool, max_classes: int, vector_width: Optional[int]
+) -> dict:
     """Every vector the same non-zero length; a classifier's label at least two classes."""
-    lo = min(int(e["min_len"]) for e in ex)
-    hi = max(int(e["max_len"]) for e in ex)
+    if vector_width is not None:
+        lo = hi = vector_width
+    else:
+        lo = min(int(e["min_len"]) for e in ex)
+        hi = max(int(e["max_len"]) for e in ex)
     if lo != hi:
         raise ConfigurationError(
             f"features {fname}: vectors have between {lo} and {hi} values; every "

@@ -1,0 +1,161 @@
+"""Feature columns as Arrow hands them to Python -> the matrix a model fits on.  [anywhere]
+
+Lists of numbers (``array<double>``: numeric columns stacked, array columns) become a dense
+``(rows, features)`` float64 array.  Spark ML vectors arrive as their storage struct (``type`` 0
+sparse / 1 dense, ``size``, ``indices``, ``values``) and are never expanded on the way: they become
+a ``scipy.sparse.csr_matrix`` straight from the stored values, and a dense array only when the
+model cannot take sparse input or most entries are stored anyway (one rule, :func:`matrix`)::
+
+    X = matrix(batch.column("features"), sparse_ok=accepts_sparse(estimator))
+
+``accepts_sparse`` reads scikit-learn's ``input_tags.sparse`` (linear models, trees, forests,
+XGBoost and LightGBM's scikit-learn classes, pipelines whose first step does): a model fitted
+either way predicts the same from either form.
+"""
+
+from __future__ import annotations
+
+from typing import Any, List, Optional
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+# vectors become CSR when fewer than this share of their entries are stored (and the model takes it)
+SPARSE_SHARE = 1 / 3
+
+
+def is_vector(t: pa.DataType) -> bool:
+    """Whether an Arrow type is a Spark ML vector's storage struct."""
+    return pa.types.is_struct(t) and {f.name for f in t} >= {"type", "size", "indices", "values"}
+
+
+def accepts_sparse(model: Any) -> bool:
+    """Whether ``model.fit``/``predict`` take ``scipy.sparse`` input (scikit-learn's tags)."""
+    try:
+        from sklearn.utils import get_tags
+
+        return bool(get_tags(model).input_tags.sparse)
+    except Exception:  # not a scikit-learn-API object, or tags it cannot compute: dense is safe
+        return False
+
+
+def _combined(arr):
+    return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+
+
+def lists_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str = "features") -> np.ndarray:
+    """A list<double> Arrow array -> (n_rows, n_features) float64 array; nulls inside become NaN."""
+    arr = _combined(arr)
+    n = len(arr)
+    if arr.null_count:
+        raise ValueError(f"{what}: {arr.null_count} rows have a null feature vector")
+    values = arr.flatten()
+    if n == 0:
+        return np.zeros((0, n_features or 0))
+    width = len(values) // n
+    lengths = pc.list_value_length(arr)
+    lo, hi = pc.min_max(lengths).values()
+    if lo.as_py() != hi.as_py() or (n_features is not None and width != n_features):
+        raise ValueError(
+            f"{what}: rows have {lo.as_py()}..{hi.as_py()} values; expected "
+            f"{n_features if n_features is not None else 'the same number'} in every row"
+        )
+    return values.to_numpy(zero_copy_only=False).astype(np.float64, copy=False).reshape(n, width)
+
+
+def _vector_parts(arr: pa.Array, n_features: Optional[int], what: str):
+    """(stored values, their columns, values per row, width) of a vector struct array."""
+    if arr.null_count:
+        raise ValueError(f"{what}: {arr.null_count} rows hold no vector (null); drop or fill them")
+    kind = arr.field("type").to_numpy(zero_copy_only=False)
+    sizes = arr.field("size").fill_null(0).to_numpy(zero_copy_only=False)
+    lengths = arr.field("values").value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+    widths = np.where(kind == 0, sizes, lengths)
+    width = int(n_features if n_features is not None else (widths.max() if len(arr) else 0))
+    if len(arr) and np.any(widths != width):
+        bad = np.flatnonzero(widths != width)
+        raise ValueError(
+            f"{what}: vectors of {sorted(set(widths[bad].tolist()))[:5]} entries where {width} are "
+            f"expected ({bad.size} rows); every row needs the same size"
+        )
+    data = arr.field("values").flatten().to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    stored_idx = arr.field("indices").flatten().to_numpy(zero_copy_only=False)  # sparse rows only
+    if np.all(kind == 0):
+        cols = stored_idx
+    else:  # a dense row's values sit in columns 0..width-1
+        starts = np.repeat(np.cumsum(lengths) - lengths, lengths)
+        cols = np.arange(data.size) - starts
+        from_sparse = np.repeat(kind == 0, lengths)
+        cols[from_sparse] = stored_idx
+    if cols.size and (cols.min() < 0 or cols.max() >= max(width, 1)):
+        raise ValueError(f"{what}: a vector has an index outside 0..{width - 1}")
+    return data, cols.astype(np.int32 if width < 2**31 else np.int64, copy=False), lengths, width
+
+
+def vectors_to_csr(arr: pa.Array, n_features: Optional[int] = None, what: str = "features"):
+    """Spark ML vectors -> ``scipy.sparse.csr_matrix`` of their stored entries (never expanded)."""
+    from scipy import sparse
+
+    data, cols, lengths, width = _vector_parts(_combined(arr), n_features, what)
+    indptr = np.zeros(len(lengths) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=indptr[1:])
+    return sparse.csr_matrix((data, cols, indptr), shape=(len(lengths), width))
+
+
+def csr_from_batches(parts: List[pa.RecordBatch], column: str, n_features: Optional[int], what: str):
+    """One CSR matrix of ``column`` over record batches, emptying ``parts`` as it goes: each
+    batch's vectors are copied into the matrix (allocated once, filled in order) and the batch let
+    go, so the rows are held about once, not twice, while the matrix is built."""
+    from scipy import sparse
+
+    nnz = sum(int(b.column(column).field("values").flatten().__len__()) for b in parts)
+    rows = sum(b.num_rows for b in parts)
+    data = np.empty(nnz, dtype=np.float64)  # pages are committed as they are written
+    cols = np.empty(nnz, dtype=np.int32 if (n_features or 0) < 2**31 else np.int64)
+    indptr = np.zeros(rows + 1, dtype=np.int64)
+    at = row = 0
+    width = n_features
+    while parts:
+        batch = parts.pop(0)
+        d, c, lengths, width = _vector_parts(_combined(batch.column(column)), width, what)
+        del batch
+        data[at : at + d.size], cols[at : at + d.size] = d, c
+        indptr[row + 1 : row + 1 + lengths.size] = at + np.cumsum(lengths)
+        at, row = at + d.size, row + lengths.size
+    return sparse.csr_matrix((data, cols, indptr), shape=(rows, width or 0))
+
+
+def vectors_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str = "features") -> np.ndarray:
+    """Spark ML vectors -> a dense (rows, size) float64 array."""
+    data, cols, lengths, width = _vector_parts(_combined(arr), n_features, what)
+    out = np.zeros((len(lengths), width))
+    out[np.repeat(np.arange(len(lengths)), lengths), cols] = data
+    return out
+
+
+def matrix(
+    arr: pa.Array, n_features: Optional[int] = None, *, sparse_ok: bool = False, what: str = "features"
+):
+    """The matrix a model gets: CSR for vectors when ``sparse_ok`` and fewer than
+    :data:`SPARSE_SHARE` of the entries are stored, a dense float64 array otherwise."""
+    arr = _combined(arr)
+    if not is_vector(arr.type):
+        return lists_to_numpy(arr, n_features, what)
+    if sparse_ok:
+        X = vectors_to_csr(arr, n_features, what)
+        cells = X.shape[0] * X.shape[1]
+        return X if cells and X.nnz < SPARSE_SHARE * cells else X.toarray()
+    return vectors_to_numpy(arr, n_features, what)
+
+
+def check_finite(X, allow_nan: bool, what: str) -> None:
+    """Refuse +/-inf always and NaN unless the model handles missing values (dense or CSR)."""
+    values = X.data if hasattr(X, "tocsr") else X
+    if np.isinf(values).any():
+        raise ValueError(f"{what}: {int(np.isinf(values).sum())} values are +/-inf; clip or drop them")
+    if not allow_nan and np.isnan(values).any():
+        raise ValueError(
+            f"{what}: {int(np.isnan(values).sum())} values are NaN; impute or drop them, or use a model "
+            "that handles missing values"
+        )
