@@ -116,13 +116,15 @@ def csr_from_batches(parts: List[pa.RecordBatch], column: str, n_features: Optio
     indptr = np.zeros(rows + 1, dtype=np.int64)
     at = row = 0
     width = n_features
+    pool = pa.default_memory_pool()
     while parts:
         batch = parts.pop(0)
         d, c, lengths, width = _vector_parts(_combined(batch.column(column)), width, what)
-        del batch
         data[at : at + d.size], cols[at : at + d.size] = d, c
         indptr[row + 1 : row + 1 + lengths.size] = at + np.cumsum(lengths)
         at, row = at + d.size, row + lengths.size
+        del batch, d, c
+        pool.release_unused()  # hand the batch's pages back (mimalloc/jemalloc keep them otherwise)
     return sparse.csr_matrix((data, cols, indptr), shape=(rows, width or 0))
 
 
