@@ -202,6 +202,7 @@ def tracked_fit(stage, fit, dataset):
             figures["skipped_groups"] = len(model.skippedGroups)
         if getattr(model, "oobScore_", None) is not None:
             figures["oob_score"] = model.oobScore_
+        figures.update({f"oob_{k}": v for k, v in (getattr(model, "oobMetrics_", None) or {}).items()})
         run.log_metrics(figures)
         run.log_model(model)
     return model

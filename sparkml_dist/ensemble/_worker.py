@@ -200,12 +200,14 @@ def oob_arrow(features: pa.Array, groups: pa.Array, spec: PredictSpec) -> pa.Arr
             else:
                 np.add.at(raw, (np.arange(n), m.aligned_vote(X)), out[:, k].astype(float))
         pred = np.asarray(spec.classes)[raw.argmax(axis=1)] if n else np.zeros(0)
+        score = probabilities(raw)[:, -1] if n else np.zeros(0)  # the last class's: a binary AUC's score
     else:
         total = np.zeros(n)
         for k, m in enumerate(members):
             total += m.predict_value(X) * out[:, k]
-        pred = total / np.maximum(out.sum(axis=1), 1)
+        pred = score = total / np.maximum(out.sum(axis=1), 1)
     has = out.any(axis=1)
     return pa.StructArray.from_arrays(
-        [pa.array(pred, pa.float64()), pa.array(has)], names=["prediction", "has_oob"]
+        [pa.array(pred, pa.float64()), pa.array(score, pa.float64()), pa.array(has)],
+        names=["prediction", "score", "has_oob"],
     )

@@ -240,7 +240,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             members = member_store.committed(fit_spec.members_store, members)
         model = self._model_class()(members=members, n_features=info["n_features"], classes=info["classes"])
         if self.getOobScore():
-            model.oobScore_ = oob.score(model, prepared, spec, key_cols)
+            model.oobMetrics_ = oob.score(model, prepared, spec, key_cols)
+            model.oobScore_ = model.oobMetrics_.get("accuracy" if self._is_classifier else "r2")
         return self._copyValues(model)
 
 

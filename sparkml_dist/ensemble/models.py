@@ -51,6 +51,7 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
         self._n_features = int(n_features)
         self._classes = tuple(float(c) for c in classes) if classes is not None else None
         self.oobScore_: Optional[float] = None  # set by a fit with oobScore=True (not saved with the model)
+        self.oobMetrics_: dict = {}  # the same fit: accuracy (+ auc for two classes), or r2 and rmse
 
     # ------------------------------------------------------------------ inspection
     @property

@@ -47,18 +47,23 @@ def test_one_member_scores_exactly_the_rows_it_left_out(spark):
 
 @master_independent
 def test_the_oob_score_estimates_the_held_out_score(spark):
-    train, _ = _frame(spark, 4000, seed=1)
-    test, test_pdf = _frame(spark, 2000, seed=2)
+    from sklearn.metrics import roc_auc_score
+
+    train, _ = _frame(spark, 100_000, seed=1)
+    test, test_pdf = _frame(spark, 20_000, seed=2)
     cols = ["f0", "f1", "f2", "f3"]
     clf = BaggingClassifier(
         estimator=DecisionTreeClassifier(max_depth=6),
-        numModels=12,
+        numModels=16,
         sampling="bootstrap",
+        sampleRatio=0.3,
         featuresCols=cols,
         oobScore=True,
     ).fit(train)
     held_out = (clf.transform(test).toPandas()["prediction"] == test_pdf["label"]).mean()
-    assert abs(clf.oobScore_ - held_out) < 0.04, (clf.oobScore_, held_out)
+    assert clf.oobScore_ == clf.oobMetrics_["accuracy"] and abs(clf.oobScore_ - held_out) < 0.01
+    auc = roc_auc_score(test_pdf["label"], clf.predict_proba(test_pdf[cols].to_numpy())[:, 1])
+    assert abs(clf.oobMetrics_["auc"] - auc) < 0.01, (clf.oobMetrics_, auc)
     rtrain, _ = _frame(spark, 4000, seed=3, regression=True)
     rtest, rpdf = _frame(spark, 2000, seed=4, regression=True)
     reg = BaggingRegressor(
@@ -69,6 +74,7 @@ def test_the_oob_score_estimates_the_held_out_score(spark):
     y = rpdf["label"].to_numpy()
     r2 = 1 - ((pred - y) ** 2).sum() / ((y - y.mean()) ** 2).sum()
     assert 0.5 < reg.oobScore_ < 1 and abs(reg.oobScore_ - r2) < 0.05, (reg.oobScore_, r2)
+    assert reg.oobMetrics_["r2"] == reg.oobScore_ and reg.oobMetrics_["rmse"] > 0
 
 
 @not_on_cluster
