@@ -34,6 +34,7 @@ class PerGroupSpec:
     features: Tuple[str, ...] = ()
     label: Optional[str] = None
     on_error: str = "raise"
+    members_store: Optional[Any] = None  # a ModelStore: each model is written there (membersDir)
 
 
 @dataclass
@@ -46,6 +47,7 @@ class GroupResult:
     model: Any = None
     metrics: Optional[dict] = None
     error: Optional[str] = None
+    stored: Optional[dict] = None  # with membersDir: the written model's metadata, not the model
 
 
 def _column(arr, name: str):
@@ -90,12 +92,26 @@ def _call(fn, group: int, parts: List[pa.RecordBatch], spec: PerGroupSpec) -> pa
                 "fn returned no model: end it with `return model` or `return model, {metric: value}`"
             )
         metrics = {str(k): float(v) for k, v in metrics.items()}
-        return collection.encode(group, 0, GroupResult(group, key, rows, model=model, metrics=metrics))
+        if spec.members_store is None:
+            return collection.encode(group, 0, GroupResult(group, key, rows, model=model, metrics=metrics))
+        stored = _store(spec.members_store, group, model)
+        return collection.encode(group, 0, GroupResult(group, key, rows, metrics=metrics, stored=stored))
     except Exception as exc:  # noqa: BLE001 - the user's function: reported with its traceback
         why = f"group {key!r} ({rows} rows): {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
         if spec.on_error == "raise":
             return collection.encode_error(group, why)
         return collection.encode(group, 0, GroupResult(group, key, rows, error=why))
+
+
+def _store(store, group: int, model) -> dict:
+    """Write ``model`` in a safe format (what the driver would refuse to read back is refused here)."""
+    try:
+        return store.write(group, 1, model)
+    except Exception as exc:  # noqa: BLE001 - the formats' own refusal, reworded for fn's author
+        raise ValueError(
+            f"fn returned a {type(model).__name__}, which no safe model format can store ({exc}); "
+            "return a scikit-learn-API model, an XGBoost/LightGBM model or plain data"
+        ) from None
 
 
 def fit_per_group(batches: Iterable[pa.RecordBatch], spec: PerGroupSpec) -> Iterator[pa.RecordBatch]:

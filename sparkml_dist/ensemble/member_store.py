@@ -33,9 +33,14 @@ def new_store(members_dir: str, uid: str) -> "ModelStore | None":
 
 
 def committed(store: ModelStore, results: List[dict]) -> "LazyMembers":
-    """On the driver: commit what the tasks wrote; the members, loaded lazily.  Files the driver
-    cannot see (a local membersDir on several hosts) are refused now, not at the first predict."""
-    manifest = store.commit([meta for r in results for meta in r["metas"]])
+    """On the driver: commit what the tasks wrote; the members, loaded lazily."""
+    return LazyMembers(store.uri, commit_checked(store, [meta for r in results for meta in r["metas"]]))
+
+
+def commit_checked(store: ModelStore, metas: List[dict]) -> List[dict]:
+    """Commit the files the tasks wrote; their metadata.  Files the driver cannot see (a local
+    membersDir on several hosts) are refused now, not at the first load."""
+    manifest = store.commit(metas)
     missing = store.missing(m["file"] for m in manifest["objects"])
     if missing:
         raise ConfigurationError(
@@ -43,7 +48,7 @@ def committed(store: ModelStore, results: List[dict]) -> "LazyMembers":
             f"{store.uri} (e.g. {missing[0]}); use storage every executor and the driver share "
             "(s3://, hdfs://, /dbfs/...)"
         )
-    return LazyMembers(store.uri, manifest["objects"])
+    return manifest["objects"]
 
 
 class LazyMembers(Sequence):

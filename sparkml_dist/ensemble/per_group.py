@@ -23,6 +23,12 @@ columns stacked (sparse vector columns stay sparse: ``X`` is then a ``scipy.spar
 ``y`` the ``labelCol`` values.  A group's rows come in a fixed order (by a hash of the seed and the
 row), so a retried task or another cluster shape calls ``fn`` with the same data.
 
+``membersDir`` (storage the executors and the driver share): each task writes its group's model
+there in a safe format and sends back only the file's name and SHA-256, so the driver never holds
+the models (``member.model`` reads one when asked).  ``resources={"cpus": c, "gpus": g}``: what
+each task asks of a cluster master (a stage-level profile; ``fn`` finds its GPUs with
+``TaskContext.get().resources()["gpu"].addresses``); local masters schedule no task resources.
+
 A group whose ``fn`` raises fails the call with a ``WorkerError`` naming the key and carrying the
 traceback (``onError="raise"``), or is listed in ``skipped`` with its error (``onError="skip"``).
 """
@@ -36,21 +42,39 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .. import arg_checks, launch, partitioning, plan
 from ..errors import CollectionError, ConfigurationError
 from ..group_rows import GROUP_COL, KEY_COL
-from . import members_table
+from ..tune.resources import task_profile
+from . import member_store, members_table
 from ._per_group_worker import PerGroupSpec, fit_per_group
 from .member_records import FEATURES, LABEL
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
 class GroupMember:
-    """One group's model: its key, the rows it was trained on, the model and its metrics."""
+    """One group's model: its key (``group``), the ``rows`` it was trained on, the ``model`` and its
+    ``metrics``.  With ``membersDir`` the model stays in storage until ``.model`` is first read
+    (checked against the SHA-256 its task reported, decoded through the safe formats)."""
 
-    group: Any
-    rows: int
-    model: Any
-    metrics: Dict[str, float] = field(default_factory=dict)
+    def __init__(self, group: Any, rows: int, model: Any = None, metrics=None, stored=None) -> None:
+        self.group, self.rows, self.metrics = group, rows, dict(metrics or {})
+        self._model, self._stored = model, stored  # stored: (store uri, the file's metadata)
+
+    @property
+    def model(self) -> Any:
+        if self._model is None and self._stored is not None:
+            from ..model_store import ModelStore
+
+            uri, meta = self._stored
+            self._model = ModelStore(uri).decode(meta)
+        return self._model
+
+    def __repr__(self) -> str:
+        where = (
+            f"stored in {self._stored[0]}"
+            if self._model is None and self._stored
+            else type(self._model).__name__
+        )
+        return f"GroupMember(group={self.group!r}, rows={self.rows}, model={where}, metrics={self.metrics})"
 
 
 @dataclass
@@ -187,6 +211,8 @@ def train_per_group(
     labelCol: Optional[str] = "label",
     seed: int = 0,
     onError: str = "raise",
+    membersDir: Optional[str] = None,
+    resources: Optional[Dict[str, int]] = None,
 ) -> GroupModels:
     """``fn(data, key)`` on every group of ``df``'s rows inside the executors; see the module
     docstring.  Returns a :class:`GroupModels`."""
@@ -194,6 +220,8 @@ def train_per_group(
         raise ConfigurationError("train_per_group: give groupCol (a column's values) or numGroups, not both")
     arg_checks.one_of("onError", onError, ("raise", "skip"))
     blob = _payload(fn)
+    profile = task_profile(launch.session_of(df), resources, "resources")
+    store = member_store.new_store(membersDir, "per_group")
     features = list(featuresCols or [])
     label = labelCol if features and labelCol else None
     _check_columns(df, features, label)
@@ -215,10 +243,11 @@ def train_per_group(
     results = launch.run_on_groups(
         grouped,
         fit_per_group,
-        PerGroupSpec(blob, keys, tuple(features), label, onError),
+        PerGroupSpec(blob, keys, tuple(features), label, onError, store),
         expected_groups=range(len(keys)),
         description=f"sparkml_dist: training {len(keys)} groups",
         what="group",
+        profile=profile,
     )
     out = [results[(g, 0)] for g in range(len(keys))]
     skipped = {r.key: r.error for r in out if r.error is not None}
@@ -226,7 +255,14 @@ def train_per_group(
         log.warning(
             "train_per_group: %d of %d groups skipped: %s", len(skipped), len(keys), sorted(map(str, skipped))
         )
-    members = [GroupMember(r.key, r.rows, r.model, r.metrics or {}) for r in out if r.error is None]
+    if store is not None:
+        committed = member_store.commit_checked(store, [r.stored for r in out if r.error is None])
+        stored = {int(m["group"]): (store.uri, m) for m in committed}
+        members = [
+            GroupMember(r.key, r.rows, None, r.metrics, stored[r.group]) for r in out if r.error is None
+        ]
+    else:
+        members = [GroupMember(r.key, r.rows, r.model, r.metrics) for r in out if r.error is None]
     if not members:
         raise CollectionError(
             f"train_per_group: every group failed; the first: {next(iter(skipped.values()))}"

@@ -23,19 +23,19 @@ from ..errors import ConfigurationError, InsufficientResourcesError
 KEYS = ("cpus", "gpus")
 
 
-def check(resources: Optional[Dict[str, Any]]) -> Dict[str, int]:
-    """``trial_resources`` as ``{"cpus": int >= 1, "gpus": int >= 0}``."""
+def check(resources: Optional[Dict[str, Any]], name: str = "trial_resources") -> Dict[str, int]:
+    """``trial_resources`` (or the parameter ``name``) as ``{"cpus": int >= 1, "gpus": int >= 0}``."""
     if resources is None:
         return {"cpus": 0, "gpus": 0}
     if not isinstance(resources, dict) or set(resources) - set(KEYS):
         raise ConfigurationError(
-            f"trial_resources must be a dict with keys among {list(KEYS)}, got {resources!r}; "
-            "e.g. trial_resources={'cpus': 2, 'gpus': 1}"
+            f"{name} must be a dict with keys among {list(KEYS)}, got {resources!r}; "
+            f"e.g. {name}={{'cpus': 2, 'gpus': 1}}"
         )
     out = {}
     for key in KEYS:
         value = resources.get(key, 0)
-        arg_checks.integer(f"trial_resources[{key!r}]", value, 0)
+        arg_checks.integer(f"{name}[{key!r}]", value, 0)
         out[key] = value
     return out
 
@@ -64,6 +64,23 @@ class GpuPool:
     def give(self, gpus: Tuple[str, ...]) -> None:
         with self._lock:
             self._free.extend(gpus)
+
+
+def task_profile(spark, resources: Optional[Dict[str, Any]], name: str):
+    """The stage-level profile of tasks asking ``resources`` (None where nothing is asked, and on
+    local masters, which schedule no task resources); refuses what no executor has."""
+    res = check(resources, name)
+    if not (res["cpus"] or res["gpus"]):
+        return None
+    cluster = _spark_env.ClusterMemory.from_spark(spark)
+    if res["cpus"] > cluster.cores_per_executor:
+        raise InsufficientResourcesError(
+            f"{name} asks {res['cpus']} CPUs per task but an executor has {cluster.cores_per_executor} "
+            f"cores: lower {name}['cpus'] or give executors more cores"
+        )
+    if _spark_env.is_local(_spark_env.master_of(spark)):
+        return None
+    return gpus_mod.task_profile(res["cpus"] or cluster.task_cpus, res["gpus"])
 
 
 def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurrent: Optional[int]) -> Slots:

@@ -38,6 +38,38 @@ def test_a_function_per_key_equals_fitting_each_key_locally(spark):
         assert m.rows == len(part) and m.metrics["n"] == len(part) and 0.5 < m.metrics["train_acc"] <= 1
 
 
+def returns_a_lambda(data, key):
+    """A 'model' no safe format can store (its code would have to travel)."""
+    return (lambda x: x) if key == "b" else fit_logistic(data, key)
+
+
+@not_on_cluster  # the store is a local directory: on several executors it needs shared storage
+def test_members_dir_keeps_the_models_out_of_the_driver_until_read(spark, tmp_path):
+    import os
+
+    pdf = _stores(600)
+    df = spark.createDataFrame(pdf)
+    result = train_per_group(df, fit_logistic, groupCol="store", membersDir=str(tmp_path / "members"))
+    [run] = os.listdir(tmp_path / "members")
+    written = os.listdir(tmp_path / "members" / run / "objects")
+    assert len(written) == 3 and all(name.endswith(".skops") for name in written), written
+    assert all(m._model is None for m in result.members) and "stored in" in repr(result.members[0])
+    plain = train_per_group(df, fit_logistic, groupCol="store")
+    for m, p in zip(result.members, plain.members):
+        np.testing.assert_allclose(m.model.coef_, p.model.coef_, atol=1e-12)  # read on first use
+        assert m.metrics == p.metrics and m.rows == p.rows
+    back = GroupModels.from_table(result.to_table(spark))
+    assert [m.group for m in back.members] == ["a", "b", "c"]
+    with pytest.raises(WorkerError, match=r"group 'b'.*no safe model format can store"):
+        train_per_group(df, returns_a_lambda, groupCol="store", membersDir=str(tmp_path / "again"))
+    with pytest.raises(ConfigurationError, match=r"resources\['gpus'\] must be"):
+        train_per_group(df, fit_logistic, groupCol="store", resources={"gpus": -1})
+    with pytest.raises(ConfigurationError, match="resources must be a dict"):
+        train_per_group(df, fit_logistic, groupCol="store", resources={"memory": 2})
+    asked = train_per_group(df, fit_logistic, groupCol="store", resources={"cpus": 1})
+    assert [m.group for m in asked.members] == ["a", "b", "c"]
+
+
 def memorize(data, key):
     X, y = data
     return KNeighborsClassifier(n_neighbors=1).fit(X, y)
