@@ -85,7 +85,7 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
     oobScore = declare(
         "oobScore",
         "after fitting, score each row with the members that did not see it (bootstrap/subsample): "
-        "model.oobScore_, accuracy or R^2",
+        "model.oobScore_, accuracy or R^2 (model.oobMetrics_: + AUC, or RMSE)",
         TypeConverters.toBoolean,
     )
 

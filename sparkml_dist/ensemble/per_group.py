@@ -249,11 +249,15 @@ def train_per_group(
         what="group",
         profile=profile,
     )
-    out = [results[(g, 0)] for g in range(len(keys))]
+    return _collected([results[(g, 0)] for g in range(len(keys))], store)
+
+
+def _collected(out: list, store) -> GroupModels:
+    """The :class:`GroupModels` of the tasks' results (with ``membersDir``: the store committed)."""
     skipped = {r.key: r.error for r in out if r.error is not None}
     if skipped:
         log.warning(
-            "train_per_group: %d of %d groups skipped: %s", len(skipped), len(keys), sorted(map(str, skipped))
+            "train_per_group: %d of %d groups skipped: %s", len(skipped), len(out), sorted(map(str, skipped))
         )
     if store is not None:
         committed = member_store.commit_checked(store, [r.stored for r in out if r.error is None])
