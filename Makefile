@@ -9,7 +9,7 @@ DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
 HVD_STAMP  := $(VENV)/.horovod-installed
 
-.PHONY: demo horovod lint test test-unit test-local test-connect test-cluster test-standalone bench clean gpu-check
+.PHONY: demo horovod lint test test-unit test-local test-connect test-cluster test-standalone bench clean gpu-check notebooks figures
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -68,6 +68,15 @@ test-standalone: $(HVD_STAMP)
 # Without CUDA it says "no GPU: skipped N checks".
 gpu-check: $(DEV_STAMP)
 	$(BIN)/python scripts/gpu_check.py
+
+# write every notebook from notebooks/src/make_NN.py, run it on local[2] and store its outputs
+notebooks: $(HVD_STAMP)
+	cd notebooks/src && for f in make_*.py; do PYSPARK_PYTHON=$(abspath $(BIN))/python $(abspath $(BIN))/python $$f || exit 1; done
+
+# the README's figures (docs/figures/*.png, with the series beside them as JSON)
+figures: $(HVD_STAMP)
+	$(BIN)/python benchmarks/bench_ensemble.py --figure docs/figures/ensemble_frontier.png
+	$(BIN)/python benchmarks/bench_runner.py --figure docs/figures/runner_overhead.png
 
 bench: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py

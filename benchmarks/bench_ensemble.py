@@ -76,6 +76,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--trees", type=int, default=16)
     ap.add_argument("--depth", type=int, default=10)
+    ap.add_argument("--figure", default=None, help="write the time/AUC frontier here (PNG + JSON)")
     args = ap.parse_args()
     data_dir = os.path.join(HERE, "data")
     os.makedirs(data_dir, exist_ok=True)
@@ -183,6 +184,15 @@ def main() -> None:
                 f"{(m[1] / o[1]):.2f}x, AUC diff {o[2] - m[2]:+.4f}"
             )
     spark.stop()
+    if args.figure:
+        from figures import save
+
+        labels = {"sparkml_dist": "BaggingClassifier (sqrt)", "sparkml_dist_f": "BaggingClassifier (0.3)",
+                  "mllib_rf": "MLlib RandomForest", "sklearn_rf": "scikit-learn RF (1 process)"}  # fmt: skip
+        points = [{"name": labels[k], "fit_s": v[0], "auc": v[2]} for k, v in med.items()]
+        title = f"{args.rows:,} x {args.features}, {args.trees} trees of depth {args.depth}"
+        command = "python benchmarks/bench_ensemble.py " + " ".join(sys.argv[1:])
+        save(args.figure, "frontier", {"points": points, "title": title}, command)
 
 
 if __name__ == "__main__":

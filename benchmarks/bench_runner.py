@@ -225,6 +225,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--sections", default="noop,mlp,data,ckpt,hvd_noop,hvd_mlp")
+    ap.add_argument("--figure", default=None, help="bar chart of the no-op and data sections (PNG + JSON)")
     args = ap.parse_args()
     sections = [s for s in args.sections.split(",") if s]
 
@@ -389,6 +390,26 @@ def main() -> None:
             ratio = max(r["peak_growth_mb"] / r["shard_mb"] for r in results["data"][k][-1][1])
             print(f"  {k}: peak rank memory growth / shard size = {ratio:.2f}")
     spark.stop()
+    if args.figure:
+        _figure(args, results)
+
+
+def _figure(args, results) -> None:
+    """The no-op job's and the DataFrame feeding's median wall seconds, ours first."""
+    from figures import save
+
+    panels = []
+    if "noop" in results:
+        walls = {k: statistics.median(w for w, _ in v) for k, v in results["noop"].items()}
+        panels.append({"title": "no-op job on 2 ranks (init + one all-reduce)", "ylabel": "wall seconds",
+                       "bars": walls})  # fmt: skip
+    if "data" in results:
+        walls = {k: statistics.median(w for w, _ in v) for k, v in results["data"].items()}
+        ours = ("sparkml_dist", "sparkml_dist_spark", "torch_distributor")
+        title = f"{args.rows:,} x 50 DataFrame into rank tensors"
+        panels.append({"title": title, "ylabel": "wall seconds", "bars": {k: walls[k] for k in ours}})
+    command = "python benchmarks/bench_runner.py " + " ".join(sys.argv[1:])
+    save(args.figure, "bars", {"panels": panels}, command)
 
 
 def _td_all_ranks(cols, rows_per_rank):

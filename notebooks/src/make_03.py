@@ -19,12 +19,14 @@ cells = [
         "         .config('spark.ui.enabled', 'false').config('spark.sql.shuffle.partitions', '4')\n"
         "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures', '1')\n"
         "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.interval', '1s')\n"
-        "         .getOrCreate())",
+        "         .getOrCreate())\n"
+        "print('Spark', spark.version, 'on', spark.sparkContext.master)",
     ),
     (
         "code",
         "# from sparkdl import HorovodRunner      <- on Databricks\n"
-        "from sparkml_dist.horovod import HorovodRunner, log_to_driver",
+        "from sparkml_dist.horovod import HorovodRunner, log_to_driver\n"
+        "print('HorovodRunner from', HorovodRunner.__module__)",
     ),
     (
         "md",
@@ -55,19 +57,23 @@ cells = [
         "    opt = hvd.DistributedOptimizer(opt, named_parameters=net.named_parameters())\n"
         "    hvd.broadcast_parameters(net.state_dict(), root_rank=0)\n"
         "    hvd.broadcast_optimizer_state(opt, root_rank=0)\n"
-        "    losses = []\n"
+        "    import time\n"
+        "    losses, own, seconds = [], [], []\n"
         "    for epoch in range(epochs):\n"
-        "        total = 0.0\n"
+        "        total, started = 0.0, time.perf_counter()\n"
         "        for i in range(0, len(X_train), 32):\n"
         "            opt.zero_grad()\n"
         "            loss = torch.nn.functional.cross_entropy(net(X_train[i:i + 32]), y_train[i:i + 32])\n"
         "            loss.backward(); opt.step()\n"
         "            total += loss.item() * len(y_train[i:i + 32])\n"
         "        # the mean training loss over all ranks' rows\n"
-        "        losses.append(hvd.allreduce(torch.tensor(total / len(y_train)), name='loss').item())\n"
+        "        own.append(total / len(y_train)); seconds.append(time.perf_counter() - started)\n"
+        "        losses.append(hvd.allreduce(torch.tensor(own[-1]), name='loss').item())\n"
         "        if hvd.rank() == 0 and epoch % 5 == 0:\n"
         "            log_to_driver(f'epoch {epoch}: loss {losses[-1]:.4f}')\n"
-        "    return {'state': {k: v.clone() for k, v in net.state_dict().items()}, 'losses': losses}",
+        "    per_rank = hvd.allgather_object({'loss': own, 'seconds': seconds})  # every rank's curve\n"
+        "    return {'state': {k: v.clone() for k, v in net.state_dict().items()}, 'losses': losses, 'per_rank': per_rank}\n\n"
+        "print('train() runs in its own process on every rank')",
     ),
     (
         "md",
@@ -85,8 +91,14 @@ cells = [
         "code",
         "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
         "%matplotlib inline\n"
-        "plt.plot(result['losses'])\nplt.xlabel('epoch'); plt.ylabel('training loss (all ranks)')\n"
-        "plt.title('Horovod on 2 Spark barrier tasks'); plt.show()",
+        "fig, (loss, secs) = plt.subplots(1, 2, figsize=(9, 3.2))\n"
+        "for r, curve in enumerate(result['per_rank']):\n"
+        "    loss.plot(curve['loss'], label=f'rank {r} (its own rows)')\n"
+        "    secs.plot(curve['seconds'], label=f'rank {r}')\n"
+        "loss.plot(result['losses'], 'k--', label='all ranks (allreduce)')\n"
+        "loss.set_xlabel('epoch'); loss.set_ylabel('training loss'); loss.legend()\n"
+        "secs.set_xlabel('epoch'); secs.set_ylabel('seconds per epoch'); secs.legend()\n"
+        "fig.suptitle('Horovod on 2 Spark barrier tasks'); plt.tight_layout(); plt.show()",
     ),
     (
         "code",
@@ -119,6 +131,8 @@ cells = [
         "counts = hr.run_with_data(df, rows_per_rank)\nprint(counts, sum(counts))\n"
         "assert sum(counts) == len(y)",
     ),
-    ("code", "spark.stop()"),
+    ("code", "spark.stop()\nprint('Spark stopped')"),
 ]
-write(cells, "03_horovod.ipynb")
+
+if __name__ == "__main__":
+    write(cells, "03_horovod.ipynb")

@@ -16,7 +16,8 @@ cells = [
         "from pyspark.sql import SparkSession\n"
         "spark = (SparkSession.builder.master('local[2]').appName('04_parallel_models')\n"
         "         .config('spark.ui.enabled', 'false').config('spark.sql.shuffle.partitions', '4')\n"
-        "         .getOrCreate())",
+        "         .getOrCreate())\n"
+        "print('Spark', spark.version, 'on', spark.sparkContext.master)",
     ),
     (
         "md",
@@ -42,6 +43,27 @@ cells = [
         "assert np.array_equal(search.cv_results_['mean_test_score'], reference.cv_results_['mean_test_score'])\n"
         "assert search.best_params_ == reference.best_params_\n"
         "print('identical to scikit-learn: every split score, the ranks and the best candidate')",
+    ),
+    (
+        "md",
+        "The search's score surface: mean cross-validated accuracy of every candidate, one panel "
+        "per `max_features`.",
+    ),
+    (
+        "code",
+        "import matplotlib.pyplot as plt\n"
+        "res = pd.DataFrame(search.cv_results_)\n"
+        "fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)\n"
+        "for ax, mf in zip(axes, grid['max_features']):\n"
+        "    part = res[res.param_max_features == mf]\n"
+        "    table = part.pivot_table(index=part.param_max_depth.astype(str), columns='param_n_estimators',\n"
+        "                             values='mean_test_score')\n"
+        "    im = ax.imshow(table.to_numpy(), cmap='viridis', vmin=res.mean_test_score.min(), vmax=res.mean_test_score.max())\n"
+        "    for (i, j), v in np.ndenumerate(table.to_numpy()):\n"
+        "        ax.text(j, i, f'{v:.3f}', ha='center', va='center', color='w')\n"
+        "    ax.set_xticks(range(table.shape[1]), table.columns); ax.set_yticks(range(table.shape[0]), table.index)\n"
+        "    ax.set_xlabel('n_estimators'); ax.set_title(f'max_features={mf}')\n"
+        "axes[0].set_ylabel('max_depth'); fig.colorbar(im, ax=axes, label='mean CV accuracy'); plt.show()",
     ),
     (
         "md",
@@ -81,7 +103,10 @@ cells = [
         "net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))\n"
         "need = model_bytes(net, precision='fp32', backprop=True, batch_size=64)\n"
         "print(f'{need / 2**20:.1f} MiB per model;', plan_concurrency(spark, need).summary())",
+        "vary",
     ),
-    ("code", "spark.stop()"),
+    ("code", "spark.stop()\nprint('Spark stopped')"),
 ]
-write(cells, "04_parallel_models.ipynb")
+
+if __name__ == "__main__":
+    write(cells, "04_parallel_models.ipynb")

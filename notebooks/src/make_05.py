@@ -24,7 +24,8 @@ cells = [
         "spark = (SparkSession.builder.master('local[2]').appName('05_model_parallel')\n"
         "         .config('spark.ui.enabled', 'false')\n"
         "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures', '1')\n"
-        "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.interval', '1s').getOrCreate())",
+        "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.interval', '1s').getOrCreate())\n"
+        "print('Spark', spark.version, 'on', spark.sparkContext.master)",
     ),
     (
         "md",
@@ -49,16 +50,22 @@ cells = [
         "    pipe = pipeline(build(), stages=2, microbatches=4, loss_fn=torch.nn.functional.mse_loss,\n"
         "                    example_input=torch.zeros(rows, 64), schedule=schedule, balance=balance,\n"
         "                    data_parallel=data_parallel)\n"
+        "    import time, torch.distributed as dist\n"
+        "    torch.set_num_threads(1)  # one core per rank: CPU time / wall time = the rank's busy share\n"
         "    opt = torch.optim.SGD(pipe.parameters(), lr=0.01)\n"
         "    losses = []\n"
+        "    wall, cpu = time.perf_counter(), time.process_time()\n"
         "    for step in range(steps):\n"
         "        X, y = batch(step)\n"
         "        mine = slice(pipe.replica * rows, (pipe.replica + 1) * rows)\n"
         "        opt.zero_grad(); losses.append(pipe.step(X[mine], y[mine])); opt.step()\n"
-        "    return {'split': pipe.split, 'losses': losses, 'state': pipe.full_state_dict()}\n\n"
+        "    timing = [None] * dist.get_world_size()\n"
+        "    dist.all_gather_object(timing, (time.perf_counter() - wall, time.process_time() - cpu))\n"
+        "    return {'split': pipe.split, 'losses': losses, 'state': pipe.full_state_dict(), 'timing': timing}\n\n"
         "from sparkml_dist.runner import BarrierRunner\n"
         "inter = BarrierRunner(np=2, spark=spark).run(train)\n"
         "print('split', inter['split'], ' loss', round(inter['losses'][0], 4), '->', round(inter['losses'][-1], 4))",
+        "vary",
     ),
     (
         "md",
@@ -80,6 +87,30 @@ cells = [
     ),
     (
         "md",
+        "Where each rank's time goes: its CPU time over the wall time of the 40 steps (one thread per "
+        "rank), i.e. computing vs waiting for the other stage (the pipeline's bubble and the "
+        "transfers); and what one rank must hold, by the planner's formula, whole vs split in two.",
+    ),
+    (
+        "code",
+        "import numpy as np, matplotlib.pyplot as plt\nfrom sparkml_dist.plan import model_bytes\n"
+        "fig, (busy, mem) = plt.subplots(1, 2, figsize=(9, 3.2))\n"
+        "for k, (name, res) in enumerate([('interleaved', inter), ('simple', simple)]):\n"
+        "    share = [c / w for w, c in res['timing']]\n"
+        "    ranks = np.arange(len(share)) + k * 0.35\n"
+        "    busy.bar(ranks, share, width=0.35, label=f'{name}: computing')\n"
+        "    busy.bar(ranks, [1 - x for x in share], width=0.35, bottom=share, color='#ddd')\n"
+        "    print(name, 'busy share per rank', [round(x, 2) for x in share])\n"
+        "busy.set_xticks([0.17, 1.17], ['rank 0 (stage 0)', 'rank 1 (stage 1)']); busy.set_ylabel('share of wall time')\n"
+        "busy.set_title('computing (colour) vs waiting (grey)'); busy.legend(loc='lower right')\n"
+        "whole, stage = model_bytes(build(), backprop=True), model_bytes(build(), backprop=True, stages=2)\n"
+        "mem.bar(['unsplit (one rank)', 'largest of 2 stages'], [whole / 2**20, stage / 2**20], color=['#9ab', '#5a7'])\n"
+        "mem.set_ylabel('MiB per rank (weights, grads, SGD state, activations)'); mem.set_title('memory per rank')\n"
+        "plt.tight_layout(); plt.show()",
+        "vary",
+    ),
+    (
+        "md",
         "## Data x pipeline: 2 stages x 2 replicas\nFour ranks: two pipelines, each on half of every "
         "mini-batch, with each stage's gradients averaged over its replicas (a 2-D `DeviceMesh`). "
         "This machine has two Spark slots, so the ranks run as local processes (`np=-4`).",
@@ -88,6 +119,7 @@ cells = [
         "code",
         "both = BarrierRunner(np=-4).run(train, data_parallel=2)\n"
         "print('2 x 2 vs one process', diff(both['state'], one))",
+        "vary",
     ),
     (
         "md",
@@ -103,7 +135,7 @@ cells = [
         "print(f'whole: {model_bytes(net, backprop=True) / 2**20:.1f} MiB, '\n"
         "      f'largest of 2 stages: {model_bytes(net, backprop=True, stages=2) / 2**20:.1f} MiB')",
     ),
-    ("code", "spark.stop()"),
+    ("code", "spark.stop()\nprint('Spark stopped')"),
 ]
 
 if __name__ == "__main__":

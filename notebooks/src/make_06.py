@@ -23,7 +23,8 @@ cells = [
         "from pyspark.sql import SparkSession\n"
         "spark = (SparkSession.builder.master('local[2]').appName('06_tuning_and_tracking')\n"
         "         .config('spark.ui.enabled', 'false').config('spark.sql.shuffle.partitions', '4')\n"
-        "         .getOrCreate())",
+        "         .getOrCreate())\n"
+        "print('Spark', spark.version, 'on', spark.sparkContext.master)",
     ),
     (
         "md",
@@ -56,7 +57,8 @@ cells = [
         "        trial.report(epoch, val_loss=val_loss, accuracy=accuracy)\n"
         "        if trial.should_stop():\n"
         "            break\n"
-        "    return {'val_loss': val_loss, 'accuracy': accuracy}",
+        "    return {'val_loss': val_loss, 'accuracy': accuracy}\n\n"
+        "print('train(params, trial) runs once per trial, in a Spark task')",
     ),
     (
         "md",
@@ -75,6 +77,7 @@ cells = [
         "    result = tuner.run()\n"
         "print(result)\n"
         "result.trials[['trial', 'state', 'value', 'steps', 'duration', 'params_lr', 'params_hidden']]",
+        "vary",
     ),
     (
         "code",
@@ -83,6 +86,32 @@ cells = [
         "print(f'{len(stopped)} trials stopped early after {stopped.steps.mean():.1f} epochs on average; '\n"
         "      f'{len(full)} ran all 10 epochs')\n"
         "assert result.best_value < 0.5 and result.best_trial in set(full.trial)",
+        "vary",
+    ),
+    (
+        "md",
+        "The trials over time (which ran together, which the median rule stopped), the best value "
+        "so far, and which parameter mattered (Optuna's importance over the completed trials).",
+    ),
+    (
+        "code",
+        "import numpy as np, optuna, matplotlib.pyplot as plt\n"
+        "study = result.study\n"
+        "t0 = min(t.datetime_start for t in study.trials)\n"
+        "fig, (gantt, best, imp) = plt.subplots(1, 3, figsize=(11, 3.2))\n"
+        "colour = {'COMPLETE': '#5a7', 'PRUNED': '#d84'}\n"
+        "for t in study.trials:\n"
+        "    start = (t.datetime_start - t0).total_seconds(); end = (t.datetime_complete - t0).total_seconds()\n"
+        "    gantt.barh(t.number, end - start, left=start, color=colour.get(t.state.name, '#999'))\n"
+        "gantt.set_xlabel('seconds'); gantt.set_ylabel('trial'); gantt.set_title('green: complete, orange: stopped')\n"
+        "done = [t for t in study.trials if t.state.name == 'COMPLETE']\n"
+        "best.plot([t.number for t in done], np.minimum.accumulate([t.value for t in done]), 'o-')\n"
+        "best.set_xlabel('trial'); best.set_ylabel('best val_loss so far')\n"
+        "importance = optuna.importance.get_param_importances(study)\n"
+        "imp.barh(list(importance), list(importance.values()), color='#9ab'); imp.set_title('parameter importance')\n"
+        "plt.tight_layout(); plt.show()\n"
+        "print(len(done), 'complete,', len(study.trials) - len(done), 'stopped')",
+        "vary",
     ),
     (
         "md",
@@ -134,8 +163,11 @@ cells = [
         "print(runs['tags.mlflow.runName'].value_counts().sort_index().to_string())\n"
         "runs[['tags.mlflow.runName', 'status', 'metrics.best_value', 'metrics.fit_seconds', "
         "'metrics.loss']].head(8)",
+        "vary",
     ),
-    ("code", "spark.stop()"),
+    ("code", "spark.stop()\nprint('Spark stopped')"),
 ]
 
-write(cells, "06_tuning_and_tracking.ipynb")
+
+if __name__ == "__main__":
+    write(cells, "06_tuning_and_tracking.ipynb")

@@ -20,7 +20,8 @@ cells = [
         "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures', '1')\n"
         "         .config('spark.scheduler.barrier.maxConcurrentTasksCheck.interval', '1s')\n"
         "         .getOrCreate())\n"
-        "work = tempfile.mkdtemp(prefix='nb07_')",
+        "work = tempfile.mkdtemp(prefix='nb07_')\n"
+        "print('Spark', spark.version, 'on', spark.sparkContext.master)",
     ),
     (
         "md",
@@ -110,7 +111,7 @@ cells = [
         "    uri = mlflow_flavor.log_network(net, run.info.run_id, builder=make_net, builder_kwargs={'hidden': 64})\n"
         "logged = mlflow_flavor.load_network(uri, builder=make_net)\n"
         "probe = torch.rand(5, 64)\n"
-        "print(uri, 'reloads identically:', torch.equal(logged(probe), net(probe)))",
+        "print('logged as runs:/<run id>/model; reloads identically:', torch.equal(logged(probe), net(probe)))",
     ),
     (
         "md",
@@ -143,6 +144,8 @@ cells = [
         "plt.xlabel('predicted'); plt.ylabel('true'); plt.title('digits scored by predict_batch')\n"
         "plt.tight_layout(); plt.show()",
     ),
-    ("code", "spark.stop()"),
+    ("code", "spark.stop()\nprint('Spark stopped')"),
 ]
-write(cells, "07_images_to_predictions.ipynb")
+
+if __name__ == "__main__":
+    write(cells, "07_images_to_predictions.ipynb")

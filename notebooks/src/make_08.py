@@ -18,7 +18,8 @@ cells = [
         "spark = (SparkSession.builder.master('local[2]').appName('08_models_as_a_table')\n"
         "         .config('spark.ui.enabled', 'false').config('spark.sql.shuffle.partitions', '4')\n"
         "         .config('spark.ui.showConsoleProgress', 'false').getOrCreate())\n"
-        "work = tempfile.mkdtemp(prefix='nb08_')",
+        "work = tempfile.mkdtemp(prefix='nb08_')\n"
+        "print('Spark', spark.version, 'on', spark.sparkContext.master)",
     ),
     ("md", "## Reviews as hashed, sparse features"),
     (
@@ -71,6 +72,7 @@ cells = [
         "spark.read.parquet(path).createOrReplaceTempView('members')\n"
         "spark.sql(\"SELECT `group`, rows, format, round(metrics['train_acc'], 3) AS train_acc, left(sha256, 12) AS sha256 \"\n"
         '          "FROM members ORDER BY train_acc DESC").show()',
+        "vary",
     ),
     (
         "md",
@@ -108,6 +110,8 @@ cells = [
         "plt.ylim(0.5, 1.0); plt.xlabel('member (group)'); plt.ylabel('test accuracy'); plt.legend(loc='lower right')\n"
         "plt.title('5 bootstrap members, voted in SQL'); plt.tight_layout(); plt.show()",
     ),
-    ("code", "spark.stop()"),
+    ("code", "spark.stop()\nprint('Spark stopped')"),
 ]
-write(cells, "08_models_as_a_table.ipynb")
+
+if __name__ == "__main__":
+    write(cells, "08_models_as_a_table.ipynb")

@@ -1,0 +1,80 @@
+"""The README's figures: drawn from a benchmark's series, saved as PNG with the series beside them.
+
+``save(path, kind, data, command)`` writes ``path`` (PNG, small) and ``path`` with ``.json`` (the
+series and the command that measured them); the PNG's metadata records what the figure shows
+(:func:`signature`: titles, axis labels, series names), so a test redraws the figure from the JSON
+and checks it shows the same series on the same axes as the stored PNG.
+
+Kinds: ``frontier`` (fit seconds vs test AUC, one point per contender) and ``bars`` (panels of
+named bars).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict
+
+
+def _frontier(data: Dict[str, Any]):
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for p in data["points"]:
+        ax.scatter(p["fit_s"], p["auc"], s=40, label=p["name"])
+        ax.annotate(f"{p['name']}\n{p['fit_s']:.1f} s, {p['auc']:.4f}", (p["fit_s"], p["auc"]), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
+    ax.set_xlabel("fit seconds (median, local[2])")
+    ax.set_ylabel("test AUC")
+    ax.set_title(data.get("title", "time vs accuracy"))
+    ax.legend(fontsize=7, loc="lower right")
+    return fig
+
+
+def _bars(data: Dict[str, Any]):
+    import matplotlib.pyplot as plt
+
+    panels = data["panels"]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.4))
+    for ax, panel in zip(axes if len(panels) > 1 else [axes], panels):
+        names, values = list(panel["bars"]), list(panel["bars"].values())
+        ax.bar(names, values, color=["#5a7"] + ["#9ab"] * (len(names) - 1), label=names)
+        for i, v in enumerate(values):
+            ax.text(i, v, f"{v:.2f}", ha="center", va="bottom", fontsize=8)
+        ax.set_title(panel["title"], fontsize=9)
+        ax.set_ylabel(panel["ylabel"])
+        ax.tick_params(axis="x", labelrotation=20, labelsize=7)
+    fig.tight_layout()
+    return fig
+
+
+KINDS = {"frontier": _frontier, "bars": _bars}
+
+
+def draw(kind: str, data: Dict[str, Any]):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    return KINDS[kind](data)
+
+
+def signature(fig) -> list:
+    """What a figure shows, axis by axis: title, x and y labels, the series' names."""
+    out = []
+    for ax in fig.axes:
+        handles, labels = ax.get_legend_handles_labels()
+        out.append([ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), sorted(labels)])
+    return out
+
+
+def save(path: str, kind: str, data: Dict[str, Any], command: str) -> None:
+    import matplotlib.pyplot as plt
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig = draw(kind, data)
+    meta = {"Description": json.dumps(signature(fig)), "Software": command}
+    fig.savefig(path, dpi=80, metadata=meta)
+    plt.close(fig)
+    with open(os.path.splitext(path)[0] + ".json", "w") as fh:
+        json.dump({"kind": kind, "command": command, "data": data}, fh, indent=1, sort_keys=True)
+    print("wrote", path, f"({os.path.getsize(path) / 1024:.0f} KiB) and its series")
