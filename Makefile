@@ -75,8 +75,8 @@ notebooks: $(HVD_STAMP)
 
 # the README's figures (docs/figures/*.png, with the series beside them as JSON)
 figures: $(HVD_STAMP)
-	$(BIN)/python benchmarks/bench_ensemble.py --figure docs/figures/ensemble_frontier.png
-	$(BIN)/python benchmarks/bench_runner.py --figure docs/figures/runner_overhead.png
+	$(BIN)/python benchmarks/bench_ensemble.py --rows 300000 --test-rows 100000 --repeats 2 --figure docs/figures/ensemble_frontier.png
+	$(BIN)/python benchmarks/bench_runner.py --sections noop,data --repeats 2 --job-limit 120 --figure docs/figures/runner_overhead.png
 
 bench: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py

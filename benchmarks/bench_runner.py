@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -225,6 +226,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--sections", default="noop,mlp,data,ckpt,hvd_noop,hvd_mlp")
+    ap.add_argument("--job-limit", type=float, default=180.0, help="seconds before a hung job is cancelled")
     ap.add_argument("--figure", default=None, help="bar chart of the no-op and data sections (PNG + JSON)")
     args = ap.parse_args()
     sections = [s for s in args.sections.split(",") if s]
@@ -237,8 +239,23 @@ def main() -> None:
     quiet = dict(log_ranks="none")
 
     def timed(fn):
+        """(wall, value); a job past --job-limit has its Spark jobs cancelled and counts as hung (a
+        peer's rank that aborts at exit leaves the other waiting forever: seen with TorchDistributor)."""
+        done = threading.Event()
+
+        def watch():
+            if not done.wait(args.job_limit):
+                print(f"  over {args.job_limit:.0f} s: cancelling its Spark jobs", flush=True)
+                spark.sparkContext.cancelAllJobs()
+
+        threading.Thread(target=watch, daemon=True).start()
         t = time.perf_counter()
-        v = fn()
+        try:
+            v = fn()
+        except Exception as exc:  # noqa: BLE001 - cancelled, or the peer failed: reported, not timed
+            return time.perf_counter() - t, HUNG + f" ({type(exc).__name__})"
+        finally:
+            done.set()
         return time.perf_counter() - t, v
 
     td = lambda: TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)  # noqa: E731
@@ -329,7 +346,8 @@ def main() -> None:
             for name in names:
                 load = os.getloadavg()[0]
                 wall, value = contenders[name]()
-                results[section].setdefault(name, []).append((wall, value))
+                if not (isinstance(value, str) and value.startswith(HUNG)):
+                    results[section].setdefault(name, []).append((wall, value))
                 print(
                     f"round {r} {section:5s} {name:18s} load {load:4.2f} wall {wall:7.2f}s  {value}",
                     flush=True,
@@ -338,7 +356,7 @@ def main() -> None:
     med = lambda xs: statistics.median(xs)  # noqa: E731
     if "noop" in results:
         print(f"\n(a) no-op job (init + one all-reduce), median wall seconds over {args.repeats} rounds")
-        noop_w = {k: med([w for w, _ in v]) for k, v in results["noop"].items()}
+        noop_w = _nan_default({k: med([w for w, _ in v]) for k, v in results["noop"].items()})
         for k, w in noop_w.items():
             print(f"  {k:18s} {w:7.2f}s")
         print(
@@ -376,7 +394,7 @@ def main() -> None:
         print(f"  ours/horovod.spark.run {sps['sparkml_dist'] / sps['horovod_spark']:.3f}x (target >= 0.95)")
     if "data" in results:
         print(f"(c) {args.rows:,} x 50 DataFrame into per-rank tensors, median wall seconds")
-        data_w = {k: med([w for w, _ in v]) for k, v in results["data"].items()}
+        data_w = _nan_default({k: med([w for w, _ in v]) for k, v in results["data"].items()})
         for k, vals in results["data"].items():
             print(f"  {k:18s} {data_w[k]:7.2f}s  last: {vals[-1][1]}")
         td_feed = data_w["torch_distributor"] - data_w["torch_distributor_launch"]
@@ -405,11 +423,21 @@ def _figure(args, results) -> None:
                        "bars": walls})  # fmt: skip
     if "data" in results:
         walls = {k: statistics.median(w for w, _ in v) for k, v in results["data"].items()}
-        ours = ("sparkml_dist", "sparkml_dist_spark", "torch_distributor")
+        ours = [k for k in ("sparkml_dist", "sparkml_dist_spark", "torch_distributor") if k in walls]
         title = f"{args.rows:,} x 50 DataFrame into rank tensors"
         panels.append({"title": title, "ylabel": "wall seconds", "bars": {k: walls[k] for k in ours}})
     command = "python benchmarks/bench_runner.py " + " ".join(sys.argv[1:])
     save(args.figure, "bars", {"panels": panels}, command)
+
+
+HUNG = "hung or failed: not timed"
+
+
+def _nan_default(walls: dict) -> dict:
+    """Medians by contender; NaN for one whose every round hung."""
+    import collections
+
+    return collections.defaultdict(lambda: float("nan"), walls)
 
 
 def _td_all_ranks(cols, rows_per_rank):

@@ -5,6 +5,8 @@ series and the command that measured them); the PNG's metadata records what the 
 (:func:`signature`: titles, axis labels, series names), so a test redraws the figure from the JSON
 and checks it shows the same series on the same axes as the stored PNG.
 
+``python benchmarks/figures.py docs/figures/X.png`` redraws a figure from its stored series.
+
 Kinds: ``frontier`` (fit seconds vs test AUC, one point per contender) and ``bars`` (panels of
 named bars).
 """
@@ -19,15 +21,15 @@ from typing import Any, Dict
 def _frontier(data: Dict[str, Any]):
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.6))
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
     for p in data["points"]:
-        ax.scatter(p["fit_s"], p["auc"], s=40, label=p["name"])
-        ax.annotate(f"{p['name']}\n{p['fit_s']:.1f} s, {p['auc']:.4f}", (p["fit_s"], p["auc"]), fontsize=7,
-                    xytext=(4, 4), textcoords="offset points")  # fmt: skip
-    ax.set_xlabel("fit seconds (median, local[2])")
+        ax.scatter(p["fit_s"], p["auc"], s=50, label=f"{p['name']}: {p['fit_s']:.1f} s, AUC {p['auc']:.4f}")
+    ax.margins(x=0.25, y=0.35)
+    ax.set_xlabel("fit seconds (median, local[2]); up and left is better")
     ax.set_ylabel("test AUC")
-    ax.set_title(data.get("title", "time vs accuracy"))
-    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(data.get("title", "time vs accuracy"), fontsize=9)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
+    fig.tight_layout()
     return fig
 
 
@@ -67,6 +69,13 @@ def signature(fig) -> list:
     return out
 
 
+def redraw(path: str) -> None:
+    """Draw ``path`` again from the series stored beside it (the same command recorded)."""
+    with open(os.path.splitext(path)[0] + ".json") as fh:
+        stored = json.load(fh)
+    save(path, stored["kind"], stored["data"], stored["command"])
+
+
 def save(path: str, kind: str, data: Dict[str, Any], command: str) -> None:
     import matplotlib.pyplot as plt
 
@@ -78,3 +87,10 @@ def save(path: str, kind: str, data: Dict[str, Any], command: str) -> None:
     with open(os.path.splitext(path)[0] + ".json", "w") as fh:
         json.dump({"kind": kind, "command": command, "data": data}, fh, indent=1, sort_keys=True)
     print("wrote", path, f"({os.path.getsize(path) / 1024:.0f} KiB) and its series")
+
+
+if __name__ == "__main__":
+    import sys
+
+    for p in sys.argv[1:]:  # python benchmarks/figures.py docs/figures/ensemble_frontier.png
+        redraw(p)

@@ -99,3 +99,24 @@ def test_each_readme_figure_is_what_its_command_draws():
         assert stored["command"] in readme and f"--figure {rel}" in stored["command"], rel
         redrawn = figures.signature(figures.draw(stored["kind"], stored["data"]))
         assert json.loads(Image.open(png).text["Description"]) == json.loads(json.dumps(redrawn)), rel
+
+
+README_SEEN = re.compile(r"<!-- seen in (notebooks/[\w.-]+\.ipynb) -->\n```text\n(.*?)\n```", re.S)
+
+
+def test_the_readmes_what_you_will_see_blocks_are_in_the_stored_notebooks():
+    readme = open(os.path.join(ROOT, "README.md")).read()
+    blocks = README_SEEN.findall(readme)
+    assert len(blocks) >= 8, "one block per feature"
+    for rel, text in blocks:
+        nb = nbformat.read(os.path.join(ROOT, rel), as_version=4)
+        printed = {
+            line
+            for c in nb.cells
+            if c.cell_type == "code"
+            for o in c.outputs
+            if o.output_type == "stream"
+            for line in o.text.splitlines()
+        }
+        missing = [line for line in text.splitlines() if line not in printed]
+        assert not missing, f"README lines not printed by {rel}: {missing}"
