@@ -106,7 +106,7 @@ def clean(nb):
                 out["data"] = {k: v for k, v in out["data"].items() if k in KEEP_MIME}
                 out["metadata"] = {}
             kept.append(out)
-        cell.outputs = kept
+        cell.outputs = _merged(kept)
         cell.metadata.pop("execution", None)
     return nb
 
@@ -125,6 +125,18 @@ def write(cells, filename: str, *, run: bool = True) -> str:
 
 # --------------------------------------------------------------------------- freshness
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _merged(outputs) -> list:
+    """Consecutive stream outputs of one name joined: how a run splits its printing into messages
+    depends on timing (a rank's streamed lines arrive as they come), not on what it printed."""
+    out = []
+    for o in outputs:
+        if out and o.output_type == "stream" and out[-1].output_type == "stream" and out[-1].name == o.name:
+            out[-1] = nbf.from_dict({**out[-1], "text": out[-1].text + o.text})
+        else:
+            out.append(o)
+    return out
 
 
 def _shape(out) -> tuple:
@@ -158,14 +170,15 @@ def differences(stored, new) -> list:
             continue
         if a.cell_type != "code":
             continue
-        shapes_a, shapes_b = [_shape(o) for o in a.outputs], [_shape(o) for o in b.outputs]
+        outs_a, outs_b = _merged(a.outputs), _merged(b.outputs)
+        shapes_a, shapes_b = [_shape(o) for o in outs_a], [_shape(o) for o in outs_b]
         if shapes_a != shapes_b:
             found.append(f"{where}: outputs {shapes_a} stored, {shapes_b} now")
             continue
         if a.metadata.get("sparkml_dist", {}).get("numbers") == "vary":
             continue  # timings, digests, which trials stopped: the output kinds and figures only
-        nums_a = _NUMBER.findall("".join(_text(o) for o in a.outputs))
-        nums_b = _NUMBER.findall("".join(_text(o) for o in b.outputs))
+        nums_a = _NUMBER.findall("".join(_text(o) for o in outs_a))
+        nums_b = _NUMBER.findall("".join(_text(o) for o in outs_b))
         if len(nums_a) != len(nums_b):
             found.append(f"{where}: {len(nums_a)} numbers stored, {len(nums_b)} now")
         else:
