@@ -83,6 +83,7 @@ class LogServer:
         self.port = self._sock.getsockname()[1]
         self._warn = _Warnings()
         self.handler_errors = 0
+        self.accepted = 0  # connections that passed the handshake
         self._conns: Dict[int, _Conn] = {}
         self._queue: "queue.Queue" = queue.Queue(MAX_QUEUED)
         self._selector = selectors.DefaultSelector()
@@ -187,6 +188,7 @@ class LogServer:
                 self._drop(conn, "does not know the run's secret")
                 return
             conn.nonce, conn.buf = None, conn.buf[NONCE:]
+            self.accepted += 1
             try:
                 conn.sock.send(ACK)
             except OSError:

@@ -2,7 +2,9 @@
 
 Every listener of a run (the driver's log server, rank 0's rendezvous store) binds the address its
 clients are given, not every interface: ``SPARK_LOCAL_IP`` when set (Spark's own setting for the
-address a host binds), else the address of the interface that routes outwards.
+address a host binds), else the address of the interface that routes to the peer named (the
+driver, seen from an executor), else of the one that routes outwards.  A host with no default
+route (a private cluster network) thus still advertises the address its peers share, not loopback.
 """
 
 from __future__ import annotations
@@ -12,17 +14,26 @@ import socket
 from typing import Optional
 
 
-def host_address() -> str:
+def host_address(toward: Optional[str] = None) -> str:
     """An address of this host other ranks can reach: ``SPARK_LOCAL_IP`` when set, else the one
-    used to reach the outside (loopback when there is none)."""
+    this host uses to reach ``toward`` (the driver), else the one used to reach the outside
+    (loopback when there is none).
+
+    >>> host_address("127.0.0.1")
+    '127.0.0.1'
+    """
     if os.environ.get("SPARK_LOCAL_IP"):
         return os.environ["SPARK_LOCAL_IP"]
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))  # no packet is sent for a UDP connect
-            return s.getsockname()[0]
-    except OSError:
-        return "127.0.0.1"
+    for peer in (toward, "10.255.255.255"):
+        if not peer:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((peer, 1))  # no packet is sent for a UDP connect: a route lookup
+                return s.getsockname()[0]
+        except OSError:
+            continue
+    return "127.0.0.1"
 
 
 def interface_of(address: str) -> Optional[str]:

@@ -60,10 +60,11 @@ class _RankTask:
         self.process: Optional[RankProcess] = None
         self.rows = 0
         self.local_rank = 0  # set when the ranks have exchanged addresses
+        self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         launch_host, launch_dir = spec.launch or (None, None)
-        here = not gang.echo_output or network.is_this_host(
-            launch_host
-        )  # local processes, or the same machine
+        # the address the peers are given: the one this host reaches the driver from
+        self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
+        here = not gang.echo_output or network.is_this_host(launch_host)  # local processes, or this machine
         self.cwd = workdirs.rank_cwd(spec.work_dir, launch_dir, here, spec.job)
         self.kept_cwd = not here and not spec.work_dir  # the default directory of an executor
 
@@ -100,7 +101,7 @@ class _RankTask:
         try:
             if self.rank == 0:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.bind((network.host_address(), 0))  # the address the peers are given
+                listener.bind((self.address, 0))  # the address the peers are given
                 listener.listen(1024)
                 port = listener.getsockname()[1]
                 env[protocol.STORE_FD_ENV] = str(listener.fileno())
@@ -113,9 +114,9 @@ class _RankTask:
         if spec.channel is not None:
             try:
                 retry = min(spec.start_timeout or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
-                self.client = LogClient(spec.channel[0], spec.channel[1], spec.secret, retry_for=retry)
-            except OSError:
-                self.client = None  # the driver is unreachable (a remote Connect client): no live logs
+                self.client = LogClient(*spec.channel, spec.secret, timeout=5.0, retry_for=retry)
+            except OSError as exc:  # unreachable (a remote Connect client, a firewall): no live logs
+                self.client, self.driver_error = None, f"{type(exc).__name__}: {exc}"
         log_path = (
             os.path.join(spec.log_dir, f"rank{self.rank}-attempt{spec.attempt}-{spec.run_id}.log")
             if spec.log_dir
@@ -131,7 +132,7 @@ class _RankTask:
             self._report(
                 protocol.FRAME_LINE,
                 stream="log",
-                text=f"working directory on {network.host_address()}: {self.cwd} "
+                text=f"working directory on {self.address}: {self.cwd} "
                 + ("(removed after the run)" if spec.clean_work_dir else "(kept after the run)"),
             )
         return port
@@ -162,7 +163,7 @@ class _RankTask:
                 "rendezvous",
             )
         if ev is not None:
-            self._report(protocol.FRAME_RENDEZVOUS)
+            self._report(protocol.FRAME_RENDEZVOUS, host=self.address)
 
     @property
     def _returns(self) -> bool:
@@ -209,9 +210,12 @@ def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, s
     """All-gather every rank's address and shard size (one message per task, listing its ranks);
     send each rank its start message."""
     spec, gang = members[0].spec, members[0].gang
-    host = network.host_address()
-    mine = "[" + ",".join(protocol.announce(host, p, m.rows, m.gpus) for m, p in zip(members, ports)) + "]"
-    peers = protocol.peers(gang.allgather(mine))
+    host = members[0].address
+    mine = [protocol.announce(host, p, m.rows, m.gpus, m.driver_error) for m, p in zip(members, ports)]
+    peers = protocol.peers(gang.allgather("[" + ",".join(mine) + "]"))
+    unreachable = protocol.driver_reach_error(peers, spec.channel)
+    if unreachable:  # every task knows it: those that can report it do, and none starts its rank
+        raise members[0].fail(unreachable, None, "driver")
     for m, shard_env in zip(members, envs):
         env, extra = m.backend.rank_env(
             m.rank, peers, m.gpus, spec.collective_timeout, spec.nodes, spec.ranks_per_task

@@ -7,6 +7,7 @@ Every refusal names the setting or argument to change.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -15,7 +16,7 @@ from typing import Any, Callable, Optional
 from .. import _spark_env, arg_checks, plan, serialization
 from .._spark_env import Conf
 from ..errors import ConfigurationError, InsufficientResourcesError
-from . import rendezvous
+from . import demand, rendezvous
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +50,26 @@ def check_arguments(
             f"log_dir must be a directory path every executor can write (a local or mounted "
             f"path such as /dbfs/logs/run1), got {log_dir!r}"
         )
+
+
+def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:
+    """``min_np``: None, or 1 <= min_np <= np for Spark tasks (np > 0) with restarts to use it."""
+    if min_np is None:
+        return None
+    arg_checks.integer("min_np", min_np, 1, fix="the fewest ranks a restart may run with (1 <= min_np <= np)")
+    if np_ < 0:
+        raise ConfigurationError(
+            f"min_np={min_np} with np={np_}: local processes (np < 0) always start all {-np_}; "
+            "min_np is for Spark barrier tasks (np > 0), whose slots a lost host takes away"
+        )
+    if min_np > np_:
+        raise ConfigurationError(f"min_np={min_np} is more than np={np_}: use 1 <= min_np <= np")
+    if max_restarts < 1:
+        raise ConfigurationError(
+            f"min_np={min_np} only changes restarts, and max_restarts={max_restarts}: set "
+            "max_restarts >= 1 (and checkpoint_dir, so a restart resumes)"
+        )
+    return min_np
 
 
 def parse_log_ranks(value, world: int) -> tuple:
@@ -112,8 +133,10 @@ def check_cluster(
     allow_unauthenticated: bool,
     model_bytes: Optional[int],
     wait_s: float,
+    say=None,
 ) -> None:
-    """Refuse a run the cluster cannot hold; ``wait_s``: how long to wait for executors to register."""
+    """Refuse a run the cluster cannot hold; ``wait_s``: how long to wait for executors to register
+    (``say``: where the waiting line goes)."""
     conf = _spark_env.conf_of(spark)
     for warning in (
         check_encryption(conf, allow_unencrypted),
@@ -127,7 +150,7 @@ def check_cluster(
         if use_gpu:
             local = _spark_env.is_local(_spark_env.master_of(spark))
             plan.check_fits_gpu(model_bytes, plan.gpu_bytes(spark, on_this_machine=local))
-    check_slots(world, master, conf, _live_slots(spark, master, world, wait_s))
+    check_slots(world, master, conf, _live_slots(spark, master, world, wait_s, say))
     if use_gpu and not _spark_env.is_local(master) and not _spark_env.schedules_gpus(conf):
         raise InsufficientResourcesError(
             "use_gpu=True but this cluster schedules no GPUs: set spark.executor.resource.gpu.amount, "
@@ -136,11 +159,12 @@ def check_cluster(
         )
 
 
-def _live_slots(spark, master: str, world: int, wait_s: float) -> Optional[int]:
+def _live_slots(spark, master: str, world: int, wait_s: float, say=None) -> Optional[int]:
     """Task slots of the executors registered now (classic Spark only; None if unknown).
 
-    Executors of a cluster that has just started register over some seconds: wait for enough
-    of them (up to ``wait_s``) rather than fail the first run on a fresh cluster.
+    Executors of a cluster that has just started register over some seconds, and a cluster that
+    can grow grows on demand: wait for enough of them (up to ``wait_s``) rather than fail, and
+    when slots are short on a cluster that may grow, ask for them (:mod:`.demand`) saying so.
     """
     if _spark_env.is_connect(spark) or _spark_env.is_local(master):
         return None
@@ -148,11 +172,21 @@ def _live_slots(spark, master: str, world: int, wait_s: float) -> Optional[int]:
     if configured is not None and world > configured:
         return _spark_env.registered_slots(spark)  # never enough (local-cluster): do not wait
     deadline = time.monotonic() + wait_s
-    while True:
-        slots = _spark_env.registered_slots(spark)
-        if slots is None or slots >= world or time.monotonic() > deadline:
-            return slots  # None: no JVM access, Spark's own barrier check decides
-        time.sleep(0.5)
+    slots = _spark_env.registered_slots(spark)
+    if slots is None or slots >= world:
+        return slots  # None: no JVM access, Spark's own barrier check decides
+    with contextlib.ExitStack() as stack:
+        if wait_s > 2 and demand.may_grow(spark, master, world):
+            stack.enter_context(demand.Demand(spark, world, wait_s))
+            (say or log.warning)(
+                f"[sparkml_dist] waiting up to {wait_s:.0f}s for {world} task slots ({slots} now): "
+                f"a job of {world} tasks asks the cluster for them\n"
+            )
+        while True:
+            time.sleep(0.5)
+            slots = _spark_env.registered_slots(spark)
+            if slots is None or slots >= world or time.monotonic() > deadline:
+                return slots
 
 
 def check_slots(np_: int, master: str, conf: Conf, live_slots: Optional[int] = None) -> None:

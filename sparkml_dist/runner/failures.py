@@ -9,6 +9,7 @@ restarts stop.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
@@ -18,6 +19,7 @@ from . import backends, protocol
 from .backends import Backend
 
 FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the others
+_EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (\S+) exited[^)]*\) Reason: ([^\n]*)")
 _SLOT_ERRORS = (
     "requires more slots than the total number of slots",
     "barrier stage that requires more slots",
@@ -41,6 +43,7 @@ class Monitor:
         self.on_metrics: Callable[[Dict[str, Any], Optional[int]], Any] = lambda metrics, step: None
         self._lock = threading.Lock()
         self.reached: set = set()
+        self.hosts: Dict[int, str] = {}  # rank -> the address it announced at the rendezvous
         self.finished: set = set()
         self.failures: List[dict] = []
         self._first_failure_at: Optional[float] = None
@@ -70,6 +73,8 @@ class Monitor:
                 self._sink(f"[rank {rank}] {msg.get('text', '')}\n")
         elif kind == protocol.FRAME_RENDEZVOUS:
             self.reached.add(rank)
+            if isinstance(msg.get("host"), str):
+                self.hosts[rank] = msg["host"]
         elif kind == protocol.FRAME_DONE:
             self.finished.add(rank)
         elif kind == protocol.FRAME_FAILED:
@@ -82,7 +87,7 @@ class Monitor:
         """The failure that caused the others: not a lost-peer symptom, then the earliest."""
         return protocol.root_cause(self.failures, self.backend.peer_lost)
 
-    def worker_error(self) -> WorkerError:
+    def worker_error(self, extra: str = "") -> WorkerError:
         d = self.root_cause() if self.failures else {}
         message = d.get("message", "a rank failed")
         if d.get("phase") in ("rendezvous", "start"):
@@ -101,8 +106,24 @@ class Monitor:
             )
         if self.finished:
             message += f" (ranks {sorted(self.finished)} had already finished)"
+        message += self._silent_hosts() + extra
         tail = "\n".join(d.get("tail") or [])
         return WorkerError(message, rank=d.get("rank"), exit_code=d.get("exit_code"), worker_traceback=tail)
+
+    def _silent_hosts(self) -> str:
+        """The hosts none of whose ranks said a word since the rendezvous (neither failed nor
+        finished): a host that died or was cut off cannot report, its peers only time out."""
+        spoke = {f.get("rank") for f in self.failures} | self.finished
+        heard = {self.hosts.get(r) for r in spoke}
+        silent = [r for r in sorted(self.hosts) if r not in spoke and self.hosts[r] not in heard]
+        if not silent or not self.failures:
+            return ""
+        lost = sorted({self.hosts[r] for r in silent})
+        return (
+            f"; no word from rank{'s' * (len(silent) > 1)} {', '.join(map(str, silent))} on "
+            f"{', '.join(lost)}: that host stopped answering (down, or cut off from the other "
+            "hosts and the driver)"
+        )
 
 
 def translate(exc: BaseException, monitor: Monitor) -> BaseException:
@@ -112,6 +133,20 @@ def translate(exc: BaseException, monitor: Monitor) -> BaseException:
     if detail is not None:
         monitor.add_failure(detail)
         return monitor.worker_error()
+    lost = _EXECUTOR_LOST.search(text)
+    if lost and not monitor.failures:  # the ranks that saw it may still be reporting
+        end = time.monotonic() + 2 * FAILURE_GRACE_S
+        while not monitor.failures and time.monotonic() < end:
+            time.sleep(0.05)
+        monitor.wait_for_reports()
+    if lost and monitor.failures:
+        return monitor.worker_error(f"; Spark lost executor {lost.group(1)}: {lost.group(2).strip()}")
+    if lost:
+        return WorkerError(
+            f"Spark lost executor {lost.group(1)} running ranks ({lost.group(2).strip()}) and no rank "
+            "reported why: its host died or was cut off",
+            worker_traceback=text[-5000:],
+        )
     if any(s in text for s in _SLOT_ERRORS):
         world, tasks = monitor.world_size, monitor.tasks
         spark_line = next((ln.strip() for ln in text.splitlines() if "slots" in ln), "")

@@ -211,6 +211,7 @@ class SparkLauncher:
             allow_unauthenticated=runner.allow_unauthenticated,
             model_bytes=runner.model_bytes,
             wait_s=deadline.remaining(runner.start_timeout or 60.0),
+            say=runner.sink,
         )
 
     def rank_gpus(self, runner) -> Optional[tuple]:

@@ -114,9 +114,20 @@ def parse_event(line: str) -> Optional[dict]:
     return ev if isinstance(ev, dict) else None
 
 
-def announce(host: str, port: int, rows: int, gpus: Optional[Sequence[str]]) -> str:
-    """What a task tells its peers at the exchange (step 3)."""
-    return json.dumps({"host": host, "port": port, "rows": rows, "gpus": list(gpus) if gpus else gpus})
+def announce(
+    host: str, port: int, rows: int, gpus: Optional[Sequence[str]], driver_error: Optional[str] = None
+) -> str:
+    """What a task tells its peers at the exchange (step 3); ``driver_error``: why its task could
+    not reach the driver's log channel (None: it did, or there is none)."""
+    return json.dumps(
+        {
+            "host": host,
+            "port": port,
+            "rows": rows,
+            "gpus": list(gpus) if gpus else gpus,
+            "driver": driver_error,
+        }
+    )
 
 
 def peers(messages: Sequence[str]) -> List[dict]:
@@ -127,6 +138,25 @@ def peers(messages: Sequence[str]) -> List[dict]:
         value = json.loads(m)
         out.extend(value if isinstance(value, list) else [value])
     return out
+
+
+def driver_reach_error(peers: Sequence[dict], channel: Optional[Sequence]) -> Optional[str]:
+    """Why the run must not start when some tasks reached the driver's log channel and others
+    could not: the driver advertises an address not every worker can reach (the wrong interface,
+    a NAT, a firewall for some hosts).  None when all reached it, or none did (live logs are then
+    off for the whole run: the driver says so and training goes on)."""
+    failed = [(r, p) for r, p in enumerate(peers) if p.get("driver")]
+    if channel is None or not failed or len(failed) == len(peers):
+        return None
+    hosts = sorted({p["host"] for _, p in failed})
+    ok = sorted({p["host"] for p in peers if not p.get("driver")} - set(hosts))
+    return (
+        f"the driver's address {channel[0]} (port {channel[1]}) is unreachable from "
+        f"{', '.join(hosts)} (rank{'s' * (len(failed) > 1)} {', '.join(str(r) for r, _ in failed)}: "
+        f"{failed[0][1]['driver']})" + (f" but reachable from {', '.join(ok)}" if ok else "") + ". "
+        "No rank was started. Set spark.driver.host (or SPARK_LOCAL_IP on the driver's machine) "
+        "to an address every executor reaches, and let executors connect to the driver's ports."
+    )
 
 
 def start_message(env: Dict[str, str], **extra) -> bytes:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 import uuid
 from typing import Any, Callable, List, Tuple
@@ -22,7 +23,7 @@ from .. import _spark_env, collection, tracking
 from ..channel import new_secret
 from ..channel_server import listen
 from ..errors import WorkerError
-from . import admission, failures, launchers, sharding
+from . import admission, elastic, failures, launchers, sharding
 from .launchers import Deadline
 from .task_spec import TaskSpec
 
@@ -52,6 +53,7 @@ class Run:
         self.job = str(args[1]) if script else getattr(main, "__qualname__", "function")  # names kept dirs
         self.payload = admission.payload(main, args, kwargs)
         self.per_task = 1  # ranks per barrier task: one per GPU the task holds
+        self.world = runner.world_size  # this attempt's ranks: fewer after an elastic restart (min_np)
         self.attempt = 0
         self.track: Any = tracking.NullRun()  # rank 0's metrics land there
 
@@ -80,13 +82,25 @@ class Run:
         r = self.runner
         self.per_task = self.launcher.ranks_per_task(r)
         deadline = Deadline.after(r.timeout)  # the whole run's: planning, slot wait, restarts
-        self.launcher.check(r, r.world_size // self.per_task, deadline)
+        self.launcher.check(r, self.world // self.per_task, deadline)
         data, data_df = self._shards(deadline)
         tries: List[WorkerError] = []
         while True:
             try:
+                if tries and r.min_np:  # elastic: as many ranks as the cluster holds now
+                    world = elastic.restart_world(
+                        self.spark,
+                        r.world_size,
+                        r.min_np,
+                        self.per_task,
+                        deadline.remaining(r.start_timeout or 60.0),
+                        r.sink,
+                    )
+                    if world != self.world:
+                        self.world = world
+                        data, data_df = self._shards(deadline)  # the rows dealt again for it
                 if tries:  # a lost executor's replacement may still be starting
-                    self.launcher.check(r, r.world_size // self.per_task, deadline)
+                    self.launcher.check(r, self.world // self.per_task, deadline)
                 return self._attempt(data, data_df, deadline)
             except WorkerError as exc:
                 tries.append(exc)
@@ -116,10 +130,10 @@ class Run:
         with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
             files = None
             if r.read_files:
-                files = sharding.file_split(df, r.world_size, self.replicas, self.streams)
+                files = sharding.file_split(df, self.world, self.replicas, self.streams)
             if files is not None:
                 return files, None
-            return sharding.spark_shards(df, r.world_size, r.seed, self.per_task, self.replicas, self.streams)
+            return sharding.spark_shards(df, self.world, r.seed, self.per_task, self.replicas, self.streams)
 
     def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark
@@ -131,11 +145,11 @@ class Run:
             env = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
         return TaskSpec(
             run_id=run_id,
-            world_size=r.world_size,
+            world_size=self.world,
             payload=self.payload,
             backend=r.backend,
             use_gpu=r.use_gpu,
-            log_ranks=r.log_ranks,
+            log_ranks=tuple(k for k in r.log_ranks if k < self.world),
             channel=channel,
             secret=secret,
             start_timeout=r.start_timeout,
@@ -164,18 +178,72 @@ class Run:
         """One launch: a fresh run id, log channel and rendezvous."""
         r = self.runner
         self.attempt += 1
-        monitor = failures.Monitor(r.world_size, r.sink, r.backend_spec, r.world_size // self.per_task)
+        monitor = failures.Monitor(self.world, r.sink, r.backend_spec, self.world // self.per_task)
         monitor.on_metrics = self.track.log_metrics
         secret = new_secret()
         host = _spark_env.driver_host(self.spark)
         server = listen(secret, monitor.on_message, host)
+        quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
             table = self.launcher.launch(r, data_df, spec, monitor, deadline)
-            ranks = range(r.world_size) if self.return_all else [0]
+            ranks = range(self.world) if self.return_all else [0]
             results = collection.decode(table, ranks, what="rank")
+            quiet.check()
         finally:
+            quiet.cancel()
             server.close()
         if self.return_all:
-            return [results[(k, 0)] for k in range(r.world_size)]
+            return [results[(k, 0)] for k in range(self.world)]
         return results[(0, 0)]
+
+
+class _QuietChannel:
+    """Says once, when no rank has connected to the driver's log channel while the run's barrier
+    tasks have all been running for ``after`` seconds (or by the attempt's end), that live logs
+    are off and where the ranks' output is instead."""
+
+    after = 15.0  # a task connects as it starts (its connect gives up after 5 s)
+
+    def __init__(self, server, runner, launcher, tasks: int) -> None:
+        self.server, self.runner, self.tasks, self.said = server, runner, tasks, False
+        self.stop = threading.Event()
+        self.spark = launcher.spark if isinstance(launcher, launchers.SparkLauncher) else None
+        if self.spark is not None and not _spark_env.is_connect(self.spark):
+            threading.Thread(target=self._watch, name="sparkml_dist-quiet", daemon=True).start()
+
+    def _running(self) -> bool:
+        """A stage of ``tasks`` tasks, all running: the barrier stage (its tasks run at once)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        for stage in tracker.getActiveStageIds():
+            info = tracker.getStageInfo(stage)
+            if info is not None and info.numTasks == self.tasks == info.numActiveTasks:
+                return True
+        return False
+
+    def _watch(self) -> None:
+        since = None
+        while not self.stop.wait(1.0) and not self.server.accepted and not self.said:
+            try:
+                running = self._running()
+            except Exception:  # noqa: BLE001 - a status query must never fail the run
+                return
+            since = (since or time.monotonic()) if running else None
+            if since is not None and time.monotonic() - since >= self.after:
+                self.check()
+
+    def check(self) -> None:
+        if self.said or self.spark is None or self.server.accepted:
+            return
+        self.said = True
+        kept = f"log_dir={self.runner.log_dir!r} and " if self.runner.log_dir else ""
+        self.runner.sink(
+            f"[sparkml_dist] live logs are off: no rank has reached the driver's log channel at "
+            f"{self.server.address}:{self.server.port} (a firewall, or an address executors cannot "
+            f"reach); training goes on and each rank's output is kept in {kept}its executor's "
+            "stderr. To see it live, let executors connect to the driver's ports or set "
+            "spark.driver.host to an address they reach.\n"
+        )
+
+    def cancel(self) -> None:
+        self.stop.set()

@@ -109,6 +109,11 @@ class BarrierRunner:
             one machine; each sees the machine's assigned GPUs in local-rank order, so
             ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` picks its own) or ``"task"``
             (pyspark TorchDistributor's rule: each Spark task is a node, whose ranks see its GPUs).
+        min_np: elastic restarts (with ``max_restarts``): after a failure, the next attempt starts
+            with as many ranks as the cluster holds slots for now, between ``min_np`` and ``np``,
+            instead of waiting for ``np`` (a lost host no longer blocks the run); a later restart
+            grows back. The function sees the new ``WORLD_SIZE``, ``run_with_data`` deals the rows
+            again, the checkpoint resumes. See :mod:`sparkml_dist.runner.elastic`.
     """
 
     def __init__(
@@ -136,6 +141,7 @@ class BarrierRunner:
         work_dir: Optional[str] = None,
         clean_work_dir: bool = False,
         gpus_per_rank: int = 1,
+        min_np: Optional[int] = None,
     ) -> None:
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
@@ -144,6 +150,7 @@ class BarrierRunner:
         self.backend_spec.check_installed()
         self.np = np
         self.world_size = abs(np)
+        self.min_np = admission.check_min_np(min_np, np, max_restarts)
         self.backend = backend
         self.use_gpu = bool(use_gpu)
         self.log_ranks = admission.parse_log_ranks(log_ranks, self.world_size)
