@@ -9,7 +9,7 @@ DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
 HVD_STAMP  := $(VENV)/.horovod-installed
 
-.PHONY: demo horovod lint test test-unit test-local test-connect test-cluster test-standalone bench clean gpu-check notebooks figures
+.PHONY: demo horovod lint test test-unit test-local test-connect test-cluster test-standalone test-hosts bench clean gpu-check notebooks figures
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ lint: $(DEV_STAMP)
 # Every pass must run tests: pytest's exit code 5 (nothing collected) fails the build too.
 # each pass prints its wall time, so the next change sees what it costs (CI's limit is 90 minutes)
 test: $(HVD_STAMP)
-	@total=$$(date +%s); for pass in lint test-local test-connect test-cluster test-standalone; do \
+	@total=$$(date +%s); for pass in lint test-local test-connect test-cluster test-standalone test-hosts; do \
 		start=$$(date +%s); $(MAKE) --no-print-directory $$pass || exit 1; \
 		echo "== make $$pass: $$(( $$(date +%s) - start )) s"; done; \
 	echo "== make test: $$(( $$(date +%s) - total )) s in all"
@@ -63,6 +63,11 @@ test-cluster: $(HVD_STAMP)
 # a standalone master + two worker JVMs on loopback: the fault tests that need real workers
 test-standalone: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="standalone" $(PYTEST) tests/spark/test_restarts.py
+
+# three network namespaces (driver | master + worker | worker), each its own address: everything
+# across hosts and the faults between them (root and iproute2; tests/support/hosts.py)
+test-hosts: $(HVD_STAMP)
+	SPARKML_DIST_TEST_MASTER="hosts" $(PYTEST) -rs tests/hosts
 
 # GPU machine, no Java needed: tests/gpu, DDP vs torchrun, FSDP2, pipeline, feeding, the drop-in; one table.
 # Without CUDA it says "no GPU: skipped N checks".

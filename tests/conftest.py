@@ -2,7 +2,9 @@
 
 * ``local[2]`` (default), ``local-cluster[2,1,1024]`` (separate executor JVMs),
 * ``connect:local[2]`` (a local Spark Connect server),
-* ``standalone`` (a Spark standalone master and two 1-core workers on loopback, started here).
+* ``standalone`` (a Spark standalone master and two 1-core workers on loopback, started here),
+* ``hosts`` (three network namespaces: the driver in one, a standalone master + worker in the
+  second, a worker in the third: tests/support/hosts.py; the tests/hosts pass).
 
 ``.ci/run`` runs tests/spark once per mode; tests/unit need no Spark at all.
 """
@@ -17,6 +19,7 @@ MASTER = os.environ.get("SPARKML_DIST_TEST_MASTER", "local[2]")
 IS_CONNECT = MASTER.startswith("connect:")
 IS_CLUSTER = MASTER.startswith("local-cluster")
 IS_STANDALONE = MASTER == "standalone"
+IS_HOSTS = MASTER == "hosts"
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 # executors of local-cluster import tests' helper modules (estimators defined in tests)
@@ -24,16 +27,47 @@ os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYT
 
 
 @pytest.fixture(scope="session")
-def spark():
+def hosts():
+    """The several-hosts cluster (``hosts`` pass only), this process in its driver namespace."""
+    from tests.support import hosts as cluster
+
+    if not IS_HOSTS:
+        pytest.skip("runs in the several-hosts pass (make test-hosts)")
+    why = cluster.unavailable()
+    if why:
+        pytest.skip(f"cannot build test hosts here: {why}")
+    with cluster.Hosts(cores=3, memory="2g") as built:
+        yield built
+
+
+@pytest.fixture(scope="session")
+def spark(request):
     import contextlib
 
     from sparkml_dist.session import get_session
 
     conf = {}
-    if IS_CLUSTER or IS_STANDALONE:
+    if IS_CLUSTER or IS_STANDALONE or IS_HOSTS:
         conf["spark.executorEnv.PYTHONPATH"] = os.environ["PYTHONPATH"]
     with contextlib.ExitStack() as stack:
         master = MASTER
+        if IS_HOSTS:
+            from tests.support.hosts import SPARK_CONF
+
+            cluster = request.getfixturevalue("hosts")
+            master = cluster.master_url
+            # two executors of 2 cores, one per worker host; each worker keeps a core for the
+            # CLI's own application (tests/hosts/test_across_hosts.py)
+            conf.update(SPARK_CONF)
+            conf.update(
+                {
+                    "spark.driver.host": cluster.driver.address,
+                    "spark.driver.bindAddress": cluster.driver.address,
+                    "spark.executor.cores": "2",
+                    "spark.cores.max": "4",
+                    "spark.executor.memory": "1g",
+                }
+            )
         if IS_STANDALONE:
             from tests.support.standalone import StandaloneCluster
 

@@ -1,0 +1,79 @@
+"""The pure parts of several-hosts runs: the world size of an elastic restart, the refusal of a
+driver some tasks cannot reach, the host named when it falls silent, min_np's checks.  The same
+code runs for real across hosts in tests/hosts."""
+
+import itertools
+
+import pytest
+
+from sparkml_dist import ConfigurationError, InsufficientResourcesError
+from sparkml_dist.runner import BarrierRunner, elastic, failures, protocol
+
+
+@pytest.fixture(autouse=True)
+def quick_settle(monkeypatch):
+    monkeypatch.setattr(elastic, "SETTLE_S", 0.3)
+
+
+def _counts(*values):
+    seq = itertools.chain(values, itertools.repeat(values[-1]))
+    return lambda spark: next(seq)
+
+
+def test_a_restart_takes_the_fewest_slots_seen_while_a_lost_executor_is_counted_out():
+    said = []
+    world = elastic.restart_world(None, 4, 2, 1, 5.0, said.append, slots=_counts(4, 2, 2))
+    assert world == 2 and "restarting with 2" in said[0]
+
+
+def test_a_restart_waits_for_min_np_then_starts_with_what_came():
+    world = elastic.restart_world(None, 8, 3, 1, 5.0, lambda s: None, slots=_counts(1, 1, 1, 1, 1, 1, 5))
+    assert world == 5
+
+
+def test_a_restart_never_exceeds_np_and_keeps_whole_tasks():
+    assert elastic.restart_world(None, 4, 2, 1, 5.0, lambda s: None, slots=_counts(9)) == 4
+    # two ranks per task (two GPUs each): 3 slots hold 6 ranks, np=8 -> 6
+    assert elastic.restart_world(None, 8, 2, 2, 5.0, lambda s: None, slots=_counts(3)) == 6
+
+
+def test_a_restart_with_fewer_than_min_np_slots_fails_naming_min_np():
+    with pytest.raises(InsufficientResourcesError, match="min_np=3"):
+        elastic.restart_world(None, 4, 3, 1, 0.5, lambda s: None, slots=_counts(2))
+
+
+def test_min_np_is_checked_with_its_name():
+    for bad, match in ((0, "min_np"), (5, "more than np=4"), ("2", "min_np")):
+        with pytest.raises(ConfigurationError, match=match):
+            BarrierRunner(4, min_np=bad, max_restarts=1)
+    with pytest.raises(ConfigurationError, match="max_restarts"):
+        BarrierRunner(4, min_np=2)
+    with pytest.raises(ConfigurationError, match="local processes"):
+        BarrierRunner(-4, min_np=2, max_restarts=1)
+    assert BarrierRunner(4, min_np=2, max_restarts=1).min_np == 2
+
+
+def _peer(host, driver=None):
+    return {"host": host, "port": 1, "rows": 0, "gpus": None, "driver": driver}
+
+
+def test_tasks_that_disagree_on_reaching_the_driver_refuse_the_run_naming_address_and_settings():
+    channel = ("10.0.0.1", 4321)
+    assert protocol.driver_reach_error([_peer("10.0.0.2"), _peer("10.0.0.3")], channel) is None
+    none = [_peer("10.0.0.2", "timeout"), _peer("10.0.0.3", "timeout")]
+    assert protocol.driver_reach_error(none, channel) is None  # nobody can: live logs off, training goes on
+    some = [_peer("10.0.0.2"), _peer("10.0.0.3", "TimeoutError: timed out"), _peer("10.0.0.3", "x")]
+    text = protocol.driver_reach_error(some, channel)
+    assert "10.0.0.1 (port 4321) is unreachable from 10.0.0.3 (ranks 1, 2" in text
+    assert "reachable from 10.0.0.2" in text and "spark.driver.host" in text and "SPARK_LOCAL_IP" in text
+
+
+def test_the_error_names_a_host_none_of_whose_ranks_said_a_word():
+    m = failures.Monitor(4, lambda s: None)
+    for rank, host in enumerate(["10.0.0.2", "10.0.0.3", "10.0.0.2", "10.0.0.3"]):
+        m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": rank, "host": host})
+    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "phase": "run"})
+    text = str(m.worker_error())
+    assert "no word from ranks 1, 3 on 10.0.0.3" in text
+    m.add_failure({"rank": 3, "message": "rank 3 exited with code 1", "phase": "run"})
+    assert "no word" not in str(m.worker_error())  # a host that reported is not silent
