@@ -114,6 +114,7 @@ def test_host_cut_off_mid_allreduce_fails_within_collective_timeout_naming_it(sp
     finally:
         hosts.restore("host2")
     took = run.ended_at - cut_at
+    print(f"host cut off -> {type(run.error).__name__} in {took:.1f}s: {str(run.error)[:300]}")
     assert isinstance(run.error, WorkerError), run.error
     text = str(run.error)
     assert hosts["host2"].address in text or "host2" in text, text
