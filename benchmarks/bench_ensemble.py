@@ -68,6 +68,57 @@ def time_transform(scored) -> float:
     return time.perf_counter() - t
 
 
+def _opt(value, default=None):
+    return value.get() if value.isDefined() else default
+
+
+def spark_phases(spark, since_ms: float, until_ms: float) -> list:
+    """The Spark jobs (and their stages) that ran between two wall-clock times, from Spark's own
+    status store: (what, wall seconds, executor run seconds), plus the driver's time outside them."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    jobs = store.jobsList(None)
+
+    def stage(stage_id):
+        try:
+            return store.lastStageAttempt(stage_id)
+        except Exception:  # noqa: BLE001 - gone from the store
+            return None
+
+    rows, in_jobs = [], 0.0
+    for i in range(jobs.size()):
+        job = jobs.apply(i)
+        start, end = _opt(job.submissionTime()), _opt(job.completionTime())
+        if start is None or end is None or start.getTime() < since_ms or end.getTime() > until_ms:
+            continue
+        wall = (end.getTime() - start.getTime()) / 1000
+        in_jobs += wall
+        rows.append((job.jobId(), f"job: {_opt(job.description(), job.name())[:70]}", wall, None))
+        ids = job.stageIds()
+        for k in range(ids.size()):
+            st = stage(ids.apply(k))
+            if st is None or _opt(st.submissionTime()) is None or _opt(st.completionTime()) is None:
+                continue  # skipped (its shuffle output was reused)
+            st_wall = (_opt(st.completionTime()).getTime() - _opt(st.submissionTime()).getTime()) / 1000
+            rows.append(
+                (
+                    job.jobId(),
+                    f"  stage {st.stageId()}: {st.name()[:60]}",
+                    st_wall,
+                    st.executorRunTime() / 1000,
+                )
+            )
+    rows.sort(key=lambda r: r[0])
+    rows.append(
+        (
+            None,
+            "driver, outside any job (planning, checks, decoding)",
+            (until_ms - since_ms) / 1000 - in_jobs,
+            None,
+        )
+    )
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rows", type=int, default=1_000_000)
@@ -82,6 +133,9 @@ def main() -> None:
         action="store_true",
         help="also time the members alone (same trees, same slices' sizes, 2 threads, no Spark) and "
         "print each fit's overhead over them",
+    )
+    ap.add_argument(
+        "--phases", action="store_true", help="print where each of our fits spent its time (jobs, stages)"
     )
     args = ap.parse_args()
     data_dir = os.path.join(HERE, "data")
@@ -114,7 +168,7 @@ def main() -> None:
 
     def ours(max_features="sqrt"):
         train, test = spark.read.parquet(train_path), spark.read.parquet(test_path)
-        t = time.perf_counter()
+        t, t_ms = time.perf_counter(), time.time() * 1000
         # sampling="disjoint": each tree sees 1/16 of the rows; depth 10 as both forests
         model = BaggingClassifier(
             estimator=DecisionTreeClassifier(max_depth=args.depth, max_features=max_features),
@@ -124,6 +178,13 @@ def main() -> None:
             seed=1,
         ).fit(train)
         fit_s = time.perf_counter() - t
+        if args.phases:
+            print(f"phases of a fit (max_features={max_features}, {fit_s:.2f}s):")
+            for _, what, wall, run_s in spark_phases(spark, t_ms, time.time() * 1000):
+                print(
+                    f"  {what:75s} {wall:6.2f}s"
+                    + (f"  (tasks ran {run_s:6.2f}s)" if run_s is not None else "")
+                )
         scored = model.transform(test)
         pred_s = time_transform(scored)
         return fit_s, pred_s, *auc_acc(*spark_scores(scored))
