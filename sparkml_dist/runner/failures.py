@@ -19,6 +19,9 @@ from . import backends, protocol
 from .backends import Backend
 
 FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the others
+# ... and while every report so far only says a peer went away: the rank that went away is still
+# exiting (its atexit handlers, a loaded machine) and its report, the root cause, is on its way
+SYMPTOM_GRACE_S = 5.0
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (\S+) exited[^)]*\) Reason: ([^\n]*)")
 _SLOT_ERRORS = (
     "requires more slots than the total number of slots",
@@ -59,10 +62,17 @@ class Monitor:
                 if self._first_failure_at is None:
                     self._first_failure_at = time.monotonic()
 
-    def wait_for_reports(self, grace: float = FAILURE_GRACE_S) -> None:
-        """Give the other ranks ``grace`` seconds to report, so the root cause can be picked."""
-        while self._first_failure_at is not None and time.monotonic() < self._first_failure_at + grace:
+    def wait_for_reports(
+        self, grace: float = FAILURE_GRACE_S, symptom_grace: float = SYMPTOM_GRACE_S
+    ) -> None:
+        """Give the other ranks ``grace`` seconds to report, so the root cause can be picked; up to
+        ``symptom_grace`` while every report only says that a peer went away."""
+        while self._first_failure_at is not None:
             if len(self.failures) + len(self.finished) >= self.world_size:
+                return
+            with self._lock:
+                symptoms = all(protocol.is_symptom(f, self.backend.peer_lost) for f in self.failures)
+            if time.monotonic() >= self._first_failure_at + (symptom_grace if symptoms else grace):
                 return
             time.sleep(0.05)
 

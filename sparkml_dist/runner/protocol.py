@@ -187,13 +187,24 @@ def parse_failure(text: str) -> Optional[dict]:
         return None
 
 
+def is_symptom(failure: dict, peer_lost: Sequence[str]) -> bool:
+    """Whether a failure only follows another: a rank stopped by a cancel, or one whose last lines
+    say a peer went away (``peer_lost``)."""
+    return failure.get("phase") == "cancelled" or _lost_a_peer(failure, peer_lost)
+
+
+def _lost_a_peer(failure: dict, peer_lost: Sequence[str]) -> bool:
+    return any(p in line for line in (failure.get("tail") or [])[-5:] for p in peer_lost)
+
+
 def root_cause(failures: Sequence[dict], peer_lost: Sequence[str]) -> dict:
     """Of several failure details, the one that caused the others: a rank stopped by a cancel last,
     then one whose last lines only say a peer went away (``peer_lost``), then the earliest."""
-
-    def symptom(f: dict) -> bool:
-        return any(p in line for line in (f.get("tail") or [])[-5:] for p in peer_lost)
-
     return min(
-        failures, key=lambda f: (f.get("phase") == "cancelled", symptom(f), f.get("failed_at", float("inf")))
+        failures,
+        key=lambda f: (
+            f.get("phase") == "cancelled",
+            _lost_a_peer(f, peer_lost),
+            f.get("failed_at", float("inf")),
+        ),
     )

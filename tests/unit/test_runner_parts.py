@@ -471,3 +471,28 @@ def test_a_read_still_blocked_after_the_stall_report_ends_the_task(monkeypatch):
     with fine:
         list(fine.batches(iter([pa.record_batch({"x": pa.array([1.0])})])))
     assert len(stuck) == 1  # a read that keeps moving is never ended
+
+
+def test_a_root_cause_reported_late_is_still_waited_for_while_only_symptoms_are_in():
+    """A rank that raised may take a while to exit (atexit handlers, a loaded machine) while its
+    peer reports 'Connection closed by peer' at once: the driver must not blame the peer."""
+    from sparkml_dist.runner.failures import Monitor as _Monitor
+
+    m = _Monitor(2, lambda s: None)
+    peer = {"rank": 1, "message": "rank 1 exited with code 1", "exit_code": 1, "failed_at": 1.0}
+    m.add_failure(
+        {**peer, "tail": ["RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:7605"]}
+    )
+    cause = {"rank": 0, "message": "rank 0 exited with code 1", "exit_code": 1, "failed_at": 2.0}
+    late = threading.Timer(2.0, m.add_failure, ({**cause, "tail": ["ValueError: injected failure"]},))
+    late.start()
+    t = time.monotonic()
+    m.wait_for_reports(grace=0.5, symptom_grace=10.0)
+    assert 1.5 < time.monotonic() - t < 8
+    err = m.worker_error()
+    assert err.rank == 0 and str(err).startswith("rank 0 exited with code 1; then rank 1")
+    m = _Monitor(3, lambda s: None)  # a real cause in: only the short grace for the others
+    m.add_failure({**cause, "tail": ["ValueError: injected failure"]})
+    t = time.monotonic()
+    m.wait_for_reports(grace=0.3, symptom_grace=10.0)
+    assert time.monotonic() - t < 2
