@@ -73,17 +73,23 @@ class JobTag:
     ``interruptTag`` from another); Spark Connect tags the session's operations.
     """
 
-    def __init__(self, spark, name: str = "") -> None:
+    def __init__(self, spark, name: str = "", description: str = "") -> None:
         self.spark = spark
         self.tag = f"sparkml_dist-{name or uuid.uuid4().hex[:12]}"
+        self.description = description  # what Spark's UI shows for the jobs (classic Spark)
         self._connect = type(spark).__module__.startswith("pyspark.sql.connect")
 
     @contextlib.contextmanager
     def scope(self):
+        before = None
         if self._connect:
             self.spark.addTag(self.tag)
         else:
-            self.spark.sparkContext.addJobTag(self.tag)
+            sc = self.spark.sparkContext
+            sc.addJobTag(self.tag)
+            if self.description:
+                before = sc.getLocalProperty("spark.job.description")
+                sc.setJobDescription(self.description)
         try:
             with own_interrupts():
                 yield self.tag
@@ -96,6 +102,8 @@ class JobTag:
                     self.spark.removeTag(self.tag)
                 else:
                     self.spark.sparkContext.removeJobTag(self.tag)
+                    if self.description:
+                        self.spark.sparkContext.setJobDescription(before)
 
     def cancel(self) -> None:
         with contextlib.suppress(Exception):
@@ -107,7 +115,7 @@ class JobTag:
 
 def job_scope(spark, description: str):
     """Tag the Spark jobs started inside; interrupt them on KeyboardInterrupt or error exit."""
-    return JobTag(spark).scope()
+    return JobTag(spark, description=description).scope()
 
 
 def _task_entry(task_fn: Callable, spec: Any, batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -157,7 +165,7 @@ def run_on_groups(
     out = map_groups(df, task_fn, spec, barrier=barrier, profile=profile)
     spark = session_of(df)
     try:
-        with (tag or JobTag(spark)).scope():
+        with (tag or JobTag(spark, description=description)).scope():
             table = out.toArrow()
     except Exception as exc:
         if "maxResultSize" not in str(exc):

@@ -253,6 +253,15 @@ def balanced_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
     Scales out: one Spark job counts the rows of 1024 key buckets, each bucket is numbered by a
     window over that bucket alone, and the counts turn bucket positions into global ones.
     """
+    grouped, stats = deal(df, spec, key_cols)
+    return grouped, int(stats.counts().sum())
+
+
+def deal(df, spec: SplitSpec, key_cols: Sequence[str], extra_aggs: Optional[Mapping[str, object]] = None):
+    """:func:`balanced_groups` as ``(grouped, stats)``: the one counting job also computes
+    ``extra_aggs`` ({name: aggregate Column} over the input's rows, per key bucket: sums, minima,
+    sets add up across buckets as across groups), and the group sizes follow from the deal, so
+    no job counts the groups again."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
@@ -263,7 +272,13 @@ def balanced_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
     bucket = "__sd_bucket"
     keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(spec.seed)), *[F.col(c) for c in key_cols]))
     keyed = keyed.withColumn(bucket, F.pmod(F.col(KEY_COL), F.lit(_BUCKETS)).cast("int"))
-    counts = dict(tuple(r) for r in keyed.groupBy(bucket).count().collect())
+    aggs = [F.count(F.lit(1)).alias("__rows")] + [c.alias(name) for name, c in (extra_aggs or {}).items()]
+    counts, extras = {}, {}
+    for r in keyed.groupBy(bucket).agg(*aggs).collect():
+        d = r.asDict()
+        b = int(d.pop(bucket))
+        counts[b] = int(d.pop("__rows"))
+        extras[b] = d
     offsets = np.concatenate([[0], np.cumsum([counts.get(b, 0) for b in range(_BUCKETS)])])
     n = int(offsets[-1])
     keep = n if spec.sample_ratio >= 1.0 else int(round(float(spec.sample_ratio) * n))
@@ -275,7 +290,10 @@ def balanced_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
     if keep < n:
         placed = placed.where(F.col("__sd_pos") < keep)
     dealt = placed.withColumn(GROUP_COL, F.pmod(F.col("__sd_pos"), F.lit(spec.num_groups)).cast("int"))
-    return dealt.drop(bucket, "__sd_pos").repartitionById(spec.num_groups, GROUP_COL), keep
+    k = spec.num_groups
+    rows = {g: keep // k + (1 if g < keep % k else 0) for g in range(k) if keep // k or g < keep % k}
+    stats = GroupStats(num_groups=k, rows=rows, extras=extras)
+    return dealt.drop(bucket, "__sd_pos").repartitionById(k, GROUP_COL), stats
 
 
 def assign_keys(df, key_col: str, key_table, num_parts: int):

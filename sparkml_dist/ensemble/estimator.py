@@ -138,17 +138,18 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         key_cols = [FEATURES, LABEL] + ([WEIGHT] if weight_col else [])
         return dataset.select(*cols), key_cols
 
-    def _check_groups(self, spark, dataset, grouped, spec, est, weight_col: str, max_classes: int) -> dict:
-        """One job sizes the groups and validates the data; returns check_data's findings (and
+    def _group_rows(self, spark, prepared, key_cols, spec, aggs):
+        """Rows -> groups, and their sizes with the data checks' aggregates, in one counting job."""
+        if spec.sampling == "disjoint":  # exactly balanced groups, whatever the rows
+            with launch.job_scope(spark, "sparkml_dist: dealing rows to groups, checking the data"):
+                return partitioning.deal(prepared, spec, key_cols, aggs)
+        grouped = partitioning.assign_groups(prepared, spec, key_cols)
+        with launch.job_scope(spark, "sparkml_dist: sizing groups, checking the data"):
+            return grouped, partitioning.group_stats(grouped, spec.num_groups, aggs)
+
+    def _check_groups(self, spark, dataset, stats, spec, est, weight_col, vectors, width, stored) -> dict:
+        """Check the data from the counting job's findings; returns check_data's findings (and
         whether vectors reach the members sparse)."""
-        vectors = validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols())
-        width, stored = validation.vector_shape(dataset, self.getFeaturesCol()) if vectors else (None, 0.0)
-        with launch.job_scope(spark, "sparkml_dist: sizing groups"):
-            stats = partitioning.group_stats(
-                grouped,
-                spec.num_groups,
-                validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes, vectors),
-            )
         if not stats.rows and dataset.isEmpty():
             raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
         info = validation.check_data(
@@ -161,7 +162,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
             allow_nan=validation.estimator_allows_nan(est),
             is_classifier=self._is_classifier,
             counts_copies=spec.sampling != "disjoint",
-            max_classes=max_classes,
+            max_classes=self._max_classes(),
             vector_width=width,
         )
         info["subsets"] = partitioning.feature_subsets(info["n_features"], spec)
@@ -203,12 +204,11 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         blob = self._check_estimator(est, bool(weight_col))
         prepared, key_cols = self._prepare(dataset, weight_col)
         spark = launch.session_of(dataset)
-        if spec.sampling == "disjoint":  # exactly balanced groups, whatever the rows
-            with launch.job_scope(spark, "sparkml_dist: dealing rows to groups"):
-                grouped, _ = partitioning.balanced_groups(prepared, spec, key_cols)
-        else:
-            grouped = partitioning.assign_groups(prepared, spec, key_cols)
-        info = self._check_groups(spark, dataset, grouped, spec, est, weight_col, max_classes)
+        vectors = validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols())
+        width, stored = validation.vector_shape(dataset, self.getFeaturesCol()) if vectors else (None, 0.0)
+        aggs = validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes, vectors)
+        grouped, stats = self._group_rows(spark, prepared, key_cols, spec, aggs)
+        info = self._check_groups(spark, dataset, stats, spec, est, weight_col, vectors, width, stored)
         if info["sparse_ok"]:  # rows reach each task in key order: its CSR matrix is built in place
             grouped = grouped.sortWithinPartitions(partitioning.GROUP_COL, partitioning.KEY_COL)
         gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")

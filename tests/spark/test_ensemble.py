@@ -65,6 +65,26 @@ def test_fit_transform_matches_local_predict_and_learns(cols_df, data3):
     assert (pred == cols_df.toPandas()["label"].to_numpy()).mean() > 0.75
 
 
+@master_independent
+def test_a_fit_reads_its_input_once_before_the_fitting_job(spark, cols_df):
+    """The checks and the group sizes come from the job that deals the rows: a fit runs that job
+    and the fitting job (each with its shuffle stages, one job each under adaptive execution) and
+    nothing more; a slow fit of a large input was mostly jobs re-reading it before the fit."""
+    sc = spark.sparkContext
+    sc.setJobGroup("count-the-jobs", "a bagging fit")
+    try:
+        BaggingClassifier(
+            estimator=DecisionTreeClassifier(max_depth=3), numModels=4, featuresCols=COLS, seed=1
+        ).fit(cols_df)
+    finally:
+        sc.setLocalProperty("spark.jobGroup.id", None)
+    jobs = [sc.statusTracker().getJobInfo(j) for j in sc.statusTracker().getJobIdsForGroup("count-the-jobs")]
+    stages = [s for j in jobs for s in j.stageIds]
+    names = {sc.statusTracker().getStageInfo(s).name for s in stages if sc.statusTracker().getStageInfo(s)}
+    # dealing: count per key bucket (2 jobs); fitting: window, repartition, fit (3 jobs)
+    assert len(jobs) <= 5, (len(jobs), names)
+
+
 def test_same_seed_identical_predictions_after_repartitioning(vec_df, data3):
     X, _ = data3
     est = BaggingClassifier(numModels=3, sampling="bootstrap", sampleRatio=0.6, featureRatio=0.7, seed=5)
