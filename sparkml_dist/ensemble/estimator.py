@@ -36,7 +36,7 @@ from .. import (
     tracking,
 )
 from ..errors import ConfigurationError
-from . import _worker, member_store, oob, validation
+from . import _worker, forest, member_store, oob, validation
 from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
@@ -62,6 +62,11 @@ def _default_estimator(is_classifier: bool):
 
 class _BaggingEstimator(Estimator, StageReadWrite):
     _is_classifier = False
+
+    @classmethod
+    def forest(cls, **kwargs):
+        """A random forest in MLlib's parameter names (:func:`sparkml_dist.ensemble.forest.preset`)."""
+        return forest.preset(cls, **kwargs)
 
     def _resolved_estimator(self):
         est = self.getEstimator()

@@ -93,6 +93,10 @@ def test_same_seed_identical_predictions_after_repartitioning(vec_df, data3):
     c = est.copy({est.seed: 6}).fit(vec_df).predict_proba(X)
     assert np.array_equal(a, b)
     assert not np.array_equal(a, c)
+    forest = BaggingClassifier.forest(numTrees=3, maxDepth=6, seed=5)  # trees sample features per split
+    assert np.array_equal(
+        forest.fit(vec_df.repartition(1)).predict_proba(X), forest.fit(vec_df.repartition(4)).predict_proba(X)
+    )
 
 
 def test_array_features_hard_voting_and_feature_subsets(spark, data3):
@@ -274,7 +278,7 @@ def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols
     from pyspark.ml.feature import VectorAssembler
     from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
-    bag = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=5), numModels=2)
+    bag = BaggingClassifier.forest(numTrees=2, maxDepth=5)  # the forest preset: a BaggingClassifier
     pipe = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag])
     fitted = pipe.fit(cols_df)
     path = str(tmp_path / "pipe")
