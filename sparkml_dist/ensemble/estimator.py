@@ -36,7 +36,7 @@ from .. import (
     tracking,
 )
 from ..errors import ConfigurationError
-from . import _worker, forest, member_store, oob, validation
+from . import _worker, forest, global_forest, member_store, oob, validation
 from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
@@ -64,8 +64,11 @@ class _BaggingEstimator(Estimator, StageReadWrite):
     _is_classifier = False
 
     @classmethod
-    def forest(cls, **kwargs):
-        """A random forest in MLlib's parameter names (:func:`sparkml_dist.ensemble.forest.preset`)."""
+    def forest(cls, *, strategy: str = "local", **kwargs):
+        """A random forest in MLlib's parameter names (:func:`sparkml_dist.ensemble.forest.preset`);
+        ``strategy="global"``: every tree sees every row (:mod:`sparkml_dist.ensemble.global_forest`)."""
+        if arg_checks.one_of("strategy", strategy, ("local", "global")) == "global":
+            return global_forest.preset(cls._is_classifier, **kwargs)
         return forest.preset(cls, **kwargs)
 
     def _resolved_estimator(self):

@@ -66,7 +66,8 @@ def preset(
     **params: Any,
 ):
     """``cls`` (BaggingClassifier or BaggingRegressor) set up as a random forest; checked here,
-    before any Spark job. ``maxDepth=None`` grows each tree until its leaves are pure."""
+    before any Spark job. ``maxDepth=None`` grows each tree until its leaves are pure.
+    (``strategy="global"`` builds :func:`sparkml_dist.ensemble.global_forest.preset` instead.)"""
     from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
     taken = [p for p in _SET_BY_THE_PRESET if p in params]

@@ -61,6 +61,7 @@ STAGES = {
         ("models", "models", ("BaggingClassificationModel", "BaggingRegressionModel")),
         ("estimator", "models", ("BaggingClassificationModel", "BaggingRegressionModel")),  # saved by 0.1
         ("grouped", "grouped", ("GroupedTrainer", "GroupedModel")),
+        ("global_forest", "global_forest", ("GlobalForestClassifier", "GlobalForestRegressor")),
     )
     for name in names
 }

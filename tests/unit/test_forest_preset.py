@@ -43,3 +43,14 @@ def test_mllib_feature_subset_strategies_map_to_scikit_learn(strategy, want):
 def test_bad_preset_values_are_refused_by_name(kwargs, named):
     with pytest.raises(ConfigurationError, match=named):
         BaggingClassifier.forest(**kwargs)
+
+
+def test_the_global_strategy_builds_the_global_forest_with_the_same_names():
+    g = BaggingClassifier.forest(strategy="global", numTrees=5, maxDepth=4, numWorkers=3, maxBins=64)
+    assert type(g).__name__ == "GlobalForestClassifier"
+    assert [g.getOrDefault(p) for p in (g.numTrees, g.maxDepth, g.numWorkers, g.maxBins)] == [5, 4, 3, 64]
+    assert type(BaggingRegressor.forest(strategy="global")).__name__ == "GlobalForestRegressor"
+    with pytest.raises(ConfigurationError, match="strategy must be one of"):
+        BaggingClassifier.forest(strategy="everywhere")
+    with pytest.raises(ConfigurationError, match="minInstancesPerNode is a local-strategy parameter"):
+        BaggingClassifier.forest(strategy="global", minInstancesPerNode=3)

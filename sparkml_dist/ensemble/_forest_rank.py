@@ -1,0 +1,62 @@
+"""One rank of a global forest fit: XGBoost's distributed training in random-forest mode.  [rank]
+
+Runs inside :class:`~sparkml_dist.runner.BarrierRunner` ranks (``run_with_data``): each rank
+holds its shard of the rows; rank 0 starts XGBoost's tracker on its own address (``MASTER_ADDR``,
+the host the runner's rendezvous chose) and tells the others its port through a torch.distributed
+broadcast of one integer (nothing pickled); every rank then joins XGBoost's collective, whose
+all-reduce sums the gradient histograms of all shards, so each tree grows from every row.  Rank 0
+returns the booster in XGBoost's own UBJSON format (loading it runs no code).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from .member_records import FEATURES, LABEL, WEIGHT
+
+
+def _tracker_port(rank: int, world: int):
+    """(tracker or None, its port): started on rank 0, the port broadcast to every rank."""
+    import torch
+    import torch.distributed as dist
+    from xgboost.tracker import RabitTracker
+
+    tracker, port = None, torch.zeros(1, dtype=torch.int64)
+    if rank == 0:
+        tracker = RabitTracker(host_ip=os.environ["MASTER_ADDR"], n_workers=world, sortby="task")
+        tracker.start()
+        port[0] = int(tracker.worker_args()["dmlc_tracker_port"])
+    dist.broadcast(port, src=0)
+    return tracker, int(port[0])
+
+
+def train(params: Dict[str, Any], classes: Optional[list], has_weight: bool, threads: int) -> Optional[bytes]:
+    """Every rank: its shard into a DMatrix, one round of ``num_parallel_tree`` trees grown
+    together; rank 0 returns the booster (UBJSON bytes), the others None."""
+    import torch.distributed as dist
+    import xgboost as xgb
+    from xgboost import collective
+
+    from ..runner import init_process_group, shard
+
+    init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    data = shard()
+    X = data.to_numpy([FEATURES], dtype=np.float32)
+    y = data.to_numpy([LABEL], dtype=np.float64).ravel()
+    w = data.to_numpy([WEIGHT], dtype=np.float64).ravel() if has_weight else None
+    if classes is not None:  # the labels' indices in the classes every rank was given
+        y = np.searchsorted(np.asarray(classes, dtype=np.float64), y).astype(np.float64)
+    tracker, port = _tracker_port(rank, world)
+    args = {"dmlc_tracker_uri": os.environ["MASTER_ADDR"], "dmlc_tracker_port": port}
+    with collective.CommunicatorContext(**args, dmlc_task_id=str(rank)):
+        matrix = xgb.DMatrix(X, y, weight=w, nthread=threads)
+        del X
+        booster = xgb.train({**params, "nthread": threads}, matrix, num_boost_round=1)
+    if tracker is not None:
+        tracker.wait_for()
+    dist.destroy_process_group()
+    return bytes(booster.save_raw("ubj")) if rank == 0 else None

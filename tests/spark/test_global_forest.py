@@ -1,0 +1,96 @@
+"""GlobalForestClassifier / Regressor: one XGBoost forest grown across the ranks of a barrier job
+(real Spark barrier tasks, real XGBoost collective), as a pyspark.ml stage."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.ml.linalg import Vectors
+from sklearn.datasets import make_classification, make_regression
+from sklearn.metrics import r2_score, roc_auc_score
+
+from sparkml_dist.ensemble import (
+    BaggingClassificationModel,
+    BaggingClassifier,
+    BaggingRegressionModel,
+    GlobalForestClassifier,
+    GlobalForestRegressor,
+)
+from sparkml_dist.errors import ConfigurationError
+from tests.conftest import master_independent, not_on_cluster
+
+pytestmark = not_on_cluster  # a user of the runner: the runner itself is tested on every master
+
+COLS = [f"f{i}" for i in range(8)]
+
+
+@pytest.fixture(scope="module")
+def binary(spark):
+    X, y = make_classification(n_samples=3000, n_features=8, n_informative=5, random_state=3)
+    pdf = pd.DataFrame(X, columns=COLS)
+    pdf["label"] = y.astype(float) * 3 + 1  # labels 1 and 4: the classes are the label's values
+    return X, pdf["label"].to_numpy(), spark.createDataFrame(pdf)
+
+
+def test_every_tree_sees_every_row_and_the_model_is_a_bagging_model(binary, tmp_path):
+    X, y, df = binary
+    est = GlobalForestClassifier(numTrees=8, maxDepth=6, featuresCols=COLS, numWorkers=2, seed=5)
+    model = est.fit(df.repartition(3))
+    assert isinstance(model, BaggingClassificationModel) and model.classes == (1.0, 4.0)
+    assert model.groupSizes == [3000]  # one member: the forest, fitted on every row
+    forest = model.models[0].model
+    assert forest.get_booster().num_boosted_rounds() == 1 and len(forest.get_booster().get_dump()) == 8
+    proba = model.predict_proba(X)
+    assert roc_auc_score(y == 4.0, proba[:, 1]) > 0.9
+    scored = model.transform(df).toPandas()
+    assert np.allclose(np.stack(scored["probability"].map(lambda v: v.toArray())), proba, atol=1e-6)
+    again = est.fit(df.repartition(1))  # the same rows and seed: the same forest
+    assert np.array_equal(again.predict_proba(X), proba)
+    path = str(tmp_path / "forest")
+    model.write().overwrite().save(path)
+    assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), proba)
+
+
+def test_multiclass_vectors_and_a_regressor(spark):
+    X, y = make_classification(n_samples=1500, n_features=6, n_informative=4, n_classes=3, random_state=1)
+    vdf = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
+    est = BaggingClassifier.forest(strategy="global", numTrees=4, maxDepth=5, numWorkers=2)
+    assert isinstance(est, GlobalForestClassifier)
+    model = est.fit(vdf)
+    assert model.classes == (0.0, 1.0, 2.0) and (model.predict(X) == y).mean() > 0.7
+    Xr, yr = make_regression(n_samples=1500, n_features=6, noise=5.0, random_state=2)
+    rdf = spark.createDataFrame(pd.DataFrame(Xr, columns=COLS[:6]).assign(label=yr))
+    reg = GlobalForestRegressor(numTrees=8, maxDepth=8, featuresCols=COLS[:6], numWorkers=2).fit(rdf)
+    assert isinstance(reg, BaggingRegressionModel) and r2_score(yr, reg.predict(Xr)) > 0.6
+
+
+@master_independent  # Connect runs the fit, transform and save above; this is pyspark.ml's own machinery
+def test_pipeline_and_cross_validation_with_the_unfitted_stage_saved(spark, binary, tmp_path):
+    from pyspark.ml import Pipeline
+    from pyspark.ml.evaluation import BinaryClassificationEvaluator
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+    _, _, df = binary
+    df = df.withColumn("label", (df["label"] == 4.0).cast("double"))  # the evaluator's 0/1 labels
+    forest = GlobalForestClassifier(numTrees=4, maxDepth=4, numWorkers=2)
+    pipe = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), forest])
+    grid = ParamGridBuilder().addGrid(forest.maxDepth, [2, 6]).build()
+    cv = CrossValidator(
+        estimator=pipe, estimatorParamMaps=grid, numFolds=2, seed=1, evaluator=BinaryClassificationEvaluator()
+    )
+    metrics = cv.fit(df).avgMetrics
+    assert len(metrics) == 2 and 0.99 > metrics[1] > metrics[0] > 0.7
+    forest.write().overwrite().save(str(tmp_path / "unfitted"))
+    back = GlobalForestClassifier.load(str(tmp_path / "unfitted"))
+    assert (back.getOrDefault(back.numTrees), back.getOrDefault(back.maxDepth)) == (4, 4)
+
+
+def test_bad_input_is_refused_by_name_before_the_barrier_job(spark, binary):
+    _, _, df = binary
+    with pytest.raises(ConfigurationError, match="subsamplingRate must be in"):
+        GlobalForestClassifier(subsamplingRate=0.0, featuresCols=COLS).fit(df)
+    with pytest.raises(ConfigurationError, match="maxBins=5000 is more than the 3000 rows"):
+        GlobalForestClassifier(maxBins=5000, featuresCols=COLS, numWorkers=2).fit(df)
+    continuous = df.withColumn("label", df["f0"])
+    with pytest.raises(ConfigurationError, match="labelCol='label' has more than maxClasses=1000"):
+        GlobalForestClassifier(featuresCols=COLS, numWorkers=2).fit(continuous)
