@@ -137,6 +137,7 @@ def main() -> None:
     ap.add_argument(
         "--phases", action="store_true", help="print where each of our fits spent its time (jobs, stages)"
     )
+    ap.add_argument("--only", default="", help="comma-separated contenders to run (default: all)")
     args = ap.parse_args()
     data_dir = os.path.join(HERE, "data")
     os.makedirs(data_dir, exist_ok=True)
@@ -150,7 +151,7 @@ def main() -> None:
     from sklearn.ensemble import RandomForestClassifier as SkRF
     from sklearn.tree import DecisionTreeClassifier
 
-    from sparkml_dist.ensemble import BaggingClassifier
+    from sparkml_dist.ensemble import BaggingClassifier, GlobalForestClassifier
     from sparkml_dist.session import get_session
 
     spark = get_session(
@@ -191,6 +192,39 @@ def main() -> None:
                     + (f"  (tasks ran {run_s:6.2f}s)" if run_s is not None else "")
                 )
         scored = model.transform(test)
+        pred_s = time_transform(scored)
+        return fit_s, pred_s, *auc_acc(*spark_scores(scored))
+
+    def global_forest():
+        train, test = spark.read.parquet(train_path), spark.read.parquet(test_path)
+        t = time.perf_counter()
+        model = GlobalForestClassifier(
+            numTrees=args.trees, maxDepth=args.depth, featuresCols=cols, numWorkers=2, seed=1
+        ).fit(train)
+        fit_s = time.perf_counter() - t
+        scored = model.transform(test)
+        pred_s = time_transform(scored)
+        return fit_s, pred_s, *auc_acc(*spark_scores(scored))
+
+    def xgb_spark_rf():
+        """xgboost.spark's own estimator in XGBoost's random-forest mode, the global forest's
+        settings: 2 workers, one round of numTrees trees, 63.2% of rows, 30% of features per split."""
+        from xgboost.spark import SparkXGBClassifier
+
+        train, test = spark.read.parquet(train_path), spark.read.parquet(test_path)
+        t = time.perf_counter()
+        model = SparkXGBClassifier(
+            num_workers=2,
+            n_estimators=1,
+            num_parallel_tree=args.trees,
+            max_depth=args.depth,
+            learning_rate=1.0,
+            subsample=0.632,
+            colsample_bynode=0.3,
+            random_state=1,
+        ).fit(assembler.transform(train))
+        fit_s = time.perf_counter() - t
+        scored = model.transform(assembler.transform(test))
         pred_s = time_transform(scored)
         return fit_s, pred_s, *auc_acc(*spark_scores(scored))
 
@@ -236,11 +270,15 @@ def main() -> None:
     contenders = {
         "sparkml_dist": ours,  # sqrt(n) features per split, as both forests
         "forest_preset": lambda: ours("preset"),  # BaggingClassifier.forest(): 30% of features per split
+        "global_forest": global_forest,  # GlobalForestClassifier: every tree on every row
+        "xgb_spark_rf": xgb_spark_rf,
         "mllib_rf": mllib,
         "sklearn_rf": sklearn_rf,
     }
     if args.overhead:
         contenders.update({"members_sqrt": members_alone, "members_f": lambda: members_alone(0.3)})
+    if args.only:
+        contenders = {k: v for k, v in contenders.items() if k in args.only.split(",")}
     results = {k: [] for k in contenders}
     for r in range(args.repeats):
         names = list(contenders)
@@ -267,16 +305,20 @@ def main() -> None:
         "both ours: sampling=disjoint (each tree on 1/16 of the rows); sparkml_dist: "
         "max_features='sqrt' (as both forests), forest_preset: BaggingClassifier.forest() (0.3)"
     )
-    for ours_name in ("sparkml_dist", "forest_preset"):
-        o = med[ours_name]
-        for k in ("mllib_rf", "sklearn_rf"):
-            m = med[k]
+    for ours_name in ("sparkml_dist", "forest_preset", "global_forest"):
+        o = med.get(ours_name)
+        for k in ("mllib_rf", "xgb_spark_rf", "sklearn_rf"):
+            m = med.get(k)
+            if o is None or m is None:
+                continue
             print(
                 f"{ours_name}/{k}: train time {o[0] / m[0]:.3f}x, transform throughput "
                 f"{(m[1] / o[1]):.2f}x, AUC diff {o[2] - m[2]:+.4f}"
             )
     if args.overhead:
         for ours_name, alone in (("sparkml_dist", "members_sqrt"), ("forest_preset", "members_f")):
+            if ours_name not in med or alone not in med:
+                continue
             print(
                 f"{ours_name}: warm fit {med[ours_name][0]:.2f}s = {med[ours_name][0] / med[alone][0]:.2f}x "
                 f"the members' own compute on the same cores ({med[alone][0]:.2f}s)"
@@ -286,6 +328,7 @@ def main() -> None:
         from figures import save
 
         labels = {"sparkml_dist": "BaggingClassifier (sqrt)", "forest_preset": "BaggingClassifier.forest()",
+                  "global_forest": "GlobalForestClassifier", "xgb_spark_rf": "xgboost.spark RF mode",
                   "mllib_rf": "MLlib RandomForest", "sklearn_rf": "scikit-learn RF (1 process)"}  # fmt: skip
         points = [{"name": labels[k], "fit_s": v[0], "auc": v[2]} for k, v in med.items() if k in labels]
         title = f"{args.rows:,} x {args.features}, {args.trees} trees of depth {args.depth}"

@@ -15,8 +15,6 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
-from .member_records import FEATURES, LABEL, WEIGHT
-
 
 def _tracker_port(rank: int, world: int):
     """(tracker or None, its port): started on rank 0, the port broadcast to every rank."""
@@ -33,9 +31,13 @@ def _tracker_port(rank: int, world: int):
     return tracker, int(port[0])
 
 
-def train(params: Dict[str, Any], classes: Optional[list], has_weight: bool, threads: int) -> Optional[bytes]:
+def train(
+    params: Dict[str, Any], classes: Optional[list], columns: Dict[str, Any], threads: int
+) -> Optional[bytes]:
     """Every rank: its shard into a DMatrix, one round of ``num_parallel_tree`` trees grown
-    together; rank 0 returns the booster (UBJSON bytes), the others None."""
+    together; rank 0 returns the booster (UBJSON bytes), the others None.  ``columns``:
+    ``features`` (column names: numeric columns or one array column), ``label``, ``weight``
+    (a name or None)."""
     import torch.distributed as dist
     import xgboost as xgb
     from xgboost import collective
@@ -45,9 +47,9 @@ def train(params: Dict[str, Any], classes: Optional[list], has_weight: bool, thr
     init_process_group(backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     data = shard()
-    X = data.to_numpy([FEATURES], dtype=np.float32)
-    y = data.to_numpy([LABEL], dtype=np.float64).ravel()
-    w = data.to_numpy([WEIGHT], dtype=np.float64).ravel() if has_weight else None
+    X = data.to_numpy(list(columns["features"]), dtype=np.float32)
+    y = data.to_numpy([columns["label"]], dtype=np.float64).ravel()
+    w = data.to_numpy([columns["weight"]], dtype=np.float64).ravel() if columns["weight"] else None
     if classes is not None:  # the labels' indices in the classes every rank was given
         y = np.searchsorted(np.asarray(classes, dtype=np.float64), y).astype(np.float64)
     tracker, port = _tracker_port(rank, world)

@@ -141,13 +141,9 @@ class _GlobalForest(Estimator, StageReadWrite):
         classes = info["classes"]
         params = self._xgb_params(p, info["n_features"], classes)
         conf = _spark_env.conf_of(spark)
+        data, columns = self._rank_columns(dataset, weight_col)
         raw = BarrierRunner(workers, spark=spark, log_ranks="none").run_with_data(
-            prepared,
-            _forest_rank.train,
-            params,
-            classes and list(classes),
-            bool(weight_col),
-            _spark_env.task_cpus(conf),
+            data, _forest_rank.train, params, classes and list(classes), columns, _spark_env.task_cpus(conf)
         )
         model = self._member_model(raw)
         classes_idx = np.arange(len(classes)) if classes else None
@@ -160,7 +156,7 @@ class _GlobalForest(Estimator, StageReadWrite):
         if validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols()):
             from pyspark.ml.functions import vector_to_array
 
-            features = vector_to_array(features)
+            features = vector_to_array(features)  # checked as an array: null, NaN, inf, lengths
         cols = [
             features.alias(FEATURES),
             validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(LABEL),
@@ -168,6 +164,21 @@ class _GlobalForest(Estimator, StageReadWrite):
         if weight_col:
             cols.append(validation.numeric_column(dataset, weight_col, "weightCol").alias(WEIGHT))
         return cols
+
+    def _rank_columns(self, dataset, weight_col: str):
+        """What the ranks read: the user's own columns where they are numbers or an array (a plain
+        Parquet scan stays one: the ranks read its files, no shuffle), a vector as an array."""
+        label, cols = self.getLabelCol(), list(self.getFeaturesCols())
+        if not cols:
+            feature = self.getFeaturesCol()
+            if validation.is_vector_input(dataset, feature, []):
+                from pyspark.ml.functions import vector_to_array
+
+                dataset = dataset.withColumn(FEATURES, vector_to_array(dataset[feature]))
+                feature = FEATURES
+            cols = [feature]
+        keep = list(dict.fromkeys(cols + [label] + ([weight_col] if weight_col else [])))
+        return dataset.select(*keep), {"features": cols, "label": label, "weight": weight_col or None}
 
     def _check_rows(self, spark, dataset, prepared, weight_col: str, max_classes: int):
         """One job: the rows counted and checked as a bagging fit checks them (one group)."""
