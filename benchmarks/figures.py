@@ -25,7 +25,7 @@ def _frontier(data: Dict[str, Any]):
     for p in data["points"]:
         ax.scatter(p["fit_s"], p["auc"], s=50, label=f"{p['name']}: {p['fit_s']:.1f} s, AUC {p['auc']:.4f}")
     ax.margins(x=0.25, y=0.35)
-    ax.set_xlabel("fit seconds (median, local[2]); up and left is better")
+    ax.set_xlabel("fit seconds (fastest of the rounds, local[2]); up and left is better")
     ax.set_ylabel("test AUC")
     ax.set_title(data.get("title", "time vs accuracy"), fontsize=9)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)

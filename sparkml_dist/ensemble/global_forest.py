@@ -124,8 +124,15 @@ class _GlobalForest(Estimator, StageReadWrite):
         return tracking.tracked_fit(self, self._fit_forest, dataset)
 
     def _fit_forest(self, dataset):
+        import importlib.util
+
         from ..runner import BarrierRunner
 
+        if importlib.util.find_spec("xgboost") is None:
+            raise ConfigurationError(
+                f"{type(self).__name__} grows its trees with XGBoost, which is not installed: "
+                "pip install 'sparkml_dist[xgboost]' (on the driver and the executors)."
+            )
         p = self._checked()
         max_classes = self._max_classes()
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
