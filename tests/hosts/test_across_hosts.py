@@ -20,7 +20,7 @@ from sklearn.model_selection import GridSearchCV
 from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import tune
-from sparkml_dist.ensemble import BaggingClassificationModel, BaggingClassifier
+from sparkml_dist.ensemble import BaggingClassificationModel, BaggingClassifier, GlobalForestClassifier
 from sparkml_dist.network import host_address
 from sparkml_dist.runner import BarrierRunner
 from sparkml_dist.search import ParallelSearchCV
@@ -88,6 +88,18 @@ def test_bagging_fit_transform_save_load_across_hosts(spark, table, tmp_path):
         estimator=DecisionTreeClassifier(max_depth=5), numModels=6, featuresCols=COLS, seed=3
     ).fit(df.repartition(3))
     assert np.array_equal(again.predict_proba(X), model.predict_proba(X))  # the same whatever the layout
+
+
+def test_a_global_forest_grows_every_tree_from_both_hosts_rows(spark, table):
+    """XGBoost's tracker listens on rank 0's host address and the ranks of the other host join it:
+    a tracker or a worker on loopback would never meet here."""
+    df, X = table
+    est = GlobalForestClassifier(numTrees=4, maxDepth=5, featuresCols=COLS, numWorkers=4, seed=3)
+    model = est.fit(df)
+    assert model.groupSizes == [3000]
+    again = est.fit(df.repartition(2))
+    assert np.array_equal(again.predict_proba(X), model.predict_proba(X))
+    assert_no_rank_left(within=30)
 
 
 def test_parallel_search_across_hosts_matches_scikit_learn(spark, hosts):
