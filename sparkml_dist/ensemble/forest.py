@@ -22,6 +22,7 @@ fraction such as "0.3"); "auto" is 0.3 for a classifier (measured best on the be
 
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Union
 
 from .. import arg_checks
@@ -86,3 +87,30 @@ def preset(
         min_samples_leaf=leaf,
     )
     return cls(estimator=tree, numModels=num, sampling="disjoint", seed=seed, **params)
+
+
+def xgb_params(p: dict, n_features: int, classes, seed: int) -> dict:
+    """XGBoost's random-forest mode for the global forest's checked parameters ``p`` (trees,
+    depth, share, rate, bins): one round of ``num_parallel_tree`` trees, ``learning_rate=1``."""
+    share = p["share"]
+    if share == "sqrt":
+        share = max(1, int(math.sqrt(n_features))) / n_features
+    elif share == "log2":
+        share = max(1, int(math.log2(n_features))) / n_features
+    params = {
+        "tree_method": "hist",
+        "num_parallel_tree": p["trees"],
+        "max_depth": p["depth"],
+        "learning_rate": 1.0,
+        "subsample": p["rate"],
+        "colsample_bynode": float(share),
+        "max_bin": p["bins"],
+        "seed": int(seed),
+    }
+    if classes is None:
+        params["objective"] = "reg:squarederror"
+    elif len(classes) == 2:
+        params["objective"] = "binary:logistic"
+    else:
+        params.update(objective="multi:softprob", num_class=len(classes))
+    return params

@@ -27,7 +27,6 @@ Example::
 
 from __future__ import annotations
 
-import math
 from typing import List, Optional
 
 import numpy as np
@@ -138,15 +137,18 @@ class _GlobalForest(Estimator, StageReadWrite):
         weight_col = self.getWeightCol() if self.isDefined(self.weightCol) and self.getWeightCol() else ""
         prepared = dataset.select(*self._columns(dataset, weight_col))
         spark = launch.session_of(dataset)
-        n_rows, info = self._check_rows(spark, dataset, prepared, weight_col, max_classes)
+        vectors = validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols())
+        width = validation.vector_shape(dataset, self.getFeaturesCol())[0] if vectors else None
+        n_rows, info = self._check_rows(spark, dataset, prepared, weight_col, max_classes, width)
         if p["bins"] > n_rows:
             raise ConfigurationError(
                 f"maxBins={p['bins']} is more than the {n_rows} rows to fit: lower maxBins "
                 f"(at most {n_rows})."
             )
         workers = min(p["workers"] or self._slots(spark), n_rows)
+        self._check_rank_memory(spark, n_rows, workers, info["n_features"])
         classes = info["classes"]
-        params = self._xgb_params(p, info["n_features"], classes)
+        params = forest.xgb_params(p, info["n_features"], classes, int(self.getSeed()))
         conf = _spark_env.conf_of(spark)
         data, columns = self._rank_columns(dataset, weight_col)
         raw = BarrierRunner(workers, spark=spark, log_ranks="none").run_with_data(
@@ -158,12 +160,23 @@ class _GlobalForest(Estimator, StageReadWrite):
         fitted = self._model_class()(members=[member], n_features=info["n_features"], classes=classes)
         return self._copyValues(fitted)
 
+    def _check_rank_memory(self, spark, n_rows: int, workers: int, width: int) -> None:
+        """XGBoost gets each rank's rows dense: refuse, before the barrier job, what a task
+        cannot hold (float32 matrix + the float64 rows it is built from)."""
+        rows = -(-n_rows // workers)
+        need, budget = rows * (width * 12.0 + 16), _spark_env.task_memory_budget(spark)
+        if need > budget:
+            fewer = -(-int(need) // budget) * workers
+            raise ConfigurationError(
+                f"features {self.getFeaturesCols() or self.getFeaturesCol()!r}: each of numWorkers={workers} "
+                f"ranks would hold {rows} rows x {width} features dense (XGBoost's matrix here), about "
+                f"{need / 2**30:.1f} GiB, more than one task can hold ({budget / 2**30:.1f} GiB). Raise "
+                f"numWorkers (to about {fewer}), make the features narrower (e.g. HashingTF's "
+                "numFeatures), or use BaggingClassifier, whose members keep sparse vectors sparse."
+            )
+
     def _columns(self, dataset, weight_col: str) -> list:
         features = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
-        if validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols()):
-            from pyspark.ml.functions import vector_to_array
-
-            features = vector_to_array(features)  # checked as an array: null, NaN, inf, lengths
         cols = [
             features.alias(FEATURES),
             validation.numeric_column(dataset, self.getLabelCol(), "labelCol").alias(LABEL),
@@ -187,9 +200,13 @@ class _GlobalForest(Estimator, StageReadWrite):
         keep = list(dict.fromkeys(cols + [label] + ([weight_col] if weight_col else [])))
         return dataset.select(*keep), {"features": cols, "label": label, "weight": weight_col or None}
 
-    def _check_rows(self, spark, dataset, prepared, weight_col: str, max_classes: int):
-        """One job: the rows counted and checked as a bagging fit checks them (one group)."""
-        aggs = validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes)
+    def _check_rows(self, spark, dataset, prepared, weight_col: str, max_classes: int, width=None):
+        """One job: the rows counted and checked as a bagging fit checks them (one group).
+        ``width``: the features are vectors of that width (their values reach XGBoost as they are:
+        NaN is missing, inf is refused by XGBoost in the ranks)."""
+        aggs = validation.data_aggregates(
+            self._is_classifier, bool(weight_col), max_classes, width is not None
+        )
         with launch.job_scope(spark, "sparkml_dist: counting and checking the rows"):
             row = prepared.agg(
                 F.count(F.lit(1)).alias("__rows"), *[c.alias(k) for k, c in aggs.items()]
@@ -210,6 +227,7 @@ class _GlobalForest(Estimator, StageReadWrite):
             is_classifier=self._is_classifier,
             counts_copies=False,
             max_classes=max_classes,
+            vector_width=width,
         )
         return n_rows, info
 
@@ -220,30 +238,6 @@ class _GlobalForest(Estimator, StageReadWrite):
         if not slots:
             raise ConfigurationError("cannot tell how many task slots this cluster has: set numWorkers.")
         return int(slots)
-
-    def _xgb_params(self, p: dict, n_features: int, classes) -> dict:
-        share = p["share"]
-        if share == "sqrt":
-            share = max(1, int(math.sqrt(n_features))) / n_features
-        elif share == "log2":
-            share = max(1, int(math.log2(n_features))) / n_features
-        params = {
-            "tree_method": "hist",
-            "num_parallel_tree": p["trees"],
-            "max_depth": p["depth"],
-            "learning_rate": 1.0,
-            "subsample": p["rate"],
-            "colsample_bynode": float(share),
-            "max_bin": p["bins"],
-            "seed": int(self.getSeed()),
-        }
-        if classes is None:
-            params["objective"] = "reg:squarederror"
-        elif len(classes) == 2:
-            params["objective"] = "binary:logistic"
-        else:
-            params.update(objective="multi:softprob", num_class=len(classes))
-        return params
 
     def _member_model(self, raw: bytes):
         import xgboost as xgb

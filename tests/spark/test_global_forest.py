@@ -91,6 +91,11 @@ def test_bad_input_is_refused_by_name_before_the_barrier_job(spark, binary):
         GlobalForestClassifier(subsamplingRate=0.0, featuresCols=COLS).fit(df)
     with pytest.raises(ConfigurationError, match="maxBins=5000 is more than the 3000 rows"):
         GlobalForestClassifier(maxBins=5000, featuresCols=COLS, numWorkers=2).fit(df)
+    wide = spark.createDataFrame(  # hashed text: sparse vectors XGBoost's matrix would hold dense
+        [(Vectors.sparse(2**28, [i], [1.0]), float(i % 2)) for i in range(20)], ["features", "label"]
+    )
+    with pytest.raises(ConfigurationError, match="ranks would hold 20 rows x 268435456 features dense"):
+        GlobalForestClassifier(numWorkers=1, maxBins=2).fit(wide)
     continuous = df.withColumn("label", df["f0"])
     with pytest.raises(ConfigurationError, match="labelCol='label' has more than maxClasses=1000"):
         GlobalForestClassifier(featuresCols=COLS, numWorkers=2).fit(continuous)
