@@ -283,9 +283,9 @@ def deal(df, spec: SplitSpec, key_cols: Sequence[str], extra_aggs: Optional[Mapp
     n = int(offsets[-1])
     keep = n if spec.sample_ratio >= 1.0 else int(round(float(spec.sample_ratio) * n))
     order = Window.partitionBy(bucket).orderBy(KEY_COL, *[F.col(c) for c in orderable(df, key_cols)])
-    position = F.element_at(F.lit([int(o) for o in offsets[:-1]]), F.col(bucket) + 1) + F.row_number().over(
-        order
-    )
+    # one SQL literal (one call to the JVM, not one per bucket as F.lit(list) would make)
+    starts = F.expr("array(" + ", ".join(f"{int(o)}L" for o in offsets[:-1]) + ")")
+    position = F.element_at(starts, F.col(bucket) + 1) + F.row_number().over(order)
     placed = keyed.withColumn("__sd_pos", position - 1)
     if keep < n:
         placed = placed.where(F.col("__sd_pos") < keep)

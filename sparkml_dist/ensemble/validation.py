@@ -33,6 +33,11 @@ def _field(schema: T.StructType, name: str, param: str, hint: str):
     return schema[name].dataType
 
 
+def _quoted(column: str) -> str:
+    """A top-level column's name as SQL reads it literally (dots and backticks included)."""
+    return "`" + column.replace("`", "``") + "`"
+
+
 def _is_vector(dt) -> bool:
     return isinstance(dt, T.UserDefinedType) and type(dt).__name__ == "VectorUDT"
 
@@ -63,7 +68,8 @@ def features_column(df, features_col: str, features_cols: List[str]):
                     f"featuresCols: column {c!r} has type {dt.simpleString()}, expected a numeric "
                     "type. Cast it, or encode strings first (e.g. StringIndexer)."
                 )
-        return F.array(*[df[c].cast("double") for c in features_cols])
+        # one SQL expression (one call to the JVM; a Column per feature costs two each)
+        return F.expr("array(" + ", ".join(f"CAST({_quoted(c)} AS DOUBLE)" for c in features_cols) + ")")
     dt = _field(
         schema,
         features_col,
@@ -144,9 +150,8 @@ def _bad_feature_report(df, features_col: str, features_cols: List[str], what: s
     """Name the offending columns (or vector positions) with counts: runs only on the error path."""
     test = {"NaN": lambda c: c.isNull() | F.isnan(c), "inf": lambda c: F.abs(c) == float("inf")}[what]
     if features_cols:
-        row = df.select(
-            *[F.sum(F.when(test(df[c].cast("double")), 1).otherwise(0)).alias(c) for c in features_cols]
-        ).first()
+        cols = {c: F.col(_quoted(c)).cast("double") for c in features_cols}
+        row = df.select(*[F.sum(F.when(test(v), 1).otherwise(0)).alias(c) for c, v in cols.items()]).first()
         bad = {c: int(row[c] or 0) for c in features_cols if row[c]}
         return ", ".join(f"column {c!r}: {n} rows" for c, n in bad.items())
     arr = features_column(df, features_col, features_cols)

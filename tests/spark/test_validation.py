@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from pyspark.ml.linalg import Vectors
+from pyspark.sql import functions as F
 from sklearn.linear_model import LinearRegression, LogisticRegression
 from sklearn.svm import SVC
 from sklearn.tree import DecisionTreeClassifier
@@ -140,3 +141,20 @@ def test_null_labels_ragged_vectors_and_negative_weights(spark):
 class _NoWeights(DecisionTreeClassifier):
     def fit(self, X, y):  # noqa: D401 - deliberately drops sample_weight
         return super().fit(X, y)
+
+
+def test_feature_columns_named_with_dots_and_backticks_are_read_as_named(spark):
+    """featuresCols name top-level columns, whatever characters their names hold."""
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(80, 2))
+    rows = [(float(a), float(b), float(a > 0)) for a, b in x]
+    df = spark.createDataFrame(rows, ["a.b", "c`d", "label"])
+    model = BaggingClassifier(
+        estimator=DecisionTreeClassifier(max_depth=2), numModels=2, featuresCols=["a.b", "c`d"], seed=0
+    ).fit(df)
+    scored = model.transform(df).select("label", "prediction").collect()
+    # the label is the sign of column "a.b": a model that read that column gets nearly all right
+    assert np.mean([r.label == r.prediction for r in scored]) > 0.9
+    bad = df.withColumn("c`d", F.when(F.col("label") > 0, float("inf")).otherwise(F.col("`c``d`")))
+    with pytest.raises(ConfigurationError, match=r"column 'c`d': \d+ rows"):
+        BaggingClassifier(numModels=2, featuresCols=["a.b", "c`d"]).fit(bad)
