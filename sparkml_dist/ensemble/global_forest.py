@@ -96,7 +96,7 @@ class _GlobalForestParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, Ha
             maxDepth=10,
             featureSubsetStrategy="auto",
             subsamplingRate=0.632,
-            maxBins=256,
+            maxBins=32,
             seed=42,
         )
 
@@ -255,7 +255,7 @@ class GlobalForestClassifier(_GlobalForest, _GlobalForestParams, HasProbabilityC
 
     Parameters (keyword): ``numTrees`` (16), ``maxDepth`` (10), ``featureSubsetStrategy``
     ("auto": 0.3 of the features per split; MLlib's values), ``subsamplingRate`` (0.632: the
-    share of distinct rows a bootstrap sample holds), ``maxBins`` (256), ``numWorkers`` (the
+    share of distinct rows a bootstrap sample holds), ``maxBins`` (32, MLlib's), ``numWorkers`` (the
     cluster's task slots), ``seed``, ``featuresCol`` / ``featuresCols``, ``labelCol``,
     ``weightCol``, ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``, ``maxClasses``
     (1000), ``mlflow``.  See the module docstring.
@@ -272,7 +272,7 @@ class GlobalForestClassifier(_GlobalForest, _GlobalForestParams, HasProbabilityC
         maxDepth: int = 10,
         featureSubsetStrategy: str = "auto",
         subsamplingRate: float = 0.632,
-        maxBins: int = 256,
+        maxBins: int = 32,
         numWorkers: Optional[int] = None,
         seed: int = 42,
         featuresCol: str = "features",
@@ -312,7 +312,7 @@ class GlobalForestRegressor(_GlobalForest, _GlobalForestParams):
         maxDepth: int = 10,
         featureSubsetStrategy: str = "auto",
         subsamplingRate: float = 0.632,
-        maxBins: int = 256,
+        maxBins: int = 32,
         numWorkers: Optional[int] = None,
         seed: int = 42,
         featuresCol: str = "features",
