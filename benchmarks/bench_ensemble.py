@@ -132,7 +132,7 @@ def main() -> None:
         "--overhead",
         action="store_true",
         help="also time the members alone (same trees, same slices' sizes, 2 threads, no Spark) and "
-        "print each fit's overhead over them",
+        "reading the rows into Python alone, and print each fit's overhead over the members",
     )
     ap.add_argument(
         "--phases", action="store_true", help="print where each of our fits spent its time (jobs, stages)"
@@ -267,6 +267,22 @@ def main() -> None:
         p1 = np.mean([m.predict_proba(Xte)[:, 1] for m in trees], axis=0)
         return fit_s, time.perf_counter() - t, *auc_acc(yte, p1)
 
+    def spark_read():
+        """The floor of any fit whose members Spark feeds from this file: read every row and hand
+        it to Python as Arrow (the features as one array column), fitting nothing."""
+        import pyarrow as pa
+        from pyspark.sql import functions as F
+
+        def count(batches):
+            yield pa.RecordBatch.from_pydict({"n": [sum(b.num_rows for b in batches)]})
+
+        feats = F.expr("array(" + ", ".join(f"CAST(`{c}` AS DOUBLE)" for c in cols) + ")")
+        rows = spark.read.parquet(train_path).select(feats.alias("x"), "label")
+        t = time.perf_counter()
+        n = rows.mapInArrow(count, "n long").agg(F.sum("n")).first()[0]
+        assert n == args.rows
+        return time.perf_counter() - t, 1.0, float("nan"), float("nan")
+
     contenders = {
         "sparkml_dist": ours,  # sqrt(n) features per split, as both forests
         "forest_preset": lambda: ours("preset"),  # BaggingClassifier.forest(): 30% of features per split
@@ -276,7 +292,9 @@ def main() -> None:
         "sklearn_rf": sklearn_rf,
     }
     if args.overhead:
-        contenders.update({"members_sqrt": members_alone, "members_f": lambda: members_alone(0.3)})
+        contenders.update(
+            {"members_sqrt": members_alone, "members_f": lambda: members_alone(0.3), "spark_read": spark_read}
+        )
     if args.only:
         contenders = {k: v for k, v in contenders.items() if k in args.only.split(",")}
     results = {k: [] for k in contenders}
@@ -318,6 +336,12 @@ def main() -> None:
                 f"{ours_name}/{k}: train time {o[0] / m[0]:.3f}x, transform throughput "
                 f"{(m[1] / o[1]):.2f}x, AUC diff {o[2] - m[2]:+.4f}"
             )
+    if args.overhead and "spark_read" in med and "members_sqrt" in med:
+        floor, alone = med["spark_read"][0], med["members_sqrt"][0]
+        print(
+            f"reading the rows into Python alone (no deal, no fit): {floor:.2f}s = {floor / alone:.2f}x "
+            f"the sqrt members' compute ({alone:.2f}s)"
+        )
     if args.overhead:
         for ours_name, alone in (("sparkml_dist", "members_sqrt"), ("forest_preset", "members_f")):
             if ours_name not in med or alone not in med:
