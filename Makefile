@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip
-PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider
+PYTEST := $(BIN)/python -m pytest -q -p no:cacheprovider --durations=15
 # torch is pinned to the CPU build that lies on disk; pandas<3 because pyspark 4.3 needs it.
 DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
