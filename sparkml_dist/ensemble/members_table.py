@@ -9,11 +9,17 @@ can store, join, filter and vote over.  One row per model::
     model    binary               the model's bytes in that format
     metrics  map<string,double>   what its training reported (train_per_group's metrics)
     record   string               JSON: what else rebuilding needs (a member's feature indices, ...)
-    sha256   string               SHA-256 of record + model (an HMAC with a signing key)
+                                  and the row's place in its table: {"table": {"id", "row", "rows"}}
+    sha256   string               SHA-256 over every other column (an HMAC with a signing key)
 
-Reading a table back checks every row's digest and decodes the bytes with
+The digest covers the whole row (group, rows, format, metrics, record, model), and the record names
+the table (a random id written once per table) and the row's place in it, so the digests cover the
+table too: a row whose group or metrics were changed, a row dropped, duplicated, or taken from
+another table is refused.  Reading a table back checks all of that, then decodes the bytes with
 :func:`sparkml_dist.model_formats.decode` (skops' trusted types, the tree and booster checks), so
-a forged row is refused as a forged model file is.
+a forged row is refused as a forged model file is.  Tables written before the table id existed
+(their digests cover record + model only) still load; signed ones with a warning that their rows'
+set and other columns are not covered.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import logging
+import uuid
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from .. import model_formats
@@ -33,19 +41,38 @@ SCHEMA = (
 )
 COLUMNS = ["group", "rows", "format", "model", "metrics", "record", "sha256"]
 
+log = logging.getLogger(__name__)
 
-def _digest(record: str, data: bytes, key: Optional[bytes]) -> str:
-    body = record.encode() + b"\0" + data
+
+def _mac(body: bytes, key: Optional[bytes]) -> str:
     return hmac.new(key, body, hashlib.sha256).hexdigest() if key else hashlib.sha256(body).hexdigest()
+
+
+def _legacy_digest(record: str, data: bytes, key: Optional[bytes]) -> str:
+    """The digest of tables written before the table id: record + model only."""
+    return _mac(record.encode() + b"\0" + data, key)
+
+
+def row_digest(group: str, rows: int, fmt: str, metrics: dict, record: str, data: bytes, key) -> str:
+    """The digest of one row: every column but the digest itself (metrics in key order)."""
+    head = json.dumps([group, int(rows), fmt, sorted((str(k), float(v)) for k, v in metrics.items()), record])
+    return _mac(head.encode() + b"\0" + data, key)
 
 
 def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None):
     """A DataFrame of ``(group, rows, model, metrics, record)`` entries (see the module docstring)."""
+    return spark.createDataFrame(table_rows(entries, key), SCHEMA)
+
+
+def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None) -> List[tuple]:
+    """The rows of :func:`to_table`, in :data:`COLUMNS` order: each model encoded in a safe format,
+    each row placed in one new table and digested whole."""
     from ..model_store import key_bytes
 
     signing = key_bytes(key)
-    rows = []
-    for group, n, model, metrics, record in entries:
+    entries = list(entries)
+    table_id, rows = uuid.uuid4().hex, []
+    for i, (group, n, model, metrics, record) in enumerate(entries):
         try:
             fmt, data = model_formats.encode(model)
         except Exception as exc:  # noqa: BLE001 - whatever the format's writer raises
@@ -54,42 +81,114 @@ def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: An
                 f"(skops, XGBoost's own, JSON): {type(exc).__name__}: {exc}. Return a scikit-learn-API "
                 "model, an XGBoost model, or plain values from the training function"
             ) from exc
-        text = json.dumps(record, sort_keys=True)
+        place = {"id": table_id, "row": i, "rows": len(entries)}
+        text = json.dumps({**record, "table": place}, sort_keys=True)
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
-        rows.append((str(group), int(n), fmt, bytearray(data), metrics, text, _digest(text, data, signing)))
-    return spark.createDataFrame(rows, SCHEMA)
+        digest = row_digest(str(group), int(n), fmt, metrics, text, data, signing)
+        rows.append((str(group), int(n), fmt, bytearray(data), metrics, text, digest))
+    return rows
 
 
 def read_table(
     df, key: Any = None, trusted_types: Sequence[str] = (), allow_pickle: bool = False
 ) -> List[Tuple[str, int, Any, dict, dict]]:
     """``(group, rows, model, metrics, record)`` of every row, checked and decoded, by group."""
-    from ..model_store import key_bytes
-
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise UnsafeModelError(f"the members table has no {missing} columns; it has {df.columns}")
+    rows = [r.asDict() for r in df.select(*COLUMNS).collect()]
+    return decode_rows(rows, key, trusted_types, allow_pickle)
+
+
+def decode_rows(
+    rows: List[dict], key: Any = None, trusted_types: Sequence[str] = (), allow_pickle: bool = False
+) -> List[Tuple[str, int, Any, dict, dict]]:
+    """:func:`read_table` on rows already collected (dicts of :data:`COLUMNS`): every row's digest
+    and the table's rows as a whole checked (see the module docstring), then each model decoded."""
+    from ..model_store import key_bytes
+
     signing = key_bytes(key)
+    checked = _checked_rows(rows, signing)
     out = []
-    for r in df.select(*COLUMNS).collect():
-        data, text = bytes(r["model"]), r["record"] or "{}"
-        if _digest(text, data, signing) != r["sha256"]:
-            raise UnsafeModelError(
-                f"the model of group {r['group']!r} does not match its sha256 column"
-                f"{' (HMAC with the signing key)' if signing else ''}: changed after it was written"
-            )
+    for r, record in checked:
         model = model_formats.decode(
             r["format"],
-            data,
+            bytes(r["model"]),
             trusted_types=trusted_types,
             allow_pickle=allow_pickle,
             what=f"group {r['group']!r}",
         )
-        record = json.loads(text)
-        if not isinstance(record, dict):
-            raise UnsafeModelError(f"group {r['group']!r}: its record is not a JSON object")
+        record.pop("table", None)
         out.append((r["group"], int(r["rows"]), model, dict(r["metrics"] or {}), record))
     return sorted(out, key=lambda e: (e[4].get("group", 0), e[0]))
+
+
+def _record(r: dict) -> dict:
+    try:
+        record = json.loads(r["record"] or "{}")
+    except ValueError:
+        record = None
+    if not isinstance(record, dict):
+        raise UnsafeModelError(f"group {r['group']!r}: its record is not a JSON object")
+    return record
+
+
+def _checked_rows(rows: List[dict], signing: Optional[bytes]) -> List[Tuple[dict, dict]]:
+    """Each row with its parsed record, once every digest and the table's set of rows passed."""
+    parsed = [(r, _record(r)) for r in rows]
+    current = [isinstance(rec.get("table"), dict) for _, rec in parsed]
+    if any(current) and not all(current):
+        raise UnsafeModelError(
+            "the members table mixes rows of this release's tables with rows of an older table; "
+            "rows were added or replaced after it was written"
+        )
+    with_key = " (HMAC with the signing key)" if signing else ""
+    for r, rec in parsed:
+        if not isinstance(r["rows"], int) or not isinstance(r["model"], (bytes, bytearray)):
+            raise UnsafeModelError(f"the row of group {r['group']!r} has no row count or no model bytes")
+        data, text = bytes(r["model"]), r["record"] or "{}"
+        if rec.get("table") is not None:
+            metrics = dict(r["metrics"] or {})
+            good = row_digest(str(r["group"]), r["rows"], str(r["format"]), metrics, text, data, signing)
+        else:
+            good = _legacy_digest(text, data, signing)
+        if not isinstance(r["sha256"], str) or not hmac.compare_digest(good, r["sha256"]):
+            raise UnsafeModelError(
+                f"the row of group {r['group']!r} does not match its sha256{with_key}: its group, rows, "
+                "format, metrics, record or model changed after it was written"
+            )
+    if parsed and all(current):
+        _check_table(parsed)
+    elif parsed and signing:
+        log.warning(
+            "this members table was written by an earlier release: its signature covers each model and "
+            "record, not the group, metrics or the set of rows. Write it again with to_table() / "
+            "members_table() to sign the whole table."
+        )
+    return parsed
+
+
+def _check_table(parsed: List[Tuple[dict, dict]]) -> None:
+    """Every row of one table, each once: no row dropped, duplicated or brought from another."""
+    places = [rec["table"] for _, rec in parsed]
+    ids = {p.get("id") for p in places}
+    if len(ids) != 1:
+        raise UnsafeModelError(
+            f"the members table holds rows of {len(ids)} different tables; rows were mixed after writing"
+        )
+    want = places[0].get("rows")
+    seen = [p.get("row") for p in places]
+    if not isinstance(want, int) or any(p.get("rows") != want for p in places):
+        raise UnsafeModelError("the members table's rows disagree on how many rows it has")
+    dup = sorted({i for i in seen if seen.count(i) > 1}, key=str)
+    if dup:
+        groups = [r["group"] for (r, _), i in zip(parsed, seen) if i in dup]
+        raise UnsafeModelError(f"the members table holds rows {dup} twice (groups {groups}): duplicated rows")
+    lost = sorted(set(range(want)) - set(seen))
+    if lost or len(seen) != want:
+        raise UnsafeModelError(
+            f"the members table was written with {want} rows and holds {len(seen)}: rows {lost} are missing"
+        )
 
 
 class TableMembers:

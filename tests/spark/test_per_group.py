@@ -206,10 +206,11 @@ def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_pa
     )
     with pytest.raises(UnsafeModelError, match="group 'a' does not match its sha256"):
         GroupModels.from_table(forged)
-    digest = F.sha2(F.concat(F.encode("record", "utf-8"), F.lit(bytearray(b"\x00")), F.col("model")), 256)
-    pickled = forged.withColumn("format", F.lit("pickle")).withColumn("sha256", digest)  # a forger's digest
-    with pytest.raises(Exception, match="pickle"):
-        GroupModels.from_table(pickled)
+    swapped = stored.withColumn("group", F.when(F.col("group") == "a", "b").otherwise(F.col("group")))
+    with pytest.raises(UnsafeModelError, match="does not match its sha256"):  # store a's model served as b's
+        GroupModels.from_table(swapped)
+    with pytest.raises(UnsafeModelError, match="written with 3 rows and holds 2"):
+        GroupModels.from_table(stored.where("group != 'c'"))
 
 
 @not_on_cluster
