@@ -52,7 +52,7 @@ import pyarrow as pa
 from . import model_formats
 from .errors import CollectionError, ConfigurationError
 from .model_formats import UnsafeModelError
-from .safe_files import checked_name, read_regular
+from .safe_files import checked_name, read_file
 
 KEY_ENV = "SPARKML_DIST_MODEL_KEY"
 MIN_KEY_BYTES = 16
@@ -210,22 +210,8 @@ class ModelStore:
 
     def _read(self, name: str, limit: int = MAX_MANIFEST) -> Optional[bytes]:
         """File ``name`` of the store (None if absent): a regular file of at most ``limit`` bytes,
-        of which at most ``limit`` + 1 are read (see :func:`read_regular`)."""
-        from pyarrow import fs as pafs
-
-        what = f"{name!r} of model store {self.uri!r}"
-        if isinstance(self._fs, pafs.LocalFileSystem):
-            return read_regular(self._path(name), limit, what)
-        info = self._fs.get_file_info(self._path(name))
-        if info.type == pafs.FileType.NotFound:
-            return None
-        if info.type != pafs.FileType.File:
-            raise UnsafeModelError(f"{what} is not a regular file; refused")
-        with self._fs.open_input_stream(self._path(name)) as src:
-            data = src.read(limit + 1)
-        if len(data) > limit:
-            raise UnsafeModelError(f"{what} is longer than the {limit} bytes recorded for it; refused")
-        return data
+        of which at most ``limit`` + 1 are read (see :func:`read_file`)."""
+        return read_file(self._fs, self._path(name), limit, f"{name!r} of model store {self.uri!r}")
 
     def manifest(self) -> dict:
         """The committed manifest, its signature verified when there is a key."""

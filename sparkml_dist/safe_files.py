@@ -4,6 +4,8 @@
   is a plain name inside its directory;
 * :func:`read_regular`: a file is read only if it is a regular file (no link, FIFO or device) and
   never beyond its expected size, so a FIFO cannot hang a load nor ``/dev/zero`` exhaust memory;
+  :func:`read_file` does the same through a pyarrow file system (local or remote): every loader
+  of the package (model stores, saved networks, checkpoints) reads through it;
 * :func:`extract_tar` / :func:`extract_zip`: an archive is unpacked only if every member is a
   plain file or folder whose path stays inside the destination (whatever the Python version's
   ``tarfile`` filters do: CVE-2025-4517 bypasses ``filter="data"`` on Pythons without its fix).
@@ -50,6 +52,26 @@ def read_regular(path: str, limit: int, what: str) -> Optional[bytes]:
     finally:
         os.close(fd)
     data = b"".join(chunks)
+    if len(data) > limit:
+        raise UnsafeModelError(f"{what} is longer than the {limit} bytes recorded for it; refused")
+    return data
+
+
+def read_file(fs, path: str, limit: int, what: str) -> Optional[bytes]:
+    """The bytes of ``path`` on the pyarrow file system ``fs`` (None if there is none): on the
+    local file system :func:`read_regular`; elsewhere refused unless the store calls it a regular
+    file, and read no further than ``limit`` + 1 bytes."""
+    from pyarrow import fs as pafs
+
+    if isinstance(fs, pafs.LocalFileSystem):
+        return read_regular(path, limit, what)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        return None
+    if info.type != pafs.FileType.File:
+        raise UnsafeModelError(f"{what} is not a regular file; refused")
+    with fs.open_input_stream(path) as src:
+        data = src.read(limit + 1)
     if len(data) > limit:
         raise UnsafeModelError(f"{what} is longer than the {limit} bytes recorded for it; refused")
     return data

@@ -176,11 +176,13 @@ def save(
     return path
 
 
-def _read(fs, path: str, limit: int) -> bytes:
-    with fs.open_input_stream(path) as fh:
-        data = fh.read(limit + 1)
-    if len(data) > limit:
-        raise UnsafeModelError(f"{path} is larger than the {limit} bytes its record allows")
+def _read(fs, path: str, limit: int, what: str) -> bytes:
+    """A file of the saved network: regular, at most ``limit`` bytes (:func:`safe_files.read_file`)."""
+    from .safe_files import read_file
+
+    data = read_file(fs, path, limit, what)
+    if data is None:
+        raise FileNotFoundError(f"{path} does not exist")
     return data
 
 
@@ -190,7 +192,7 @@ def read_meta(path: str, key: Optional[Union[str, bytes]] = None) -> dict:
 
     fs, root = model_store.filesystem(path)
     try:
-        meta = json.loads(_read(fs, posixpath.join(root, META), MAX_META_BYTES))
+        meta = json.loads(_read(fs, posixpath.join(root, META), MAX_META_BYTES, f"{path}/{META}"))
     except (OSError, ValueError) as exc:
         raise CollectionError(f"{path} holds no readable {META}: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
@@ -206,7 +208,9 @@ def read_meta(path: str, key: Optional[Union[str, bytes]] = None) -> dict:
     if (
         meta.get("weights") != WEIGHTS
         or not isinstance(meta.get("bytes"), int)
+        or meta["bytes"] < 0
         or not isinstance(meta.get("aliases"), dict)
+        or not isinstance(meta.get("builder_kwargs"), dict)
     ):
         raise UnsafeModelError(f"{path}/{META}: malformed record")
     builder_name(str(meta.get("builder")))
@@ -223,6 +227,28 @@ def _pick_builder(recorded: str, builder: Optional[Builder], allowed: Optional[S
         f"the saved network names builder {recorded!r}, which this call did not allow: pass "
         f"builder=<the function> or allowed=[{recorded!r}] (a name only the file gives is never imported)"
     )
+
+
+def _check_shapes(path: str, make: Callable[..., Any], meta: dict, state: Dict[str, Any]) -> None:
+    """The network ``make(**builder_kwargs)`` builds, first on torch's ``meta`` device (no memory),
+    must hold exactly the stored tensors' names and shapes: arguments read from an unsigned file
+    (``hidden=10**9``) never allocate a network the weights do not fit."""
+    import torch
+
+    try:
+        with torch.device("meta"):
+            skeleton = make(**meta["builder_kwargs"])
+        shapes = {k: tuple(v.shape) for k, v in skeleton.state_dict().items()}
+    except Exception:  # noqa: BLE001 - a builder that cannot build on the meta device: checked after
+        return
+    stored = {k: tuple(v.shape) for k, v in state.items()}
+    if shapes != stored:
+        wrong = sorted(k for k in set(shapes) | set(stored) if shapes.get(k) != stored.get(k))
+        raise CollectionError(
+            f"the weights at {path} do not fit the network {meta['builder']}(**{meta['builder_kwargs']}) "
+            f"builds ({len(wrong)} tensors differ, e.g. {wrong[:3]}: built {[shapes.get(k) for k in wrong[:3]]}, "
+            f"stored {[stored.get(k) for k in wrong[:3]]}); nothing was allocated"
+        )
 
 
 def load(
@@ -243,7 +269,7 @@ def load(
     meta = read_meta(path, key)
     make = _pick_builder(meta["builder"], builder, allowed)
     fs, root = model_store.filesystem(path)
-    blob = _read(fs, posixpath.join(root, WEIGHTS), meta["bytes"])
+    blob = _read(fs, posixpath.join(root, WEIGHTS), meta["bytes"], f"{path}/{WEIGHTS}")
     if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
         raise UnsafeModelError(f"{path}/{WEIGHTS} does not match its record in {META} (size or SHA-256)")
     try:
@@ -254,6 +280,7 @@ def load(
         if target not in state:
             raise UnsafeModelError(f"{path}/{META}: alias {name!r} names no stored tensor")
         state[name] = state[target]
+    _check_shapes(path, make, meta, state)
     module = make(**meta["builder_kwargs"])
     try:
         module.load_state_dict(state, strict=True)

@@ -57,6 +57,7 @@ from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 LATEST = "LATEST"
 _CHECKPOINT_FILE = re.compile(r"step-\d{12}\.pt")  # what save() names; LATEST may name nothing else
 LOADERS_KEY = "__sparkml_dist_loaders__"  # where save() keeps the loaders' positions in a dict state
+MAX_LATEST_BYTES = 64 << 10  # LATEST is a line of JSON: anything longer is not ours
 DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benchmarks/bench_runner.py)
 
 
@@ -138,13 +139,19 @@ def latest_step(directory: Optional[str] = None) -> Optional[int]:
 
 
 def _latest(fs, root: str) -> Optional[dict]:
-    from pyarrow import fs as pafs
+    from ..safe_files import read_file
 
-    path = posixpath.join(root, LATEST)
-    if fs.get_file_info(path).type == pafs.FileType.NotFound:
+    body = read_file(fs, posixpath.join(root, LATEST), MAX_LATEST_BYTES, f"{root}/{LATEST}")
+    if body is None:
         return None
-    with fs.open_input_stream(path) as fh:
-        return json.loads(fh.read().decode())
+    try:
+        meta = json.loads(body.decode())
+    except ValueError:
+        meta = None
+    ok = isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("bytes"), int)
+    if not ok or meta["bytes"] < 0 or not isinstance(meta.get("sha256"), str):
+        raise CollectionError(f"{root}/{LATEST} is not a checkpoint record (JSON with step, file, bytes, sha256)")
+    return meta
 
 
 _pending: list = []  # (step, root) of a load made before the process group existed
@@ -207,8 +214,11 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
 
     name = checked_name(meta.get("file"), _CHECKPOINT_FILE, f"the LATEST record of {root}")
     path = posixpath.join(root, name)
-    with fs.open_input_stream(path) as fh:
-        blob = fh.read()
+    from ..safe_files import read_file
+
+    blob = read_file(fs, path, meta["bytes"], f"checkpoint {path}")
+    if blob is None:
+        raise CollectionError(f"checkpoint {path}, named by {root}/{LATEST}, does not exist")
     if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
         raise CollectionError(
             f"checkpoint {path} does not match its LATEST record (size or SHA-256): "

@@ -1,5 +1,6 @@
 """sparkml_dist.runner.checkpoint: atomic saves by rank 0, verified weights-only loads, exact resume."""
 
+import json
 import os
 
 import pytest
@@ -127,3 +128,26 @@ def test_timeout_bounds_the_whole_run_restarts_included(tmp_path):
         BarrierRunner(-2, timeout=8, max_restarts=100).run(h.fail_differently, str(tmp_path / "n"))
     assert time.time() - t < 20
     assert int((tmp_path / "n").read_text()) < 100  # it stopped on the clock, not on the count
+
+
+@pytest.mark.parametrize("which", ["LATEST", "step"])
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero_link"])
+def test_a_fifo_or_a_dev_zero_link_as_a_checkpoint_file_is_refused_at_once(tmp_path, monkeypatch, which, kind):
+    import time
+
+    monkeypatch.setenv("RANK", "0")
+    d = str(tmp_path)
+    checkpoint.save({"w": torch.ones(3)}, 5, directory=d)
+    target = tmp_path / ("LATEST" if which == "LATEST" else "step-000000000005.pt")
+    if which == "step":  # the record promises a huge file: the read must still stop at once
+        record = json.loads((tmp_path / "LATEST").read_text())
+        (tmp_path / "LATEST").write_text(json.dumps({**record, "bytes": 1 << 40}))
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        os.symlink("/dev/zero", target)
+    start = time.monotonic()
+    with pytest.raises(Exception, match="not a regular file|symbolic link"):
+        checkpoint.load(d)
+    assert time.monotonic() - start < 5

@@ -154,3 +154,37 @@ def test_mlflow_logs_a_network_whose_pyfunc_loads_it_the_same_way(tmp_path, monk
     monkeypatch.delenv("SPARKML_DIST_TRUSTED_BUILDERS")
     direct = mlflow_flavor.load_network(uri, builder=build_model)
     assert isinstance(direct, torch.nn.Module) and os.path.basename(uri) == "model"
+
+
+@pytest.mark.parametrize("which", ["model.json", "weights.safetensors"])
+@pytest.mark.parametrize("kind", ["fifo", "dev_zero_link"])
+def test_a_fifo_or_a_dev_zero_link_in_a_saved_network_is_refused_at_once(tmp_path, which, kind):
+    import time
+
+    path = str(tmp_path / "net")
+    torch_models.save(path, build_model(), builder=build_model)
+    target = tmp_path / "net" / which
+    target.unlink()
+    if kind == "fifo":
+        os.mkfifo(target)
+    else:
+        os.symlink("/dev/zero", target)
+    start = time.monotonic()
+    with pytest.raises(Exception, match="not a regular file|symbolic link"):
+        torch_models.load(path, builder=build_model)
+    assert time.monotonic() - start < 5
+
+
+def test_arguments_from_an_unsigned_record_never_build_a_network_its_weights_do_not_fit(tmp_path):
+    import resource
+
+    path = str(tmp_path / "net")
+    torch_models.save(path, build_model(width=5), builder=build_model, builder_kwargs={"width": 5})
+    meta_path = tmp_path / "net" / "model.json"
+    meta = json.loads(meta_path.read_text())
+    meta["builder_kwargs"] = {"width": 10**6}  # 10^12 weights per layer: terabytes if it were built
+    meta_path.write_text(json.dumps(meta))
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(Exception, match="do not fit the network.*nothing was allocated"):
+        torch_models.load(path, builder=build_model)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KiB: under 200 MiB
