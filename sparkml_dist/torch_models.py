@@ -246,8 +246,9 @@ def _check_shapes(path: str, make: Callable[..., Any], meta: dict, state: Dict[s
         wrong = sorted(k for k in set(shapes) | set(stored) if shapes.get(k) != stored.get(k))
         raise CollectionError(
             f"the weights at {path} do not fit the network {meta['builder']}(**{meta['builder_kwargs']}) "
-            f"builds ({len(wrong)} tensors differ, e.g. {wrong[:3]}: built {[shapes.get(k) for k in wrong[:3]]}, "
-            f"stored {[stored.get(k) for k in wrong[:3]]}); nothing was allocated"
+            f"builds ({len(wrong)} tensors differ, e.g. {wrong[:3]}: built "
+            f"{[shapes.get(k) for k in wrong[:3]]}, stored {[stored.get(k) for k in wrong[:3]]}); "
+            "nothing was allocated"
         )
 
 

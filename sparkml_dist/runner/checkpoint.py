@@ -150,7 +150,9 @@ def _latest(fs, root: str) -> Optional[dict]:
         meta = None
     ok = isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("bytes"), int)
     if not ok or meta["bytes"] < 0 or not isinstance(meta.get("sha256"), str):
-        raise CollectionError(f"{root}/{LATEST} is not a checkpoint record (JSON with step, file, bytes, sha256)")
+        raise CollectionError(
+            f"{root}/{LATEST} is not a checkpoint record (JSON with step, file, bytes, sha256)"
+        )
     return meta
 
 

@@ -132,7 +132,9 @@ def test_timeout_bounds_the_whole_run_restarts_included(tmp_path):
 
 @pytest.mark.parametrize("which", ["LATEST", "step"])
 @pytest.mark.parametrize("kind", ["fifo", "dev_zero_link"])
-def test_a_fifo_or_a_dev_zero_link_as_a_checkpoint_file_is_refused_at_once(tmp_path, monkeypatch, which, kind):
+def test_a_fifo_or_a_dev_zero_link_as_a_checkpoint_file_is_refused_at_once(
+    tmp_path, monkeypatch, which, kind
+):
     import time
 
     monkeypatch.setenv("RANK", "0")

@@ -18,7 +18,8 @@ def _models():
     out = []
     for g, shift in (("a", 0.0), ("b", 3.0), ("c", -3.0)):
         X = rng.normal(shift, 1.0, size=(60, 2))
-        out.append((g, 60, LogisticRegression().fit(X, (X[:, 0] > shift).astype(int)), {"acc": 0.5 + shift / 10}, {}))
+        model = LogisticRegression().fit(X, (X[:, 0] > shift).astype(int))
+        out.append((g, 60, model, {"acc": 0.5 + shift / 10}, {}))
     return out
 
 
@@ -60,7 +61,9 @@ def test_an_unsigned_forger_who_recomputes_the_digest_still_meets_the_format_che
     rows = _rows(key=None)
     r = rows[0]
     r["format"], r["model"] = "pickle", b"\x80\x04junk"
-    r["sha256"] = members_table.row_digest(r["group"], r["rows"], "pickle", r["metrics"], r["record"], r["model"], None)
+    r["sha256"] = members_table.row_digest(
+        r["group"], r["rows"], "pickle", r["metrics"], r["record"], r["model"], None
+    )
     with pytest.raises(Exception, match="pickle"):
         members_table.decode_rows(rows, None)
 
