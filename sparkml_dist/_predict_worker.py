@@ -2,7 +2,8 @@
 
 :func:`predict_task` is the ``mapInArrow`` function of :func:`sparkml_dist.inference.predict_batch`.
 The predict function comes from the spec: the user's ``make_predict_fn`` (cloudpickled by this run's
-driver), called once per Python worker and kept for the worker's later tasks (Spark reuses workers);
+driver), called once per Python worker and kept for the worker's later tasks (Spark reuses workers:
+the :data:`KEEP` most recently used functions stay, as pyspark's ``predict_batch_udf`` keeps 8);
 or a model, decoded once per worker from a safe format (skops / XGBoost / JSON), whose ``predict``
 (or ``predict_proba``...) is called.  Columns reach the function as numpy
 arrays: (b,) for a scalar column, (b, d) for a list column, objects for binary and string columns.
@@ -13,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
@@ -21,7 +23,8 @@ import pyarrow as pa
 
 from .runner import columns as arrow_numpy
 
-_MADE: Dict[Tuple[str, Tuple[str, ...]], Callable] = {}  # (key, GPUs) -> this worker's predict function
+KEEP = 8  # predict functions a worker keeps: the most recently used ones
+_MADE: "OrderedDict[Tuple[str, Tuple[str, ...]], Callable]" = OrderedDict()  # (key, GPUs) -> function
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,9 @@ def predict_fn(spec: PredictSpec) -> Callable:
     fn = _MADE.get(slot)
     if fn is None:
         fn = _MADE[slot] = _make(spec)
+        while len(_MADE) > KEEP:  # the least recently used model goes (and its memory with it)
+            _MADE.popitem(last=False)
+    _MADE.move_to_end(slot)
     return fn
 
 
