@@ -163,11 +163,12 @@ def decode(
     """
     blobs, errors = _assemble(table)
     if errors:
-        group, detail = min(errors, key=lambda e: e[0])
+        group, detail = min(errors, key=lambda e: (e[0] < 0, e[0]))  # a group's own error first
+        where = f"{what} {group}" if group >= 0 else f"a task, outside any one {what},"
         raise WorkerError(
-            f"{what} {group} failed on an executor: {detail['message']}",
-            group=group if what == "group" else None,
-            rank=group if what == "rank" else None,
+            f"{where} failed on an executor: {detail['message']}",
+            group=group if what == "group" and group >= 0 else None,
+            rank=group if what == "rank" and group >= 0 else None,
             worker_traceback=detail.get("traceback", ""),
         )
     if expected_groups is not None:

@@ -84,7 +84,12 @@ def filesystem(uri: str):
 
 def key_bytes(key: Optional[Union[str, bytes]]) -> Optional[bytes]:
     where = "key=" if key is not None else KEY_ENV
-    key = key if key is not None else os.environ.get(KEY_ENV) or None
+    if key is None and os.environ.get(KEY_ENV) == "":
+        raise ConfigurationError(
+            f"{KEY_ENV} is set but empty, which would turn signing off without a word: unset it "
+            "(unsigned models) or set it to a key of at least 16 random bytes"
+        )
+    key = key if key is not None else os.environ.get(KEY_ENV)
     key = key.encode() if isinstance(key, str) else key
     if key is not None and len(key) < MIN_KEY_BYTES:
         raise ConfigurationError(

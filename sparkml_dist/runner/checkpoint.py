@@ -202,6 +202,22 @@ def verify_pending() -> None:
         agree(step, root)
 
 
+SAFE_TORCH = (2, 6)  # torch.load(weights_only=True) ran code from a crafted file before 2.6 (CVE-2025-32434)
+
+
+def _check_torch(version: str) -> None:
+    """Refuse a torch whose ``weights_only`` loads are not safe, naming the version and the fix."""
+    import re
+
+    found = tuple(int(x) for x in re.findall(r"\d+", version)[:2])
+    if found < SAFE_TORCH:
+        raise ConfigurationError(
+            f"torch {version} cannot load checkpoints safely: its torch.load(weights_only=True) runs "
+            "code from a crafted file (CVE-2025-32434, fixed in torch 2.6). Upgrade torch to 2.6 or "
+            "later on the executors."
+        )
+
+
 def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional[Any]:
     """The latest checkpoint's state on every rank, or None when there is none yet.  Every rank
     calls it: the ranks check they found the same step (see the module docstring)."""
@@ -226,6 +242,7 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
             f"checkpoint {path} does not match its LATEST record (size or SHA-256): "
             "it was changed after it was written"
         )
+    _check_torch(torch.__version__)
     state = torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)
     if isinstance(state, dict) and LOADERS_KEY in state:
         from . import loader

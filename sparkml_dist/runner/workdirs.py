@@ -12,6 +12,10 @@ a machine.  The same here (:func:`rank_cwd`):
   ``BarrierRunner(work_dir=...)`` picks the directory instead, ``clean_work_dir=True`` removes the
   default one once every rank succeeded.
 
+Whichever it is, the directory must be this user's own and writable by no one else (a world-
+writable folder such as ``/tmp`` lets another user plant links where the runner writes): a given
+``work_dir`` that is not is refused, a launch directory that is not is passed over for the default.
+
 The runner's own files (the shard, the function, the result) stay in each rank's private directory
 (``SPARKML_DIST_WORKDIR``), removed with the rank.  :func:`place_archive` unpacks an ``--archives``
 file into the working directory once per machine (the first rank, under a lock; the others reuse
@@ -68,14 +72,46 @@ def default_dir(job: str, base: Optional[str] = None) -> str:
     return _private_dir(os.path.join(root, job_name(job)))
 
 
+def _own_private(path: str) -> str:
+    """Why ``path`` may not hold a rank's files ('' when it may): not a directory of this user, or
+    writable by other users."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror})"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is a link or a file, not a directory"
+    if info.st_uid != os.getuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.filemode(info.st_mode)})"
+    return ""
+
+
 def rank_cwd(work_dir: Optional[str], launch_dir: Optional[str], on_launch_machine: bool, job: str) -> str:
     """The working directory of a rank (see the module docstring)."""
     if work_dir:
-        os.makedirs(work_dir, exist_ok=True)
+        os.makedirs(work_dir, mode=0o700, exist_ok=True)
+        why = _own_private(work_dir)
+        if why:
+            raise ConfigurationError(
+                f"work_dir={work_dir!r} {why}: the ranks would write there through whatever another "
+                "user planted. Pick a directory of your own that only you can write (chmod go-w), or "
+                "leave work_dir unset."
+            )
         return work_dir
-    if on_launch_machine and launch_dir and os.path.isdir(launch_dir) and os.access(launch_dir, os.W_OK):
+    if on_launch_machine and launch_dir and os.access(launch_dir, os.W_OK) and not _own_private(launch_dir):
         return launch_dir
     return default_dir(job)
+
+
+def _open_here(path: str, flags: int):
+    """``path`` opened without following a link (one planted in its place is refused)."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o600)
+    except OSError as exc:
+        raise ConfigurationError(f"{path} cannot be opened ({exc.strerror}); is it a link?") from None
+    return os.fdopen(fd, "r+" if flags & os.O_RDWR else ("w" if flags & os.O_WRONLY else "r"))
 
 
 def place_archive(cwd: str, alias: str, data: bytes, name: str, extract) -> str:
@@ -85,16 +121,14 @@ def place_archive(cwd: str, alias: str, data: bytes, name: str, extract) -> str:
     digest = hashlib.sha256(data).hexdigest()
     dest = os.path.join(cwd, alias)
     marker = os.path.join(cwd, f".{alias}.sparkml_dist-archive")
-    with open(os.path.join(cwd, f".{alias}.sparkml_dist-lock"), "a") as lock:
+    with _open_here(os.path.join(cwd, f".{alias}.sparkml_dist-lock"), os.O_RDWR | os.O_CREAT) as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if os.path.lexists(dest):
-                try:
-                    with open(marker) as fh:
-                        if fh.read().strip() == digest:
+                if os.path.lexists(marker):
+                    with _open_here(marker, os.O_RDONLY) as fh:
+                        if fh.read(100).strip() == digest:
                             return dest  # unpacked already, by a sibling rank or an earlier run
-                except FileNotFoundError:
-                    pass
                 raise ConfigurationError(
                     f"--archives {name}: the working directory {cwd} already has {alias!r}, which "
                     f"this archive did not make; rename it with {name}#another_name"
@@ -105,7 +139,7 @@ def place_archive(cwd: str, alias: str, data: bytes, name: str, extract) -> str:
                 os.rename(tmp, dest)
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            with open(marker, "w") as fh:
+            with _open_here(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) as fh:
                 fh.write(digest)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)

@@ -153,3 +153,10 @@ def test_a_fifo_or_a_dev_zero_link_as_a_checkpoint_file_is_refused_at_once(
     with pytest.raises(Exception, match="not a regular file|symbolic link"):
         checkpoint.load(d)
     assert time.monotonic() - start < 5
+
+
+def test_a_torch_whose_weights_only_loads_run_code_is_refused_naming_the_fix():
+    checkpoint._check_torch("2.6.0+cpu")
+    checkpoint._check_torch("2.13.0")
+    with pytest.raises(ConfigurationError, match=r"torch 2\.5\.1.*CVE-2025-32434.*2\.6 or later"):
+        checkpoint._check_torch("2.5.1")

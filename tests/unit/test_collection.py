@@ -143,3 +143,18 @@ def test_decoding_a_collected_result_costs_the_object_not_copies_of_its_bytes():
     assert peak <= 1.2 * size, f"decoding peaked at {peak / size:.2f}x the result's size"
     empty = collection.decode(pa.Table.from_batches([collection.encode(1, 0, b"")]), [1])
     assert empty == {(1, 0): b""}
+
+
+def test_a_task_that_failed_outside_any_group_is_not_called_group_minus_one():
+    from sparkml_dist import launch
+
+    def broken(batches, spec):
+        raise OSError("No space left on device")
+        yield  # a generator, as task functions are
+
+    table = pa.Table.from_batches(list(launch._task_entry(broken, None, iter([]))))
+    with pytest.raises(WorkerError) as err:
+        collection.decode(table, [0])
+    assert str(err.value).startswith("a task, outside any one group, failed on an executor: OSError: No space")
+    assert err.value.group is None and "-1" not in str(err.value)
+    assert "No space left on device" in err.value.worker_traceback

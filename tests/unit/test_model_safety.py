@@ -187,6 +187,10 @@ def test_short_keys_are_refused_naming_the_setting(tmp_path, monkeypatch):
     store = collection.ModelStore(str(tmp_path / "s"))
     with pytest.raises(ConfigurationError, match="SPARKML_DIST_MODEL_KEY"):
         store.commit([store.write(0, 0, 1)])
+    monkeypatch.setenv("SPARKML_DIST_MODEL_KEY", "")  # set but empty: not a silent "no signing"
+    store = collection.ModelStore(str(tmp_path / "e"))
+    with pytest.raises(ConfigurationError, match="SPARKML_DIST_MODEL_KEY is set but empty"):
+        store.commit([store.write(0, 0, 1)])
 
 
 def test_the_signature_lives_in_the_manifest_and_interleaved_commits_leave_a_loadable_store(tmp_path):

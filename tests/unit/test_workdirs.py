@@ -72,3 +72,25 @@ def test_an_archive_is_unpacked_once_per_machine_and_never_over_a_folder_it_did_
     other = _tgz({"words.txt": b"changed\n"})
     with pytest.raises(ConfigurationError, match="already has 'vocab'"):
         workdirs.place_archive(str(tmp_path), "vocab", other, "v.tgz", extract)
+
+
+def test_a_directory_other_users_can_write_is_never_where_ranks_write(tmp_path, monkeypatch):
+    monkeypatch.setattr(workdirs.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)  # as /tmp is
+    with pytest.raises(ConfigurationError, match=r"work_dir=.*writable by other users.*chmod go-w"):
+        workdirs.rank_cwd(str(shared), None, True, "train.py")
+    # a shared launch directory is passed over for this user's own kept directory
+    here = workdirs.rank_cwd(None, str(shared), True, "train.py")
+    assert here == str(tmp_path / "tmp" / f"sparkml_dist-work-{os.getuid()}" / "train")
+    # a link planted where the archive's lock or marker goes is refused, nothing written through it
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o700)
+    os.symlink(victim, mine / ".vocab.sparkml_dist-lock")
+    with pytest.raises(ConfigurationError, match="is it a link"):
+        workdirs.place_archive(str(mine), "vocab", _tgz({"a": b"1"}), "v.tgz", extract_tar)
+    assert victim.read_text() == "keep"
