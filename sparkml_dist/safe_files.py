@@ -6,6 +6,10 @@
   never beyond its expected size, so a FIFO cannot hang a load nor ``/dev/zero`` exhaust memory;
   :func:`read_file` does the same through a pyarrow file system (local or remote): every loader
   of the package (model stores, saved networks, checkpoints) reads through it;
+* :func:`write_new`: an output file is written under a fresh random name created with
+  ``O_CREAT | O_EXCL | O_NOFOLLOW`` beside its target, then renamed over it: a link planted at the
+  target (``/tmp/results.csv -> ~/.bashrc``) is replaced, never followed, and readers never see a
+  half-written file;
 * :func:`extract_tar` / :func:`extract_zip`: an archive is unpacked only if every member is a
   plain file or folder whose path stays inside the destination (whatever the Python version's
   ``tarfile`` filters do: CVE-2025-4517 bypasses ``filter="data"`` on Pythons without its fix).
@@ -21,6 +25,7 @@ import errno
 import os
 import re
 import stat
+import uuid
 from typing import Any, Optional
 
 from .errors import ConfigurationError
@@ -75,6 +80,24 @@ def read_file(fs, path: str, limit: int, what: str) -> Optional[bytes]:
     if len(data) > limit:
         raise UnsafeModelError(f"{what} is longer than the {limit} bytes recorded for it; refused")
     return data
+
+
+def write_new(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a new file that follows no link (see the module docstring);
+    the folder is made when missing."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{os.path.basename(path)}.{uuid.uuid4().hex}.part")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def checked_name(name: Any, pattern: "re.Pattern[str]", where: str) -> str:

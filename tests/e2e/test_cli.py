@@ -1,168 +1,70 @@
-"""The sparkml-dist command, as a user runs it (its own local Spark in a subprocess)."""
+"""The sparkml-dist command itself, as a user runs it: the README's example job as written, and the
+argv and exit codes of every command (a user's mistake: one line, exit 2, before Spark starts).
+The jobs' own behaviour is tested in-process: tests/spark/test_cli_jobs.py."""
 
 import json
 import os
 import subprocess
 import sys
+import time
 
-import numpy as np
-import pandas as pd
+import pytest
 import yaml
 
 from tests.conftest import ROOT, only_local
 
 
-def _run(*args, timeout=400):
+def _cli(*args, timeout=400):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkml_dist", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
+    return subprocess.run(
+        [sys.executable, "-m", "sparkml_dist", *args], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=timeout,
-    )
+    )  # fmt: skip
+
+
+@only_local
+def test_the_readme_example_job_runs_as_written(tmp_path):
+    proc = _cli("ensemble", "--conf", "conf/ensemble_example.yaml", "--master", "local[2]")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout[proc.stdout.index("{") :])
+    report = json.loads(proc.stdout[proc.stdout.index("{") :])
+    assert report["members"] == 8 and report["metrics"]["accuracy"] > 0.8
+    assert os.path.isdir(os.path.join(ROOT, "conf", "out", "ensemble_model", "metadata"))
 
 
-@only_local
-def test_ensemble_job_from_csv_trains_evaluates_and_saves(tmp_path):
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(400, 4))
-    pdf = pd.DataFrame(X, columns=list("abcd"))
-    pdf["y"] = (X[:, 0] + X[:, 1] > 0).astype(float)
-    pdf.to_csv(tmp_path / "train.csv", index=False)
-    job = {
-        "input": {"path": str(tmp_path / "train.csv")},
-        "task": "classification",
-        "estimator": {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"max_depth": 4}},
-        "params": {"numModels": 3, "labelCol": "y"},
-        "evaluate": {"test_fraction": 0.25},
-        "output": {"model_path": str(tmp_path / "model")},
+def _job(tmp_path, name, job):
+    (tmp_path / name).write_text(yaml.safe_dump(job) if not isinstance(job, str) else job)
+    return str(tmp_path / name)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ensemble", "--conf", "{missing}"], "cannot read the job file"),
+        (["search", "--conf", "{list}"], "top level must be a mapping.*got list"),
+        (["tune", "--conf", "{broken}"], r"not valid YAML \(line 2\)"),
+        (["ensemble", "--conf", "{no_input}"], r"input.path .*nothing.csv does not exist"),
+        (["predict", "--model", "{missing}", "--input", "x", "--output", "y"], "--model .* does not exist"),
+        (["run", "--np", "2", "{missing}"], "the script .* does not exist"),
+    ],
+    ids=["ensemble", "search", "tune", "input", "predict", "run"],
+)
+def test_a_users_mistake_is_one_line_and_exit_2_before_spark_starts(tmp_path, argv, message):
+    import re
+
+    files = {
+        "missing": str(tmp_path / "missing.yaml"),
+        "list": _job(tmp_path, "list.yaml", ["input", "params"]),
+        "broken": _job(tmp_path, "broken.yaml", "input: {path: a\nparams: [\n"),
+        "no_input": _job(
+            tmp_path, "j.yaml", {"input": {"path": "nothing.csv"}, "output": {"model_path": "out"}}
+        ),
     }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    report = _run("ensemble", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
-    assert report["members"] == 3 and sum(report["group_rows"]) > 250
-    assert report["metrics"]["accuracy"] > 0.85 and report["metrics"]["auc"] > 0.9
-    assert (tmp_path / "model" / "metadata").is_dir()
-    manifest = json.loads((tmp_path / "model" / "data" / "manifest.json").read_text())
-    # the base estimator, then each member's record (item 0) and model (item 1), none a pickle
-    assert sorted((o["group"], o["item"]) for o in manifest["objects"]) == [(-1, 0)] + [
-        (g, i) for g in range(3) for i in (0, 1)
-    ]
-    assert "pickle" not in {o["format"] for o in manifest["objects"]}
-    scored = _run(
-        "predict", "--master", "local[2]", "--model", str(tmp_path / "model"), "--format", "csv",
-        "--input", str(tmp_path / "train.csv"), "--output", str(tmp_path / "scored"),
-    )  # fmt: skip
-    assert scored["kind"] == "BaggingClassificationModel" and scored["rows"] == 400
-    out = pd.read_parquet(tmp_path / "scored")
-    assert (out["prediction"] == out["y"]).mean() > 0.85  # the saved ensemble, scoring on Spark
-
-
-@only_local
-def test_demo_command():
-    report = _run("demo", "--master", "local[2]")
-    assert report["members"] == 8 and report["metrics"]["auc"] > 0.95
-
-
-@only_local
-def test_search_job_on_bundled_data_matches_scikit_learn(tmp_path):
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import GridSearchCV
-    from sklearn.tree import DecisionTreeClassifier
-
-    from sparkml_dist import model_formats
-
-    job = yaml.safe_load(open(os.path.join(ROOT, "conf", "search_example.yaml")))
-    job["estimator"] = {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"random_state": 0}}
-    job["param_grid"] = {"max_depth": [4, 8, None], "min_samples_leaf": [1, 3]}
-    job["output"] = {"results_csv": str(tmp_path / "results.csv"), "best_model": str(tmp_path / "best.skops")}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    report = _run("search", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
-    X, y = load_digits(return_X_y=True)
-    ref = GridSearchCV(
-        DecisionTreeClassifier(random_state=0), job["param_grid"], cv=3, scoring="accuracy"
-    ).fit(X, y)
-    assert report["candidates"] == 6 and report["fits"] == 18
-    assert report["best_params"] == ref.best_params_ and report["best_score"] == ref.best_score_
-    assert len(pd.read_csv(tmp_path / "results.csv")) == 6
-    best = model_formats.decode(report["best_model_format"], (tmp_path / "best.skops").read_bytes())
-    assert (best.predict(X) == ref.best_estimator_.predict(X)).all()
-
-
-@only_local
-def test_tune_job_runs_the_example_function_shipped_by_value(tmp_path):
-    import shutil
-
-    # the job and its function in a folder the executors' Python workers do not have on their path
-    shutil.copy(os.path.join(ROOT, "examples", "tune_digits.py"), tmp_path / "tune_digits.py")
-    job = yaml.safe_load(open(os.path.join(ROOT, "conf", "tune_example.yaml")))
-    job["function"] = "tune_digits:train"  # module:function beside the job (the example names a file)
-    job["space"]["epochs"] = 3
-    job.update(max_trials=4, sampler="random", early_stopping=None)
-    job["output"] = {"trials_csv": str(tmp_path / "trials.csv")}
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    report = _run("tune", "--conf", str(tmp_path / "job.yaml"), "--master", "local[2]")
-    assert report["trials"] == 4 and report["states"] == {"complete": 4}
-    assert set(report["best_params"]) == {"lr", "hidden", "epochs"} and report["best_value"] < 2.3
-    trials = pd.read_csv(tmp_path / "trials.csv")
-    assert (trials["steps"] == 3).all() and trials["value"].min() == report["best_value"]
-
-
-@only_local
-def test_predict_scores_a_file_with_a_saved_network_built_by_the_named_builder(tmp_path):
-    import torch
-
-    from sparkml_dist import torch_models
-    from tests.support.parallel_helpers import build_model
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(300, 16)).astype(np.float32)
-    pd.DataFrame({"id": np.arange(300), "features": list(X)}).to_parquet(tmp_path / "rows.parquet")
-    net = build_model(layers=2)
-    torch_models.save(str(tmp_path / "net"), net, builder=build_model, builder_kwargs={"layers": 2})
-    report = _run(
-        "predict", "--master", "local[2]", "--model", str(tmp_path / "net"),
-        "--builder", "tests.support.parallel_helpers:build_model", "--input-cols", "features",
-        "--input", str(tmp_path / "rows.parquet"), "--output", str(tmp_path / "scored"),
-    )  # fmt: skip
-    assert report["kind"] == "network" and report["rows"] == 300
-    out = pd.read_parquet(tmp_path / "scored").sort_values("id")
-    with torch.no_grad():
-        want = net.eval()(torch.from_numpy(X)).numpy()
-    np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), want, rtol=1e-6, atol=1e-6)
-    proc = subprocess.run(
-        [sys.executable, "-m", "sparkml_dist", "predict", "--model", str(tmp_path / "net"), "--input",
-         str(tmp_path / "rows.parquet"), "--output", str(tmp_path / "again"), "--master", "local[1]"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode != 0 and "give --builder module:function" in proc.stderr
-
-
-@only_local
-def test_ensemble_with_your_own_function_per_group_writes_the_members_table(tmp_path):
-    rng = np.random.default_rng(1)
-    pdf = pd.DataFrame({"store": rng.choice(["north", "south", "east"], 300), "x": rng.normal(size=300)})
-    pdf["label"] = (pdf["x"] > 0).astype(int)
-    pdf.to_csv(tmp_path / "sales.csv", index=False)
-    (tmp_path / "mymodels.py").write_text(
-        "from sklearn.linear_model import LogisticRegression\n\n"
-        "def fit(data, key):\n"
-        "    model = LogisticRegression().fit(data[['x']], data['label'])\n"
-        "    return model, {'acc': model.score(data[['x']], data['label'])}\n"
-    )
-    job = {
-        "input": {"path": str(tmp_path / "sales.csv")},
-        "params": {"groupCol": "store"},
-        "output": {"members_table": "out/members"},  # under the job file's folder
-    }
-    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    report = _run(
-        "ensemble", "--conf", str(tmp_path / "job.yaml"), "--function", "mymodels:fit", "--master", "local[2]"
-    )
-    assert report["groups"] == 3 and sum(report["rows"].values()) == 300 and not report["skipped"]
-    assert all(m["acc"] > 0.9 for m in report["metrics"].values())
-    table = pd.read_parquet(tmp_path / "out" / "members")
-    assert sorted(table["group"]) == ["east", "north", "south"] and set(table["format"]) == {"skops"}
+    start = time.monotonic()
+    proc = _cli(*[a.format(**files) for a in argv], timeout=60)
+    assert proc.returncode == 2 and time.monotonic() - start < 30  # no JVM was started
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2 and re.search(message, lines[0]) and "Traceback" not in proc.stderr
+    assert lines[0].startswith(f"sparkml-dist {argv[0]}: error: ")
+    assert not (tmp_path / "out").exists()  # no output folder made for a job that never ran
+    debug = _cli("--log-level", "debug", *[a.format(**files) for a in argv], timeout=60)
+    assert debug.returncode != 0 and "Traceback" in debug.stderr  # the whole story when asked

@@ -1,8 +1,10 @@
-"""Job files write their outputs under their own folder, through new files that follow no link."""
+"""Job files write their outputs under their own folder, through new files that follow no link;
+a failed job leaves no output behind."""
 
 import os
 
-from sparkml_dist.job_files import resolve_paths, write_new
+from sparkml_dist.cli.job_files import load_job, new_paths, remove_new, resolve_paths
+from sparkml_dist.safe_files import write_new
 
 
 def test_relative_paths_are_taken_from_the_job_files_folder(tmp_path):
@@ -20,7 +22,8 @@ def test_relative_paths_are_taken_from_the_job_files_folder(tmp_path):
     assert got["output"]["model_path"] == str(tmp_path / "out" / "model")
     assert got["output"]["results_csv"] == str(tmp_path / "out" / "r.csv")
     assert got["output"]["remote"] == "s3://b/x" and got["output"]["abs"] == "/x/y"
-    assert (tmp_path / "out").is_dir() and job["output"]["model_path"] == "out/model"  # input untouched
+    assert job["output"]["model_path"] == "out/model"  # the job given is untouched
+    assert not (tmp_path / "out").exists()  # nothing is made before the job runs
 
 
 def test_an_output_path_planted_as_a_link_is_replaced_not_followed(tmp_path):
@@ -36,3 +39,20 @@ def test_an_output_path_planted_as_a_link_is_replaced_not_followed(tmp_path):
         "results.csv",
         "victim.txt",
     ]
+
+
+def test_what_a_failed_job_made_is_removed_and_what_was_there_stays(tmp_path):
+    (tmp_path / "data.csv").write_text("a,label\n1,0\n")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "job.yaml").write_text(
+        "input: {path: data.csv}\noutput: {model_path: out/model, results_csv: out/r.csv, old: kept}\n"
+    )
+    job, base = load_job(str(tmp_path / "job.yaml"))
+    assert base == str(tmp_path) and job["input"]["path"] == str(tmp_path / "data.csv")
+    fresh = new_paths(job)
+    assert fresh == [str(tmp_path / "out")]
+    write_new(job["output"]["results_csv"], b"half")  # the folder is made when the file is written
+    os.makedirs(job["output"]["model_path"])
+    remove_new(fresh)
+    assert not (tmp_path / "out").exists()  # not even the empty folder
+    assert (tmp_path / "kept").is_dir()

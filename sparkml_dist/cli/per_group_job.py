@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import os
 
-from .cli_predict import read_input
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
+from .predict import read_input
 
 
 def run_per_group_job(spark, job: dict, function: str, base_dir: str) -> dict:
     """Train ``function`` per group as ``job`` says; write the members table; report."""
-    from .ensemble import train_per_group
-    from .tune.job import load_function
+    from ..ensemble import train_per_group
+    from ..tune.job import load_function
 
     if "input" not in job:
         raise ConfigurationError("the job file needs input: {path: ...}")

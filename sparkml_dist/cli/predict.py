@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from .errors import ConfigurationError
+from ..errors import ConfigurationError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +50,7 @@ class _NetworkPredictor:
         import numpy as np
         import torch
 
-        from . import torch_models
+        from .. import torch_models
 
         net = torch_models.load(self.path, self.builder)
 
@@ -63,11 +63,14 @@ class _NetworkPredictor:
         return predict
 
 
-def run(spark, args) -> dict:
-    from . import torch_models
-    from .inference import predict_batch
+def check_arguments(args) -> None:
+    """What can be checked before a Spark session starts: the model and input exist (local paths),
+    and a saved network comes with ``--builder`` and ``--input-cols``."""
+    from .. import torch_models
 
-    df = read_input(spark, {"path": args.input, "format": args.format})
+    for option, where in (("--model", args.model), ("--input", args.input)):
+        if "://" not in where and not os.path.exists(where):
+            raise ConfigurationError(f"{option} {where} does not exist")
     model_dir = os.path.abspath(args.model) if "://" not in args.model else args.model
     if os.path.exists(os.path.join(model_dir, torch_models.META)):
         if not args.builder or not args.input_cols:
@@ -76,6 +79,16 @@ def run(spark, args) -> dict:
                 "and --input-cols (the columns it reads)"
             )
         torch_models.builder_name(args.builder)
+
+
+def run(spark, args) -> dict:
+    from .. import torch_models
+    from ..inference import predict_batch
+
+    df = read_input(spark, {"path": args.input, "format": args.format})
+    model_dir = os.path.abspath(args.model) if "://" not in args.model else args.model
+    check_arguments(args)
+    if os.path.exists(os.path.join(model_dir, torch_models.META)):
         scored = predict_batch(
             df,
             _NetworkPredictor(model_dir, args.builder),
@@ -85,7 +98,7 @@ def run(spark, args) -> dict:
         )
         kind = "network"
     else:
-        from .ensemble.persistence import load_stage
+        from ..ensemble.persistence import load_stage
 
         model = load_stage(model_dir)
         scored, kind = model.transform(df), type(model).__name__
