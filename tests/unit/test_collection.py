@@ -155,6 +155,7 @@ def test_a_task_that_failed_outside_any_group_is_not_called_group_minus_one():
     table = pa.Table.from_batches(list(launch._task_entry(broken, None, iter([]))))
     with pytest.raises(WorkerError) as err:
         collection.decode(table, [0])
-    assert str(err.value).startswith("a task, outside any one group, failed on an executor: OSError: No space")
+    message = str(err.value)
+    assert message.startswith("a task, outside any one group, failed on an executor: OSError: No space")
     assert err.value.group is None and "-1" not in str(err.value)
     assert "No space left on device" in err.value.worker_traceback
