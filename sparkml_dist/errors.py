@@ -39,6 +39,8 @@ class WorkerError(SparkMLDistError, RuntimeError):
         rank: the rank (barrier runner) that failed, or None.
         exit_code: the process exit code when a process died, or None.
         worker_traceback: the traceback or last output lines captured on the executor.
+        lost_host: the executor (and its host) Spark lost, when a lost machine caused the failure
+            rather than the user's code; None otherwise.
     """
 
     def __init__(
@@ -49,7 +51,9 @@ class WorkerError(SparkMLDistError, RuntimeError):
         rank: Optional[int] = None,
         exit_code: Optional[int] = None,
         worker_traceback: str = "",
+        lost_host: Optional[str] = None,
     ) -> None:
+        self.lost_host = lost_host
         self.group = group
         self.rank = rank
         self.exit_code = exit_code
@@ -68,13 +72,19 @@ class WorkerError(SparkMLDistError, RuntimeError):
                 self.rank,
                 self.exit_code,
                 self.worker_traceback,
+                self.lost_host,
             ),
         )
 
 
-def _rebuild_worker_error(message, group, rank, exit_code, worker_traceback):
+def _rebuild_worker_error(message, group, rank, exit_code, worker_traceback, lost_host=None):
     return WorkerError(
-        message, group=group, rank=rank, exit_code=exit_code, worker_traceback=worker_traceback
+        message,
+        group=group,
+        rank=rank,
+        exit_code=exit_code,
+        worker_traceback=worker_traceback,
+        lost_host=lost_host,
     )
 
 

@@ -6,6 +6,14 @@ the host the runner's rendezvous chose) and tells the others its port through a 
 broadcast of one integer (nothing pickled); every rank then joins XGBoost's collective, whose
 all-reduce sums the gradient histograms of all shards, so each tree grows from every row.  Rank 0
 returns the booster in XGBoost's own UBJSON format (loading it runs no code).
+
+Every wait is bounded by ``timeout`` seconds (the estimator's ``collectiveTimeout``): the tracker's
+bootstrap and shutdown, and each worker's connections and collectives.  XGBoost's tracker serves
+its connections one at a time, so a connection that never speaks (a port scanner, a health check)
+stalls its bootstrap: the workers then fail after ``timeout`` with an error naming the tracker's
+address and port.  XGBoost's workers open two listening ports each on every interface (its socket
+code binds ``INADDR_ANY``, with no setting to change it); a connection to one of them fails that
+worker at once (XGBoost treats it as a peer's error signal).
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 
-def _tracker_port(rank: int, world: int):
+def _tracker_port(rank: int, world: int, timeout: int):
     """(tracker or None, its port): started on rank 0, the port broadcast to every rank."""
     import torch
     import torch.distributed as dist
@@ -24,15 +32,31 @@ def _tracker_port(rank: int, world: int):
 
     tracker, port = None, torch.zeros(1, dtype=torch.int64)
     if rank == 0:
-        tracker = RabitTracker(host_ip=os.environ["MASTER_ADDR"], n_workers=world, sortby="task")
+        tracker = RabitTracker(
+            host_ip=os.environ["MASTER_ADDR"], n_workers=world, sortby="task", timeout=timeout
+        )
         tracker.start()
         port[0] = int(tracker.worker_args()["dmlc_tracker_port"])
     dist.broadcast(port, src=0)
     return tracker, int(port[0])
 
 
+def _reason(text: str) -> str:
+    """The line of an XGBoost error that says what failed (its first lines are file positions)."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip() and "[bt]" not in ln]
+    said = [ln.split("]:", 1)[-1].strip(" -:") for ln in lines]
+    return next(
+        (s for s in said if any(w in s.lower() for w in ("fail", "timeout", "error"))),
+        said[0] if said else "",
+    )
+
+
 def train(
-    params: Dict[str, Any], classes: Optional[list], columns: Dict[str, Any], threads: int
+    params: Dict[str, Any],
+    classes: Optional[list],
+    columns: Dict[str, Any],
+    threads: int,
+    timeout: int = 600,
 ) -> Optional[bytes]:
     """Every rank: its shard into a DMatrix, one round of ``num_parallel_tree`` trees grown
     together; rank 0 returns the booster (UBJSON bytes), the others None.  ``columns``:
@@ -52,13 +76,23 @@ def train(
     w = data.to_numpy([columns["weight"]], dtype=np.float64).ravel() if columns["weight"] else None
     if classes is not None:  # the labels' indices in the classes every rank was given
         y = np.searchsorted(np.asarray(classes, dtype=np.float64), y).astype(np.float64)
-    tracker, port = _tracker_port(rank, world)
-    args = {"dmlc_tracker_uri": os.environ["MASTER_ADDR"], "dmlc_tracker_port": port}
-    with collective.CommunicatorContext(**args, dmlc_task_id=str(rank)):
-        matrix = xgb.DMatrix(X, y, weight=w, nthread=threads)
-        del X
-        booster = xgb.train({**params, "nthread": threads}, matrix, num_boost_round=1)
-    if tracker is not None:
-        tracker.wait_for()
+    tracker, port = _tracker_port(rank, world, timeout)
+    where = f"{os.environ['MASTER_ADDR']}:{port}"
+    args = {"dmlc_tracker_uri": os.environ["MASTER_ADDR"], "dmlc_tracker_port": port, "dmlc_timeout": timeout}
+    try:
+        with collective.CommunicatorContext(**args, dmlc_task_id=str(rank)):
+            matrix = xgb.DMatrix(X, y, weight=w, nthread=threads)
+            del X
+            booster = xgb.train({**params, "nthread": threads}, matrix, num_boost_round=1)
+        if tracker is not None:
+            tracker.wait_for(timeout)
+    except xgb.core.XGBoostError as exc:
+        first = _reason(str(exc))
+        raise RuntimeError(
+            f"XGBoost's collective (tracker {where}) failed or waited past collectiveTimeout="
+            f"{timeout}s on rank {rank}: {first[:300]}. A connection to the tracker's port {port} that "
+            "never speaks (a port scanner, a health check) or a lost worker stops its bootstrap; "
+            "fit again, or raise collectiveTimeout if the ranks are just slow."
+        ) from None
     dist.destroy_process_group()
     return bytes(booster.save_raw("ubj")) if rank == 0 else None

@@ -44,12 +44,28 @@ from pyspark.ml.param.shared import (
 from pyspark.sql import functions as F
 
 from .. import _spark_env, arg_checks, launch, partitioning, tracking
-from ..errors import ConfigurationError
+from ..errors import ConfigurationError, WorkerError
 from . import _forest_rank, forest, validation
 from .member_records import FEATURES, LABEL, WEIGHT, Member
 from .models import BaggingClassificationModel, BaggingRegressionModel
 from .params import HasEstimatorAndFeatures, declare
 from .persistence import StageReadWrite
+
+
+def _explained(exc: WorkerError) -> WorkerError:
+    """A rank that XGBoost itself stopped (its error port was connected to): say what that means."""
+    if "Another worker is running into error" not in (exc.worker_traceback or ""):
+        return exc
+    message = str(exc).split("\n--- executor traceback ---\n")[0]
+    return WorkerError(
+        f"{message}: XGBoost stopped that rank's worker because a connection reached its error port. "
+        "XGBoost's workers listen on every interface (its socket code binds INADDR_ANY; no setting "
+        "changes it), and any connection there, from a failing peer or from a stranger such as a port "
+        "scanner, ends the worker. Fit again; keep the executors' ports closed to other machines.",
+        rank=exc.rank,
+        exit_code=exc.exit_code,
+        worker_traceback=exc.worker_traceback,
+    )
 
 
 def preset(is_classifier: bool, *, minInstancesPerNode: int = 1, maxDepth: Optional[int] = 10, **params):
@@ -84,6 +100,11 @@ class _GlobalForestParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, Ha
     numWorkers = declare(
         "numWorkers", "ranks of the barrier job (default: the cluster's task slots)", TypeConverters.toInt
     )
+    collectiveTimeout = declare(
+        "collectiveTimeout",
+        "seconds any wait of the fit may take: the ranks' start, XGBoost's bootstrap and each collective",
+        TypeConverters.toInt,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -98,6 +119,7 @@ class _GlobalForestParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, Ha
             subsamplingRate=0.632,
             maxBins=32,
             seed=42,
+            collectiveTimeout=600,
         )
 
     def _checked(self) -> dict:
@@ -113,6 +135,7 @@ class _GlobalForestParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, Ha
             "rate": float(rate),
             "bins": arg_checks.integer("maxBins", self.getOrDefault(self.maxBins), 2),
             "workers": arg_checks.integer("numWorkers", workers, 1, none_ok=True),
+            "timeout": arg_checks.integer("collectiveTimeout", self.getOrDefault(self.collectiveTimeout), 1),
         }
 
 
@@ -151,9 +174,20 @@ class _GlobalForest(Estimator, StageReadWrite):
         params = forest.xgb_params(p, info["n_features"], classes, int(self.getSeed()))
         conf = _spark_env.conf_of(spark)
         data, columns = self._rank_columns(dataset, weight_col)
-        raw = BarrierRunner(workers, spark=spark, log_ranks="none").run_with_data(
-            data, _forest_rank.train, params, classes and list(classes), columns, _spark_env.task_cpus(conf)
-        )
+        t = p["timeout"]
+        runner = BarrierRunner(workers, spark=spark, log_ranks="none", start_timeout=t, collective_timeout=t)
+        try:
+            raw = runner.run_with_data(
+                data,
+                _forest_rank.train,
+                params,
+                classes and list(classes),
+                columns,
+                _spark_env.task_cpus(conf),
+                t,
+            )
+        except WorkerError as exc:
+            raise _explained(exc) from None
         model = self._member_model(raw)
         classes_idx = np.arange(len(classes)) if classes else None
         member = Member(0, model, np.arange(info["n_features"]), classes_idx, n_rows)
@@ -256,8 +290,9 @@ class GlobalForestClassifier(_GlobalForest, _GlobalForestParams, HasProbabilityC
     Parameters (keyword): ``numTrees`` (16), ``maxDepth`` (10), ``featureSubsetStrategy``
     ("auto": 0.3 of the features per split; MLlib's values), ``subsamplingRate`` (0.632: the
     share of distinct rows a bootstrap sample holds), ``maxBins`` (32, MLlib's), ``numWorkers`` (the
-    cluster's task slots), ``seed``, ``featuresCol`` / ``featuresCols``, ``labelCol``,
-    ``weightCol``, ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``, ``maxClasses``
+    cluster's task slots), ``collectiveTimeout`` (600 s: the longest any wait of the fit may take,
+    see :mod:`sparkml_dist.ensemble._forest_rank`), ``seed``, ``featuresCol`` / ``featuresCols``,
+    ``labelCol``, ``weightCol``, ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``, ``maxClasses``
     (1000), ``mlflow``.  See the module docstring.
     """
 
@@ -274,6 +309,7 @@ class GlobalForestClassifier(_GlobalForest, _GlobalForestParams, HasProbabilityC
         subsamplingRate: float = 0.632,
         maxBins: int = 32,
         numWorkers: Optional[int] = None,
+        collectiveTimeout: int = 600,
         seed: int = 42,
         featuresCol: str = "features",
         featuresCols: Optional[List[str]] = None,
@@ -314,6 +350,7 @@ class GlobalForestRegressor(_GlobalForest, _GlobalForestParams):
         subsamplingRate: float = 0.632,
         maxBins: int = 32,
         numWorkers: Optional[int] = None,
+        collectiveTimeout: int = 600,
         seed: int = 42,
         featuresCol: str = "features",
         featuresCols: Optional[List[str]] = None,

@@ -97,7 +97,7 @@ class Monitor:
         """The failure that caused the others: not a lost-peer symptom, then the earliest."""
         return protocol.root_cause(self.failures, self.backend.peer_lost)
 
-    def worker_error(self, extra: str = "") -> WorkerError:
+    def worker_error(self, extra: str = "", lost_host: Optional[str] = None) -> WorkerError:
         d = self.root_cause() if self.failures else {}
         message = d.get("message", "a rank failed")
         if d.get("phase") in ("rendezvous", "start"):
@@ -116,9 +116,17 @@ class Monitor:
             )
         if self.finished:
             message += f" (ranks {sorted(self.finished)} had already finished)"
-        message += self._silent_hosts() + extra
+        if not d or protocol.is_symptom(d, self.backend.peer_lost):
+            message += self._silent_hosts()  # only a rank that lost its peers points at a host
+        message += extra
         tail = "\n".join(d.get("tail") or [])
-        return WorkerError(message, rank=d.get("rank"), exit_code=d.get("exit_code"), worker_traceback=tail)
+        return WorkerError(
+            message,
+            rank=d.get("rank"),
+            exit_code=d.get("exit_code"),
+            worker_traceback=tail,
+            lost_host=lost_host,
+        )
 
     def _silent_hosts(self) -> str:
         """The hosts none of whose ranks said a word since the rendezvous (neither failed nor
@@ -149,13 +157,18 @@ def translate(exc: BaseException, monitor: Monitor) -> BaseException:
         while not monitor.failures and time.monotonic() < end:
             time.sleep(0.05)
         monitor.wait_for_reports()
-    if lost and monitor.failures:
-        return monitor.worker_error(f"; Spark lost executor {lost.group(1)}: {lost.group(2).strip()}")
     if lost:
+        executor, reason = lost.group(1), lost.group(2).strip()
+        if monitor.failures and not all(
+            protocol.is_symptom(f, monitor.backend.peer_lost) for f in monitor.failures
+        ):  # a rank failed by itself: its code, not the machine, is the cause
+            return monitor.worker_error(f"; Spark lost executor {executor}: {reason}")
+        if monitor.failures:  # the ranks only lost their peers on the lost machine
+            return monitor.worker_error(f"; Spark lost executor {executor}: {reason}", lost_host=executor)
         return WorkerError(
-            f"Spark lost executor {lost.group(1)} running ranks ({lost.group(2).strip()}) and no rank "
-            "reported why: its host died or was cut off",
-            worker_traceback=text[-5000:],
+            f"Spark lost executor {executor} running ranks ({reason}) and no rank reported why: its "
+            "host died or was cut off",
+            lost_host=executor,
         )
     if any(s in text for s in _SLOT_ERRORS):
         world, tasks = monitor.world_size, monitor.tasks
@@ -186,10 +199,12 @@ def cause(exc: WorkerError) -> str:
 
 
 def restart_verdict(failures: List[WorkerError], max_restarts: int) -> str:
-    """Why to stop restarting now ('' to go on)."""
+    """Why to stop restarting now ('' to go on).  A lost machine is never 'the same failure again':
+    two hosts lost one after the other look alike and are no bug of the function."""
     if len(failures) > max_restarts:
         return f"max_restarts={max_restarts} used up"
-    if len(failures) >= 2 and signature(failures[-1]) == signature(failures[-2]):
+    lost = any(getattr(f, "lost_host", None) for f in failures[-2:])
+    if len(failures) >= 2 and not lost and signature(failures[-1]) == signature(failures[-2]):
         return "the same failure repeated identically (a bug in the function, not a lost machine)"
     return ""
 

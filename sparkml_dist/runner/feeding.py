@@ -79,7 +79,32 @@ def _end_worker(failure: BaseException) -> None:
 
 def feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
     """Give each rank its shard (a manifest, and for Spark's rows a spill file) and the function;
-    each rank's environment.  Bounded by progress (:class:`DataWatch`), not by ``start_timeout``."""
+    each rank's environment.  Bounded by progress (:class:`DataWatch`), not by ``start_timeout``.
+    Whatever goes wrong here (a full disk, a changed input) fails the rank with its cause in the
+    message, so the driver's error says it rather than Spark's ``getResult`` and JVM frames."""
+    try:
+        return _feed(members, batches)
+    except RankFailure:
+        raise
+    except Exception as exc:  # noqa: BLE001 - every cause is carried to the driver as it is
+        raise members[0].fail(_data_failure(members, exc), None, "data") from exc
+
+
+def _data_failure(members: list, exc: BaseException) -> str:
+    import errno
+
+    ranks = ", ".join(str(m.rank) for m in members)
+    text = f"the data phase of rank{'s' * (len(members) > 1)} {ranks} failed: {type(exc).__name__}: {exc}"
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        text += (
+            f" (writing the shard under {os.path.dirname(members[0].workdir)} on {members[0].address}: the "
+            "executor's local disk is full. Free space there, point spark.local.dir / SPARK_LOCAL_DIRS "
+            "at a larger disk, or let the ranks read a Parquet scan in place instead of spilled rows)"
+        )
+    return text
+
+
+def _feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
     spec = members[0].spec
     data = spec.data
     if not isinstance(data, SparkRows):
@@ -209,6 +234,7 @@ class Spill:
         self.path, self.streams, self.sizes = path, list(streams), sizes
         self.rows = {c: 0 for c in self.streams}
         self._writer: Optional[pa.ipc.RecordBatchFileWriter] = None
+        self._sink: Optional[pa.NativeFile] = None
         self._stream: Optional[int] = None
         self._buf: List[pa.RecordBatch] = []
         self._held = 0
@@ -219,7 +245,8 @@ class Spill:
             self._flush(whole_only=False)
             self._stream = stream
         if self._writer is None:
-            self._writer = pa.ipc.new_file(self.path, batch.schema)
+            self._sink = pa.OSFile(self.path, "wb")
+            self._writer = pa.ipc.new_file(self._sink, batch.schema)
         self._buf.append(batch)
         self._held += batch.num_rows
         self.rows[stream] += batch.num_rows
@@ -239,10 +266,19 @@ class Spill:
         self._held = keep
 
     def close(self) -> None:
-        if self._writer is not None:
+        """Write what is held and close the file; the file is closed even when writing fails (a
+        full disk), so nothing keeps the disk busy."""
+        writer, sink, self._writer, self._sink = self._writer, self._sink, None, None
+        if writer is None:
+            return
+        try:
+            self._writer = writer
             self._flush(whole_only=False)
-            self._writer.close()
             self._writer = None
+            writer.close()
+        finally:
+            self._writer = None
+            sink.close()
 
     def verify(self, rank: int) -> None:
         """Every stream got the rows the driver counted, else the input changed under us."""

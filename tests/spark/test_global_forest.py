@@ -99,3 +99,64 @@ def test_bad_input_is_refused_by_name_before_the_barrier_job(spark, binary):
     continuous = df.withColumn("label", df["f0"])
     with pytest.raises(ConfigurationError, match="labelCol='label' has more than maxClasses=1000"):
         GlobalForestClassifier(featuresCols=COLS, numWorkers=2).fit(continuous)
+
+
+def _listening_ports():
+    import psutil
+
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections(kind="tcp")
+        if c.status == psutil.CONN_LISTEN and c.pid and "java" not in psutil.Process(c.pid).name()
+    }
+
+
+@master_independent  # rank processes on this machine: where a test can reach every port they open
+def test_an_idle_connection_to_every_port_the_ranks_open_never_hangs_the_fit(spark, binary):
+    """A port scanner's idle connection to each port the fit's ranks listen on: the fit finishes,
+    or fails within collectiveTimeout naming XGBoost's tracker port or the worker it stopped."""
+    import socket
+    import threading
+    import time
+
+    from sparkml_dist.errors import WorkerError
+
+    _, _, df = binary
+    before, held, done = _listening_ports(), [], threading.Event()
+
+    def scan():
+        seen = set()
+        while not done.wait(0.05):
+            for ip, port in _listening_ports() - before - seen:
+                seen.add((ip, port))
+                try:
+                    held.append(
+                        (port, socket.create_connection(("127.0.0.1" if ip == "0.0.0.0" else ip, port)))
+                    )
+                except OSError:
+                    pass
+
+    scanner = threading.Thread(target=scan, daemon=True)
+    scanner.start()
+    est = GlobalForestClassifier(
+        numTrees=4, maxDepth=4, featuresCols=COLS, numWorkers=2, collectiveTimeout=20
+    )
+    start = time.monotonic()
+    try:
+        model = est.fit(df)
+        outcome = f"finished with {len(model.models)} member"
+    except WorkerError as exc:
+        outcome = str(exc)
+        assert ("XGBoost's collective (tracker" in outcome and "collectiveTimeout=20s" in outcome) or (
+            "XGBoost stopped that rank's worker" in outcome
+        ), outcome[:2000]
+        if "tracker" in outcome.split("\n")[0]:
+            assert any(f":{port})" in outcome for port, _ in held), outcome[:2000]  # the port is named
+    finally:
+        done.set()
+        scanner.join()
+        for _, s in held:
+            s.close()
+    took = time.monotonic() - start
+    assert held and took < 20 + 60, (took, outcome[:300])
+    print(f"{len(held)} idle connections held: {outcome.splitlines()[0][:200]} in {took:.1f}s")

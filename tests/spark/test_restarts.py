@@ -92,3 +92,22 @@ def test_ensemble_task_whose_executor_dies_mid_fit_is_retried_once_per_group(spa
     assert np.array_equal(loaded.predict_proba(X), plain.predict_proba(X))
     groups = [m["group"] for m in manifest["objects"]]
     assert sorted(groups) == [-1, 0, 0, 1, 1, 2, 2, 3, 3]  # the estimator; each member (record, model) once
+
+
+def test_two_executors_lost_one_after_the_other_do_not_stop_an_elastic_run(spark, tmp_path):
+    """Two lost machines look alike (the same JVM frames) but are no bug of the function: restarts
+    go on past the second loss, each time from the latest checkpoint."""
+    lines = []
+    out = BarrierRunner(
+        2, timeout=500, max_restarts=3, min_np=1, checkpoint_dir=str(tmp_path / "run"), log_sink=lines.append
+    ).run(
+        h.train_with_checkpoints,
+        steps=15,
+        crash_at=[4, 10],
+        crash_once_marker=str(tmp_path / "killed"),
+        crash_how="kill_executor",
+    )
+    assert (tmp_path / "killed.4").exists() and (tmp_path / "killed.10").exists()
+    assert out["resumed_from"] == 9  # the checkpoint of step 8, after the second loss
+    assert sum("attempt 1 failed" in ln or "attempt 2 failed" in ln for ln in lines) >= 2, lines[-10:]
+    assert_no_rank_left(within=30)

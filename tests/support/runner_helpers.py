@@ -97,7 +97,8 @@ def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=N
     """A deterministic DDP regression: data of step s is drawn from seed (s, rank), so a run resumed
     from a checkpoint ends with exactly the weights of an uninterrupted run. Rank 1 exits with code
     3 at ``crash_at`` (only the first time, when ``crash_once_marker`` names a file to create), or
-    with ``crash_how="kill_executor"`` SIGKILLs the executor JVM running its task."""
+    with ``crash_how="kill_executor"`` SIGKILLs the executor JVM running its task.  ``crash_at`` a
+    list: at each of those steps once (markers ``<crash_once_marker>.<step>``), by the last rank."""
     import os
 
     import torch
@@ -127,10 +128,17 @@ def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=N
         if step % every == every - 1:
             checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
             dist.barrier()  # the checkpoint is on disk before anyone goes on
-        if crash_at is not None and step == crash_at and context().rank == 1:
-            if crash_once_marker is None or not os.path.exists(crash_once_marker):
-                if crash_once_marker is not None:
-                    open(crash_once_marker, "w").close()
+        steps_to_crash = crash_at if isinstance(crash_at, (list, tuple)) else [crash_at]
+        if (
+            step in steps_to_crash
+            and context().rank == max(1, dist.get_world_size() - 1) % dist.get_world_size()
+        ):
+            marker = crash_once_marker and (
+                f"{crash_once_marker}.{step}" if isinstance(crash_at, (list, tuple)) else crash_once_marker
+            )
+            if marker is None or not os.path.exists(marker):
+                if marker is not None:
+                    open(marker, "w").close()
                 if crash_how == "kill_executor":  # the executor JVM under this rank dies
                     from tests.support.helpers import kill_my_executor_jvm
 

@@ -72,8 +72,56 @@ def test_the_error_names_a_host_none_of_whose_ranks_said_a_word():
     m = failures.Monitor(4, lambda s: None)
     for rank, host in enumerate(["10.0.0.2", "10.0.0.3", "10.0.0.2", "10.0.0.3"]):
         m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": rank, "host": host})
-    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "phase": "run"})
+    lost = ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"]
+    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": lost})
     text = str(m.worker_error())
     assert "no word from ranks 1, 3 on 10.0.0.3" in text
-    m.add_failure({"rank": 3, "message": "rank 3 exited with code 1", "phase": "run"})
+    m.add_failure({"rank": 3, "message": "rank 3 exited with code 1", "phase": "run", "tail": lost})
     assert "no word" not in str(m.worker_error())  # a host that reported is not silent
+
+
+def test_a_rank_that_failed_by_itself_before_the_rendezvous_blames_no_healthy_host():
+    m = failures.Monitor(2, lambda s: None)
+    m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": 0, "host": "10.0.0.2"})  # healthy, waiting
+    m.add_failure(
+        {"rank": 1, "message": "rank 1 exited with code 1", "phase": "start",
+         "tail": ["ModuleNotFoundError: No module named 'mylib'"]}
+    )  # fmt: skip
+    text = str(m.worker_error())
+    assert "rank 1 exited with code 1" in text and "no word" not in text and "10.0.0.2" not in text
+
+
+def _lost(executor, reason="Command exited with code 137"):
+    return RuntimeError(
+        "Job aborted due to stage failure: Task 1 in stage 7.0 failed 1 times, most recent failure: "
+        f"Lost task 1.0 in stage 7.0 (TID 31) (10.0.0.3 executor {executor}): ExecutorLostFailure "
+        f"(executor {executor} exited caused by one of the running tasks) Reason: {reason}\n"
+        "Driver stacktrace:\n"
+        "\tat org.apache.spark.scheduler.DAGScheduler.failJobAndIndependentStages(DAGScheduler.scala:2898)"
+    )
+
+
+def test_two_hosts_lost_one_after_the_other_are_not_the_same_bug_and_restarts_go_on(monkeypatch):
+    monkeypatch.setattr(failures, "FAILURE_GRACE_S", 0.01)
+    tries = []
+    for executor in ("1", "2"):  # two different machines, the same JVM frames
+        err = failures.translate(_lost(executor), failures.Monitor(2, lambda s: None))
+        assert err.lost_host == executor and "Spark lost executor" in str(err)
+        tries.append(err)
+    assert failures.restart_verdict(tries, max_restarts=3) == ""  # goes on (elastic: with fewer ranks)
+    assert "max_restarts=1 used up" in failures.restart_verdict(tries, max_restarts=1)
+    # the ranks left behind said only that their peer went away: still a lost machine
+    m = failures.Monitor(2, lambda s: None)
+    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": lost_peer()})
+    assert failures.translate(_lost("3"), m).lost_host == "3"
+    # a rank whose own code failed when its executor went down too: the code is the cause
+    m = failures.Monitor(2, lambda s: None)
+    m.add_failure(
+        {"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": ["KeyError: 'x'"]}
+    )
+    same = [failures.translate(_lost("4"), m) for _ in range(2)]
+    assert same[0].lost_host is None and "repeated identically" in failures.restart_verdict(same, 3)
+
+
+def lost_peer():
+    return ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"]

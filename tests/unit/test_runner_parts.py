@@ -1,6 +1,7 @@
 """Runner pieces without Spark: rendezvous maths, the log channel, shards, the task supervisor."""
 
 import hmac
+import os
 import pickle
 import socket
 import struct
@@ -496,3 +497,51 @@ def test_a_root_cause_reported_late_is_still_waited_for_while_only_symptoms_are_
     t = time.monotonic()
     m.wait_for_reports(grace=0.3, symptom_grace=10.0)
     assert time.monotonic() - t < 2
+
+
+def test_a_full_disk_while_spilling_reaches_the_driver_with_its_cause(tmp_path):
+    """The shard is spilled to a 1 MiB tmpfs (a full local disk): the rank fails with the OSError
+    and what to do in its message, which the driver's error carries (not Spark's getResult)."""
+    import subprocess
+    import types
+
+    import pyarrow as pa
+
+    from sparkml_dist.group_rows import GROUP_COL
+    from sparkml_dist.runner import feeding, protocol
+    from sparkml_dist.runner.task_spec import SparkRows, Streams
+
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], check=True)
+    try:
+        failed = []
+
+        class Member:
+            rank, address, gang = 0, "127.0.0.1", types.SimpleNamespace(echo_output=False)
+            workdir = str(disk / "rank0")
+            spec = types.SimpleNamespace(
+                data=SparkRows(Streams((200_000,), 1)), data_timeout=None, payload=b""
+            )
+
+            def fail(self, message, code=None, phase="run"):
+                failed.append(phase)
+                return protocol.RankFailure({"rank": 0, "message": message, "phase": phase})
+
+        os.mkdir(Member.workdir)
+        rows = pa.record_batch(
+            [pa.array(np.zeros(50_000, np.int32)), pa.array(np.random.default_rng(0).normal(size=50_000))],
+            names=[GROUP_COL, "x"],
+        )
+        with pytest.raises(protocol.RankFailure) as err:
+            feeding.feed([Member()], [rows] * 4)
+        detail = protocol.parse_failure(str(err.value))
+        assert failed == ["data"] and detail["phase"] == "data"
+        assert "OSError: [Errno 28]" in detail["message"] and "No space left on device" in detail["message"]
+        assert (
+            "the executor's local disk is full" in detail["message"]
+            and "spark.local.dir" in detail["message"]
+        )
+        assert os.listdir(Member.workdir) == ["shard.arrow"]  # closed: the disk can be unmounted
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
