@@ -4,7 +4,7 @@ beside MLlib's own sparse LogisticRegression on the same hashed rows.
     python benchmarks/bench_sparse.py                       # 1M rows x 2^18 columns, ~30 stored
     python benchmarks/bench_sparse.py --memory-only --rows 200000   # the task only (no Spark), JSON
 
-The memory figure runs one bagging task's executor code (``_worker.fit_groups``) in a fresh
+The memory figure runs one bagging task's executor code (``_fit_groups.fit_groups``) in a fresh
 process on rows streamed from an Arrow IPC file, as a Spark task receives them (in key order, as
 the fit's sort hands them), fitting scikit-learn's LogisticRegression on the CSR matrix; the
 process's peak RSS growth (VmHWM after a reset, Linux) is divided by the CSR size of the rows
@@ -83,28 +83,27 @@ def task_peak(path: str, width: int) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from sparkml_dist import collection, serialization
-    from sparkml_dist.ensemble import _worker
+    from sparkml_dist.ensemble import _fit_groups
+    from sparkml_dist.ensemble.member_records import FEATURES, LABEL
 
-    spec = _worker.FitSpec(
-        estimator_blob=serialization.dumps(LogisticRegression(max_iter=50)),
-        is_classifier=True,
+    recipe = _fit_groups.Clone(
+        serialization.dumps(LogisticRegression(max_iter=50)),
+        seeds=(1,),
+        member=True,
         classes=(0.0, 1.0),
         feature_subsets=(tuple(range(width)),),
-        seeds=(1,),
-        n_features=width,
-        has_weight=False,
-        vectors=True,
-        sparse_ok=True,
     )
+    inputs = _fit_groups.Inputs(features=(FEATURES,), label=LABEL, n_features=width, check_values=False)
+    spec = _fit_groups.GroupFitSpec(recipe, inputs, (0,))
     base = _status_mb("VmRSS")
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # VmHWM from here on
     t = time.perf_counter()
     reader = pa.ipc.open_stream(pa.OSFile(path, "rb"))
-    out = list(_worker.fit_groups(iter(reader), spec))
+    out = list(_fit_groups.fit_groups(iter(reader), spec))
     wall = time.perf_counter() - t
     peak = _status_mb("VmHWM") - base
-    member = collection.decode(pa.Table.from_batches(out), [0])[(0, 0)]  # raises the task's error
+    member = collection.decode(pa.Table.from_batches(out), [0])[(0, 0)].model  # raises the task's error
     return {"peak_growth_mb": peak, "fit_s": wall, "coef_nnz": int((member.model.coef_ != 0).sum())}
 
 

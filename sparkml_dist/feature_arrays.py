@@ -151,6 +151,52 @@ def matrix(
     return vectors_to_numpy(arr, n_features, what)
 
 
+def _part(arr: pa.Array, sparse_ok: bool, what: str):
+    """One feature column as a block of the matrix: a number (n, 1), an array (n, d), a vector (n, d)
+    sparse where ``sparse_ok``."""
+    arr = _combined(arr)
+    if is_vector(arr.type):
+        return vectors_to_csr(arr, what=what) if sparse_ok else vectors_to_numpy(arr, what=what)
+    if (
+        pa.types.is_list(arr.type)
+        or pa.types.is_large_list(arr.type)
+        or pa.types.is_fixed_size_list(arr.type)
+    ):
+        return lists_to_numpy(arr, what=what)
+    if arr.null_count:
+        raise ValueError(f"{what}: {arr.null_count} rows are null")
+    return arr.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)[:, None]
+
+
+def stack(
+    columns: List[pa.Array],
+    names: List[str],
+    n_features: Optional[int] = None,
+    *,
+    sparse_ok: bool = False,
+    keep_sparse: bool = False,
+):
+    """Feature columns side by side, the one way every per-group fit builds its matrix: numbers
+    and arrays dense, vectors as they are stored; CSR when a vector part is and ``sparse_ok``, made
+    dense when most entries are stored anyway (:data:`SPARSE_SHARE`) unless ``keep_sparse``."""
+    what = ", ".join(repr(n) for n in names)
+    if len(columns) == 1 and not keep_sparse:
+        return matrix(columns[0], n_features, sparse_ok=sparse_ok, what=f"column {what}")
+    parts = [_part(arr, sparse_ok, f"column {name!r}") for arr, name in zip(columns, names)]
+    if not any(hasattr(p, "tocsr") for p in parts):
+        X = np.hstack(parts) if len(parts) > 1 else parts[0]
+    else:
+        from scipy import sparse
+
+        X = sparse.hstack([p if hasattr(p, "tocsr") else sparse.csr_matrix(p) for p in parts]).tocsr()
+        cells = X.shape[0] * X.shape[1]
+        if not keep_sparse and not (cells and X.nnz < SPARSE_SHARE * cells):
+            X = X.toarray()
+    if n_features is not None and X.shape[1] != n_features:
+        raise ValueError(f"columns {what}: {X.shape[1]} features where {n_features} are expected")
+    return X
+
+
 def check_finite(X, allow_nan: bool, what: str) -> None:
     """Refuse +/-inf always and NaN unless the model handles missing values (dense or CSR)."""
     values = X.data if hasattr(X, "tocsr") else X

@@ -7,6 +7,8 @@ One copy of each rule the runner, the tuner, bagging (``useGpu``) and search (``
   configured, else the visible ones (local masters and local processes deal these out);
 * :func:`task_addresses` / :func:`task_gpus` — the GPUs Spark assigned to a task;
 * :func:`task_profile` / :func:`rank_profile` — the stage-level profile asking GPUs per task;
+  :func:`check_resources` / :func:`resources_profile` — a ``{"cpus": c, "gpus": g}`` a user asks
+  per task (trials, per-group training), checked and turned into that profile;
 * :func:`assign_local`, :func:`rank_gpus` — each rank's GPUs, on the driver's machine or in a task;
 * :func:`node_gpus`, :func:`gpu_env` — torchrun's device rules: what ``CUDA_VISIBLE_DEVICES``
   a rank sees and which index in it is its own.
@@ -22,7 +24,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import InsufficientResourcesError
+from .errors import ConfigurationError, InsufficientResourcesError
 
 DEVICE_ENV = "SPARKML_DIST_CUDA_DEVICE"  # a rank's index in CUDA_VISIBLE_DEVICES (context().device)
 DEVICES_ENV = "SPARKML_DIST_CUDA_DEVICES"  # the indices of all its GPUs (gpus_per_rank > 1)
@@ -84,6 +86,47 @@ def task_profile(cpus: int, gpus: int):
     if gpus:
         req = req.resource("gpu", gpus)
     return ResourceProfileBuilder().require(req).build
+
+
+RESOURCE_KEYS = ("cpus", "gpus")
+
+
+def check_resources(resources: Optional[Dict[str, Any]], name: str = "resources") -> Dict[str, int]:
+    """``resources`` (the parameter ``name``) as ``{"cpus": int >= 0, "gpus": int >= 0}``."""
+    from . import arg_checks
+
+    if resources is None:
+        return {"cpus": 0, "gpus": 0}
+    if not isinstance(resources, dict) or set(resources) - set(RESOURCE_KEYS):
+        raise ConfigurationError(
+            f"{name} must be a dict with keys among {list(RESOURCE_KEYS)}, got {resources!r}; "
+            f"e.g. {name}={{'cpus': 2, 'gpus': 1}}"
+        )
+    out = {}
+    for key in RESOURCE_KEYS:
+        value = resources.get(key, 0)
+        arg_checks.integer(f"{name}[{key!r}]", value, 0)
+        out[key] = value
+    return out
+
+
+def resources_profile(spark, resources: Optional[Dict[str, Any]], name: str):
+    """The stage-level profile of tasks asking ``resources`` (None where nothing is asked, and on
+    local masters, which schedule no task resources); refuses what no executor has.  [driver]"""
+    from . import _spark_env
+
+    res = check_resources(resources, name)
+    if not (res["cpus"] or res["gpus"]):
+        return None
+    cluster = _spark_env.ClusterMemory.from_spark(spark)
+    if res["cpus"] > cluster.cores_per_executor:
+        raise InsufficientResourcesError(
+            f"{name} asks {res['cpus']} CPUs per task but an executor has {cluster.cores_per_executor} "
+            f"cores: lower {name}['cpus'] or give executors more cores"
+        )
+    if _spark_env.is_local(_spark_env.master_of(spark)):
+        return None
+    return task_profile(res["cpus"] or cluster.task_cpus, res["gpus"])
 
 
 def task_gpus(resources: Dict[str, object], use_gpu: bool, rank: int) -> Optional[List[str]]:

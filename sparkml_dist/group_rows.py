@@ -32,9 +32,11 @@ def order_rows(keys: np.ndarray, *tiebreak: np.ndarray) -> np.ndarray:
 
 def group_runs(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, List[pa.RecordBatch]]]:
     """``(group, its batches)`` for rows that arrive sorted by ``GROUP_COL``: one group is held at
-    a time, whatever the batches' boundaries."""
+    a time, whatever the batches' boundaries.  A group that comes back after another is an error
+    (the rows were not grouped: it would be fitted twice on halves)."""
     pending: List[pa.RecordBatch] = []
     current = None
+    done = set()
     for batch in batches:
         groups = batch.column(GROUP_COL).to_numpy()
         if not len(groups):
@@ -44,7 +46,10 @@ def group_runs(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, List[pa
             g = int(groups[lo])
             if current is not None and g != current:
                 yield current, pending
+                done.add(current)
                 pending = []
+            if g in done:
+                raise RuntimeError(f"group {g}'s rows did not arrive together in this task")
             current = g
             pending.append(batch.slice(lo, hi - lo))
     if current is not None:

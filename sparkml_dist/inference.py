@@ -130,7 +130,7 @@ def _ensemble_scores(df, stage, input_cols, output_col: str, method: str):
 
 def _function_spec(make_predict_fn: Callable) -> dict:
     from . import serialization
-    from .runner.admission import unpicklable_part
+    from .serialization import unpicklable_part
 
     try:
         blob = serialization.dumps(make_predict_fn)

@@ -125,14 +125,27 @@ def membership_sql(spec: SplitSpec, key: str = KEY_COL) -> str:
     )
 
 
+def row_keys(df, seed: int, key_cols: Sequence[str]):
+    """``df`` plus ``KEY_COL``: the 64-bit key ``xxhash64(seed, *key_cols)`` of each row, the one
+    row key of the package (groups, the order of a group's rows, the out-of-bag draw).  Lazy."""
+    from pyspark.sql import functions as F
+
+    if not key_cols:
+        raise ConfigurationError("key_cols must name at least one column to derive row keys from")
+    return df.withColumn(KEY_COL, F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in key_cols]))
+
+
+def hashable_columns(df) -> List[str]:
+    """The columns of ``df`` a row key can be computed from (all but maps and variants)."""
+    return [c for c in df.columns if not unkeyable_part(df.schema[c].dataType, hashing=True)]
+
+
 def assign_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
     """``df`` plus ``KEY_COL`` (long) and ``GROUP_COL`` (int), one row per (row, group, copy),
     with group ``g`` in partition ``g``.  Lazy: starts no Spark job."""
     from pyspark.sql import functions as F
 
-    if not key_cols:
-        raise ConfigurationError("key_cols must name at least one column to derive row keys from")
-    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(spec.seed)), *[F.col(c) for c in key_cols]))
+    keyed = row_keys(df, spec.seed, key_cols)
     exploded = keyed.withColumn(GROUP_COL, F.explode(F.expr(membership_sql(spec))))
     return exploded.repartitionById(spec.num_groups, GROUP_COL)
 
@@ -267,11 +280,10 @@ def deal(df, spec: SplitSpec, key_cols: Sequence[str], extra_aggs: Optional[Mapp
 
     if spec.sampling != "disjoint":
         raise ConfigurationError(f"balanced_groups deals disjoint groups, not {spec.sampling!r} ones")
-    if not key_cols:
-        raise ConfigurationError("key_cols must name at least one column to derive row keys from")
     bucket = "__sd_bucket"
-    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(spec.seed)), *[F.col(c) for c in key_cols]))
-    keyed = keyed.withColumn(bucket, F.pmod(F.col(KEY_COL), F.lit(_BUCKETS)).cast("int"))
+    keyed = row_keys(df, spec.seed, key_cols).withColumn(
+        bucket, F.pmod(F.col(KEY_COL), F.lit(_BUCKETS)).cast("int")
+    )
     aggs = [F.count(F.lit(1)).alias("__rows")] + [c.alias(name) for name, c in (extra_aggs or {}).items()]
     counts, extras = {}, {}
     for r in keyed.groupBy(bucket).agg(*aggs).collect():

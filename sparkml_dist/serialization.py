@@ -4,6 +4,9 @@
 executors and back.  Bytes that come back through Spark (``collect``) were produced by our own
 executor code under Spark's authentication, and are loaded with :func:`loads`.
 
+:func:`unpicklable_part` names what a function captures that cannot travel (for the errors of
+every feature that ships a user's function).
+
 Bytes read from *files* (a model store, a saved model) may have been planted by someone else, and
 unpickling is code execution: they are never read here, but with :mod:`sparkml_dist.model_formats`
 (skops, XGBoost's own format, safetensors, JSON), which run no code.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import pickle
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any, Callable, Optional
@@ -26,6 +30,26 @@ except ImportError:  # pragma: no cover - depends on the environment
 def dumps(obj: Any) -> bytes:
     """Serialize ``obj`` (including lambdas and notebook-defined classes) to bytes."""
     return _cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def unpicklable_part(fn: Callable) -> str:
+    """Name what a function captures that cannot be pickled (closure cells, then globals)."""
+    code = getattr(fn, "__code__", None)
+    candidates = []
+    if code is not None and getattr(fn, "__closure__", None):
+        candidates += list(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
+    if code is not None:
+        g = getattr(fn, "__globals__", {})
+        candidates += [(n, g[n]) for n in code.co_names if n in g and not isinstance(g[n], type(sys))]
+    for name, value in candidates:
+        try:
+            dumps(value)
+        except Exception as exc:  # the first capture that cannot travel
+            return (
+                f" It captures {name!r} ({type(value).__module__}.{type(value).__qualname__}), "
+                f"which cannot be pickled: {exc}. Create it inside the function instead."
+            )
+    return ""
 
 
 def ship_by_value(module) -> None:

@@ -56,8 +56,8 @@ cells = [
         "    X, y = data\n"
         "    model = LogisticRegression(C=0.5, max_iter=300).fit(X, y)\n"
         "    return model, {'train_acc': model.score(X, y), 'nnz_per_row': X.nnz / X.shape[0], 'sparse': float(hasattr(X, 'tocsr'))}\n\n"
-        "result = train_per_group(train, fit, numGroups=5, sampling='bootstrap', sampleRatio=0.6,\n"
-        "                         featuresCols=['tf'], labelCol='label', seed=3)\n"
+        "result = train_per_group(train, fit, num_groups=5, sampling='bootstrap', sample_ratio=0.6,\n"
+        "                         features_cols=['tf'], label_col='label', seed=3)\n"
         "for m in result.members:\n"
         "    print(m.group, m.rows, 'rows', {k: round(v, 3) for k, v in m.metrics.items()})",
     ),

@@ -3,9 +3,9 @@
 Job file (YAML)::
 
     input: {path: data.parquet}                     # or a CSV file (header, types inferred)
-    params: {groupCol: store}                       # train_per_group's keywords: or numGroups: 8,
-                                                    # sampling: bootstrap, sampleRatio: 0.5, seed: 7,
-                                                    # featuresCols: [...], labelCol: label, onError: skip
+    params: {group_col: store}                      # train_per_group's keywords: or num_groups: 8,
+                                                    # sampling: bootstrap, sample_ratio: 0.5, seed: 7,
+                                                    # features_cols: [...], label_col: label, on_error: skip
     output: {members_table: out/members}            # Parquet: group, rows, format, model, metrics, sha256
 
 The function is ``module:function`` (the job file's folder first on ``sys.path``) or

@@ -23,6 +23,24 @@ from typing import Any, Dict, Optional
 
 import numpy as np
 
+from ..errors import WorkerError
+
+
+def explained(exc: WorkerError) -> WorkerError:
+    """[driver] A rank that XGBoost itself stopped (its error port was connected to): say what that means."""
+    if "Another worker is running into error" not in (exc.worker_traceback or ""):
+        return exc
+    message = str(exc).split("\n--- executor traceback ---\n")[0]
+    return WorkerError(
+        f"{message}: XGBoost stopped that rank's worker because a connection reached its error port. "
+        "XGBoost's workers listen on every interface (its socket code binds INADDR_ANY; no setting "
+        "changes it), and any connection there, from a failing peer or from a stranger such as a port "
+        "scanner, ends the worker. Fit again; keep the executors' ports closed to other machines.",
+        rank=exc.rank,
+        exit_code=exc.exit_code,
+        worker_traceback=exc.worker_traceback,
+    )
+
 
 def _tracker_port(rank: int, world: int, timeout: int):
     """(tracker or None, its port): started on rank 0, the port broadcast to every rank."""

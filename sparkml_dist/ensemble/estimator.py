@@ -1,8 +1,9 @@
 """BaggingClassifier / BaggingRegressor: one scikit-learn-API model per group.  [driver]
 
 ``fit``: validate parameters and columns (no Spark job) -> split rows into groups
-(:mod:`sparkml_dist.partitioning`, one sizing/validation job) -> fit one clone of ``estimator`` per
-group inside the executors (:mod:`sparkml_dist.launch`) -> a model holding the members.
+(:func:`sparkml_dist.ensemble.groups.by_split`, one sizing/validation job) -> fit one clone of
+``estimator`` per group inside the executors (the per-group engine,
+:func:`sparkml_dist.ensemble.groups.fit`) -> a model holding the members.
 
 Example::
 
@@ -36,7 +37,8 @@ from .. import (
     tracking,
 )
 from ..errors import ConfigurationError
-from . import _worker, forest, global_forest, member_store, oob, validation
+from . import forest, global_forest, groups, member_store, oob, validation
+from ._fit_groups import Clone, GroupFitSpec, Inputs
 from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
@@ -146,15 +148,6 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         key_cols = [FEATURES, LABEL] + ([WEIGHT] if weight_col else [])
         return dataset.select(*cols), key_cols
 
-    def _group_rows(self, spark, prepared, key_cols, spec, aggs):
-        """Rows -> groups, and their sizes with the data checks' aggregates, in one counting job."""
-        if spec.sampling == "disjoint":  # exactly balanced groups, whatever the rows
-            with launch.job_scope(spark, "sparkml_dist: dealing rows to groups, checking the data"):
-                return partitioning.deal(prepared, spec, key_cols, aggs)
-        grouped = partitioning.assign_groups(prepared, spec, key_cols)
-        with launch.job_scope(spark, "sparkml_dist: sizing groups, checking the data"):
-            return grouped, partitioning.group_stats(grouped, spec.num_groups, aggs)
-
     def _check_groups(self, spark, dataset, stats, spec, est, weight_col, vectors, width, stored) -> dict:
         """Check the data from the counting job's findings; returns check_data's findings (and
         whether vectors reach the members sparse)."""
@@ -215,38 +208,44 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         vectors = validation.is_vector_input(dataset, self.getFeaturesCol(), self.getFeaturesCols())
         width, stored = validation.vector_shape(dataset, self.getFeaturesCol()) if vectors else (None, 0.0)
         aggs = validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes, vectors)
-        grouped, stats = self._group_rows(spark, prepared, key_cols, spec, aggs)
-        info = self._check_groups(spark, dataset, stats, spec, est, weight_col, vectors, width, stored)
-        if info["sparse_ok"]:  # rows reach each task in key order: its CSR matrix is built in place
-            grouped = grouped.sortWithinPartitions(partitioning.GROUP_COL, partitioning.KEY_COL)
+        split = groups.by_split(prepared, spec, key_cols, extra_aggs=aggs)
+        info = self._check_groups(spark, dataset, split.stats, spec, est, weight_col, vectors, width, stored)
         gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")
-        fit_spec = _worker.FitSpec(
-            estimator_blob=blob,
-            is_classifier=self._is_classifier,
-            classes=info["classes"] or (),
-            feature_subsets=tuple(tuple(int(i) for i in s) for s in info["subsets"]),
+        recipe = Clone(
+            blob,
             seeds=tuple(partitioning.group_seeds(spec)),
-            n_features=info["n_features"],
-            has_weight=bool(weight_col),
-            members_store=member_store.new_store(self.getMembersDir(), self.uid),
+            member=True,
+            classes=tuple(info["classes"] or ()),
+            feature_subsets=tuple(tuple(int(i) for i in s) for s in info["subsets"]),
             gpus=gpus,
-            vectors=info["vectors"],
-            sparse_ok=info["sparse_ok"],
-            allow_nan=validation.estimator_allows_nan(est),
-            features_col=self.getFeaturesCol(),
         )
-        results = launch.run_on_groups(
-            grouped,
-            _worker.fit_groups,
-            fit_spec,
-            expected_groups=range(spec.num_groups),
+        inputs = Inputs(
+            features=(FEATURES,),
+            label=LABEL,
+            weight=WEIGHT if weight_col else None,
+            n_features=info["n_features"],
+            check_values=validation.estimator_allows_nan(est) if vectors else None,
+            what=f"featuresCol={self.getFeaturesCol()!r}",
+        )
+        store = member_store.new_store(self.getMembersDir(), self.uid)
+        fitted = groups.fit(
+            split,
+            GroupFitSpec(recipe, inputs, split.keys, self.getOnError(), store),
+            what="group",
             description=f"sparkml_dist: fitting {spec.num_groups} models",
             profile=profile,
+            # rows reach each task in key order where vectors stay sparse: its CSR matrix is built in place
+            frame=split.frame.sortWithinPartitions(partitioning.GROUP_COL, partitioning.KEY_COL)
+            if info["sparse_ok"]
+            else None,
         )
-        members = [results[(g, 0)] for g in range(spec.num_groups)]
-        if fit_spec.members_store is not None:
-            members = member_store.committed(fit_spec.members_store, members)
+        members = (
+            [r.model for r in fitted.results if r is not None]
+            if store is None
+            else member_store.LazyMembers(store.uri, fitted.stored)
+        )
         model = self._model_class()(members=members, n_features=info["n_features"], classes=info["classes"])
+        model.failedGroups = dict(fitted.skipped)  # onError="skip": {group: its error}
         if self.getOobScore():
             model.oobMetrics_ = oob.score(model, prepared, spec, key_cols)
             model.oobScore_ = model.oobMetrics_.get("accuracy" if self._is_classifier else "r2")
@@ -296,6 +295,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         mlflow: Optional[bool] = None,
         useGpu: bool = False,
         oobScore: bool = False,
+        onError: str = "raise",
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -335,6 +335,7 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
         mlflow: Optional[bool] = None,
         useGpu: bool = False,
         oobScore: bool = False,
+        onError: str = "raise",
     ):
         super().__init__()
         self._set(**self._input_kwargs)

@@ -114,3 +114,20 @@ def xgb_params(p: dict, n_features: int, classes, seed: int) -> dict:
     else:
         params.update(objective="multi:softprob", num_class=len(classes))
     return params
+
+
+def check_rank_memory(features, n_rows: int, workers: int, width: int, budget: int) -> None:
+    """The global forest's XGBoost gets each rank's rows dense: refuse, before the barrier job,
+    what a task cannot hold (``budget`` bytes: the float32 matrix + the float64 rows it is built
+    from)."""
+    rows = -(-n_rows // workers)
+    need = rows * (width * 12.0 + 16)
+    if need > budget:
+        fewer = -(-int(need) // budget) * workers
+        raise ConfigurationError(
+            f"features {features!r}: each of numWorkers={workers} ranks would hold {rows} rows x {width} "
+            f"features dense (XGBoost's matrix here), about {need / 2**30:.1f} GiB, more than one task "
+            f"can hold ({budget / 2**30:.1f} GiB). Raise numWorkers (to about {fewer}), make the features "
+            "narrower (e.g. HashingTF's numFeatures), or use BaggingClassifier, whose members keep "
+            "sparse vectors sparse."
+        )

@@ -52,22 +52,6 @@ from .params import HasEstimatorAndFeatures, declare
 from .persistence import StageReadWrite
 
 
-def _explained(exc: WorkerError) -> WorkerError:
-    """A rank that XGBoost itself stopped (its error port was connected to): say what that means."""
-    if "Another worker is running into error" not in (exc.worker_traceback or ""):
-        return exc
-    message = str(exc).split("\n--- executor traceback ---\n")[0]
-    return WorkerError(
-        f"{message}: XGBoost stopped that rank's worker because a connection reached its error port. "
-        "XGBoost's workers listen on every interface (its socket code binds INADDR_ANY; no setting "
-        "changes it), and any connection there, from a failing peer or from a stranger such as a port "
-        "scanner, ends the worker. Fit again; keep the executors' ports closed to other machines.",
-        rank=exc.rank,
-        exit_code=exc.exit_code,
-        worker_traceback=exc.worker_traceback,
-    )
-
-
 def preset(is_classifier: bool, *, minInstancesPerNode: int = 1, maxDepth: Optional[int] = 10, **params):
     """``BaggingClassifier.forest(strategy="global", ...)``: the same names as the local preset
     (:func:`sparkml_dist.ensemble.forest.preset`) but ``minInstancesPerNode``, and
@@ -169,7 +153,10 @@ class _GlobalForest(Estimator, StageReadWrite):
                 f"(at most {n_rows})."
             )
         workers = min(p["workers"] or self._slots(spark), n_rows)
-        self._check_rank_memory(spark, n_rows, workers, info["n_features"])
+        forest.check_rank_memory(
+            self.getFeaturesCols() or self.getFeaturesCol(), n_rows, workers, info["n_features"],
+            _spark_env.task_memory_budget(spark),
+        )  # fmt: skip
         classes = info["classes"]
         params = forest.xgb_params(p, info["n_features"], classes, int(self.getSeed()))
         conf = _spark_env.conf_of(spark)
@@ -187,27 +174,12 @@ class _GlobalForest(Estimator, StageReadWrite):
                 t,
             )
         except WorkerError as exc:
-            raise _explained(exc) from None
+            raise _forest_rank.explained(exc) from None
         model = self._member_model(raw)
         classes_idx = np.arange(len(classes)) if classes else None
         member = Member(0, model, np.arange(info["n_features"]), classes_idx, n_rows)
         fitted = self._model_class()(members=[member], n_features=info["n_features"], classes=classes)
         return self._copyValues(fitted)
-
-    def _check_rank_memory(self, spark, n_rows: int, workers: int, width: int) -> None:
-        """XGBoost gets each rank's rows dense: refuse, before the barrier job, what a task
-        cannot hold (float32 matrix + the float64 rows it is built from)."""
-        rows = -(-n_rows // workers)
-        need, budget = rows * (width * 12.0 + 16), _spark_env.task_memory_budget(spark)
-        if need > budget:
-            fewer = -(-int(need) // budget) * workers
-            raise ConfigurationError(
-                f"features {self.getFeaturesCols() or self.getFeaturesCol()!r}: each of numWorkers={workers} "
-                f"ranks would hold {rows} rows x {width} features dense (XGBoost's matrix here), about "
-                f"{need / 2**30:.1f} GiB, more than one task can hold ({budget / 2**30:.1f} GiB). Raise "
-                f"numWorkers (to about {fewer}), make the features narrower (e.g. HashingTF's "
-                "numFeatures), or use BaggingClassifier, whose members keep sparse vectors sparse."
-            )
 
     def _columns(self, dataset, weight_col: str) -> list:
         features = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())

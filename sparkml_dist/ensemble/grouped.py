@@ -3,14 +3,16 @@
 ``GroupedTrainer(estimator, groupCol, featuresCols, labelCol).fit(df)`` trains one clone of
 ``estimator`` per distinct value of ``groupCol`` (a store, a customer segment, a sensor):
 
-1. one aggregation job counts each key's rows; null keys are refused; keys with fewer than
-   ``minRows`` rows are reported: an error listing them (default) or, with
-   ``onSmallGroups="skip"``, a warning and the model's ``skippedGroups``;
-2. the shared partitioning layer (:func:`sparkml_dist.partitioning.assign_keys`) sends each key's
-   rows to one task, sorted by key, so a task fits its keys one after another holding one key's
-   rows at a time;
-3. the fitted models come back through the shared collection layer (a key whose fit raises fails
-   the fit with a ``WorkerError`` naming the key).
+1. one aggregation job counts each key's rows (:func:`sparkml_dist.ensemble.groups.count_keys`:
+   keys stay in Spark's types, so a timestamp or an array key finds all of its rows); null keys
+   are refused; keys with fewer than ``minRows`` rows are reported: an error listing them
+   (default) or, with ``onSmallGroups="skip"``, a warning and the model's ``skippedGroups``;
+2. the per-group engine (:mod:`sparkml_dist.ensemble.groups`) sends each key's rows to one task,
+   orders them by a hash of the seed and the row (the same models on any partitioning), and fits
+   one clone per key, one key's rows held at a time;
+3. the fitted models come back through the shared collection layer, or stay in ``membersDir``; a
+   key whose fit raises fails the fit with a ``WorkerError`` naming the key and its traceback, or
+   with ``onError="skip"`` is listed in ``model.failedGroups``.
 
 ``GroupedModel.transform(df)`` adds ``predictionCol`` from the model of each row's key; a key not
 seen in training raises (``unseenKey="error"``, default) or predicts null (``unseenKey="null"``).
@@ -37,11 +39,11 @@ import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 
-from .. import launch, partitioning, plan, serialization, tracking
+from .. import launch, member_gpus, partitioning, serialization, tracking
 from ..errors import ConfigurationError
-from . import validation
-from ._grouped_worker import FitSpec, PredictSpec, fit_keys, predict_batch, predict_keys
-from ._worker import fresh_copy
+from . import groups, member_store, validation
+from ._fit_groups import Clone, GroupFitSpec, Inputs, fresh_copy
+from ._key_scoring import PredictSpec, predict_batch, predict_keys
 from .member_records import FEATURES, LABEL, KeyModel
 from .members_table import TableMembers
 from .params import _GroupedParams
@@ -51,7 +53,15 @@ log = logging.getLogger(__name__)
 
 
 class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
-    """One clone of ``estimator`` per distinct value of ``groupCol`` (see the module docstring)."""
+    """One clone of ``estimator`` per distinct value of ``groupCol`` (see the module docstring).
+
+    Parameters (keyword): ``estimator``, ``groupCol``, ``featuresCols`` / ``featuresCol``,
+    ``labelCol``, ``predictionCol``, ``minRows`` (1), ``onSmallGroups`` ("error" | "skip"),
+    ``unseenKey`` ("error" | "null"), ``seed`` (0: each key's rows are ordered by a hash of it and
+    the row, and an estimator whose ``random_state`` is None gets the key's own seed: the same
+    models on any partitioning), ``membersDir``, ``onError`` ("raise" | "skip": ``model.failedGroups``),
+    ``useGpu``, ``mlflow``: as for :class:`~sparkml_dist.ensemble.BaggingClassifier`.
+    """
 
     @keyword_only
     def __init__(
@@ -67,6 +77,10 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         onSmallGroups: str = "error",
         unseenKey: str = "error",
         mlflow: Optional[bool] = None,
+        seed: int = 0,
+        membersDir: Optional[str] = None,
+        onError: str = "raise",
+        useGpu: bool = False,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -113,41 +127,32 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         )
         return dataset.select(F.col(key_col), feats.alias(FEATURES), label.alias(LABEL)), is_string_label
 
-    def _count_keys(self, spark, prepared):
-        """Rows per key in one job; refuses null keys, labels and features. ({key: rows}, small keys)."""
+    def _count_keys(self, prepared):
+        """Rows per key in one job (:func:`groups.count_keys`); refuses null keys, labels and
+        features.  (the counts, the indices of the keys kept, small keys)."""
         from pyspark.sql import functions as F
 
         key_col = self.getGroupCol()
-        with launch.job_scope(spark, "sparkml_dist: counting rows per key"):
-            counts = (
-                prepared.groupBy(key_col)
-                .agg(
-                    F.count(F.lit(1)).alias("rows"),
-                    F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)).alias("null_labels"),
-                    F.sum(F.when(F.col(FEATURES).isNull(), 1).otherwise(0)).alias("null_features"),
-                )
-                .orderBy(key_col)
-                .collect()
-            )
-        if not counts:
-            raise ConfigurationError("the input DataFrame is empty; there is nothing to fit.")
-        if any(r[key_col] is None for r in counts):
-            n = next(r["rows"] for r in counts if r[key_col] is None)
-            raise ConfigurationError(
-                f"groupCol={key_col!r} is null in {n} rows; fill or filter them "
-                "before fitting (a null key gets no model)."
-            )
+        counts = groups.count_keys(
+            prepared,
+            key_col,
+            {
+                "null_labels": F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)),
+                "null_features": F.sum(F.when(F.col(FEATURES).isNull(), 1).otherwise(0)),
+            },
+        )
         for what, param in (("null_labels", "labelCol"), ("null_features", "features")):
-            bad = [(r[key_col], r[what]) for r in counts if r[what]]
+            bad = [(k, e[what]) for k, e in zip(counts.keys, counts.extras) if e[what]]
             if bad:
                 raise ConfigurationError(
                     f"{param}: {sum(n for _, n in bad)} rows are null (keys "
                     f"{[k for k, _ in bad[:5]]}); drop or impute them first."
                 )
-        small = {r[key_col]: r["rows"] for r in counts if r["rows"] < self.getMinRows()}
-        return {r[key_col]: r["rows"] for r in counts if r[key_col] not in small}, small
+        keep = [g for g, n in enumerate(counts.rows) if n >= self.getMinRows()]
+        small = {counts.keys[g]: counts.rows[g] for g in range(len(counts.keys)) if g not in set(keep)}
+        return counts, keep, small
 
-    def _check_small(self, small: Dict[Any, int], kept: Dict[Any, int]) -> None:
+    def _check_small(self, small: Dict[Any, int], kept: List[int]) -> None:
         key_col = self.getGroupCol()
         if small and self.getOnSmallGroups() == "error":
             listed = ", ".join(f"{k!r}: {n}" for k, n in list(small.items())[:10])
@@ -172,41 +177,44 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         return tracking.tracked_fit(self, self._fit_keys, dataset)
 
     def _fit_keys(self, dataset):
-        from pyspark.sql import types as T
-
         self._check_params(dataset)
         blob = self._estimator_blob()
         key_col = self.getGroupCol()
         prepared, is_string_label = self._prepare(dataset)
         spark = launch.session_of(dataset)
-        kept, small = self._count_keys(spark, prepared)
-        self._check_small(small, kept)
-        keys = tuple(kept)
-        key_table = spark.createDataFrame(
-            [(k, i) for i, k in enumerate(keys)],
-            T.StructType(
-                [
-                    T.StructField(key_col, dataset.schema[key_col].dataType),
-                    T.StructField(partitioning.GROUP_COL, T.IntegerType()),
-                ]
-            ),
-        )
+        counts, keep, small = self._count_keys(prepared)
+        self._check_small(small, keep)
         n_features = len(self.getFeaturesCols()) or 1
-        concurrency = plan.plan_concurrency(spark, max(kept.values()) * (n_features + 2) * 8 * 3)
-        n_parts = min(len(keys), concurrency.concurrency * 4)
-        grouped = partitioning.assign_keys(prepared, key_col, key_table, n_parts)
-        grouped = grouped.select(partitioning.GROUP_COL, FEATURES, LABEL)
-        log.info("GroupedTrainer: %d keys in %d tasks (%s)", len(keys), n_parts, concurrency.summary())
-        results = launch.run_on_groups(
-            grouped,
-            fit_keys,
-            FitSpec(blob, keys),
-            expected_groups=range(len(keys)),
-            description=f"sparkml_dist: fitting {len(keys)} models by {key_col}",
-            what="key",
+        split = groups.by_key(
+            prepared,
+            counts,
+            [FEATURES, LABEL],
+            keep=keep,
+            seed=int(self.getSeed()),
+            key_cols=[key_col, FEATURES, LABEL],
+            bytes_per_row=(n_features + 2) * 8,
         )
-        members = [results[(g, 0)] for g in range(len(keys))]
-        model = GroupedModel(members=members, skipped=small, label_is_string=is_string_label)
+        est = serialization.loads(blob)
+        gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")
+        spec = partitioning.SplitSpec(num_groups=max(1, len(split.keys)), seed=int(self.getSeed()))
+        recipe = Clone(blob, seeds=tuple(partitioning.group_seeds(spec)), gpus=gpus)
+        store = member_store.new_store(self.getMembersDir(), self.uid)
+        fitted = groups.fit(
+            split,
+            GroupFitSpec(
+                recipe, Inputs(features=(FEATURES,), label=LABEL), split.keys, self.getOnError(), store, "key"
+            ),
+            what="key",
+            description=f"sparkml_dist: fitting {len(split.keys)} models by {key_col}",
+            profile=profile,
+        )
+        if store is None:
+            members = [r.model for r in fitted.results if r is not None]
+        else:  # loaded when used; the driver names each key (a record holds no key JSON cannot)
+            members = member_store.LazyMembers(store.uri, fitted.stored)
+        kept = [r.key for r in fitted.results if r is not None]
+        model = GroupedModel(members=members, skipped=small, label_is_string=is_string_label, keys=kept)
+        model.failedGroups = dict(fitted.skipped)
         return self._copyValues(model)
 
 
@@ -227,24 +235,30 @@ class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
         members: Optional[List[KeyModel]] = None,
         skipped: Optional[Dict[Any, int]] = None,
         label_is_string: bool = False,
+        keys: Optional[List[Any]] = None,
     ):
         super().__init__()
-        self._members = list(members or [])
+        lazy = isinstance(members, member_store.LazyMembers)
+        self._members = members if lazy else list(members or [])
+        self._keys = list(keys) if keys is not None else None  # the members' keys, when they are lazy
         self._skipped = dict(skipped or {})
         self._label_is_string = bool(label_is_string)
+        self.failedGroups: Dict[Any, str] = {}  # a fit with onError="skip": {key: why its fit failed}
 
     @property
     def keys(self) -> List[Any]:
         """The keys that have a model, in sorted order."""
-        return [m.key for m in self._members]
+        return list(self._keys) if self._keys is not None else [m.key for m in self._members]
 
     @property
     def models(self) -> Dict[Any, Any]:
         """``{key: fitted model}``."""
-        return {m.key: m.model for m in self._members}
+        return {k: m.model for k, m in zip(self.keys, self._members)}
 
     @property
     def groupSizes(self) -> Dict[Any, int]:
+        if isinstance(self._members, member_store.LazyMembers):  # from the records: nothing loaded
+            return {k: int(r["rows"]) for k, r in zip(self.keys, self._members.records)}
         return {m.key: m.rows for m in self._members}
 
     @property
@@ -275,7 +289,8 @@ class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
             raise ConfigurationError(
                 f"predictionCol={self.getPredictionCol()!r} is already a column; set another predictionCol"
             )
-        blob = serialization.dumps((self.keys, [m.model for m in self._members]))
+        lazy = isinstance(self._members, member_store.LazyMembers)  # each worker reads the store itself
+        blob = serialization.dumps((self.keys, self._members if lazy else [m.model for m in self._members]))
         spec = PredictSpec(
             self.getGroupCol(),
             self.getPredictionCol(),
@@ -302,5 +317,6 @@ class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
 
     def _restore_state(self, state: dict, members: list) -> None:
         self._members = sorted(members, key=lambda m: m.group)
+        self._keys = None
         self._label_is_string = bool(state.get("label_is_string", False))
         self._skipped = {k: n for k, n in state.get("skipped", [])}

@@ -11,8 +11,9 @@ Also the names of the columns the ensemble stages hand to their executor code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -75,12 +76,22 @@ class Member:
 
 @dataclass(frozen=True)
 class KeyModel:
-    """The model fitted for one key (``group`` is the key's index in the trained model)."""
+    """The model fitted for one key (``group`` is the key's index in the trained model), the rows it
+    saw and what its training reported (``metrics``: the user's function's)."""
 
     group: int
     key: Any
     model: Any
     rows: int
+    metrics: Dict[str, float] = field(default_factory=dict)
+
+
+def _plain(key: Any) -> bool:
+    try:
+        json.dumps(key)
+        return True
+    except (TypeError, ValueError):
+        return False
 
 
 def to_record(m: Any) -> Tuple[dict, Any]:
@@ -95,7 +106,12 @@ def to_record(m: Any) -> Tuple[dict, Any]:
             "n_rows": int(m.n_rows),
             "constant": bool(m.constant),
         }, m.model
-    return {"kind": "key_model", "group": int(m.group), "key": m.key, "rows": int(m.rows)}, m.model
+    record = {"kind": "key_model", "group": int(m.group), "rows": int(m.rows)}
+    if _plain(m.key):  # a key JSON cannot hold (a timestamp) is the driver's to name, by group
+        record["key"] = m.key
+    if m.metrics:
+        record["metrics"] = dict(m.metrics)
+    return record, m.model
 
 
 def from_record(record: dict, model: Any) -> Any:
@@ -111,7 +127,8 @@ def from_record(record: dict, model: Any) -> Any:
             bool(record["constant"]),
         )
     if record.get("kind") == "key_model":
-        return KeyModel(int(record["group"]), record["key"], model, int(record["rows"]))
+        metrics = {str(k): float(v) for k, v in (record.get("metrics") or {}).items()}
+        return KeyModel(int(record["group"]), record.get("key"), model, int(record["rows"]), metrics)
     raise UnsafeModelError(f"unknown member record kind {record.get('kind')!r}")
 
 

@@ -1,6 +1,6 @@
 """BaggingClassificationModel / BaggingRegressionModel: the fitted members, predicting.  [driver]
 
-``transform`` scores whole Arrow batches on the executors (:func:`sparkml_dist.ensemble._worker.
+``transform`` scores whole Arrow batches on the executors (:func:`sparkml_dist.ensemble._member_scoring.
 predict_arrow`); ``predict`` / ``predict_proba`` give the same numbers locally, through the same
 :mod:`sparkml_dist.ensemble.aggregation`.  Models save and load like any pyspark.ml stage
 (:mod:`sparkml_dist.ensemble.persistence`).
@@ -17,7 +17,7 @@ from pyspark.sql import functions as F
 
 from .. import serialization
 from ..errors import ConfigurationError
-from . import _worker, validation
+from . import _member_scoring, validation
 from .aggregation import mean_prediction, probabilities, vote
 from .member_records import Member
 from .member_store import LazyMembers
@@ -50,6 +50,7 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
         self._members = members if isinstance(members, LazyMembers) else list(members or [])
         self._n_features = int(n_features)
         self._classes = tuple(float(c) for c in classes) if classes is not None else None
+        self.failedGroups: dict = {}  # a fit with onError="skip": {group: why its member failed}
         self.oobScore_: Optional[float] = None  # set by a fit with oobScore=True (not saved with the model)
         self.oobMetrics_: dict = {}  # the same fit: accuracy (+ auc for two classes), or r2 and rmse
 
@@ -87,9 +88,9 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
             raise ConfigurationError(f"X has shape {arr.shape}; expected (n_rows, {self._n_features}).")
         return arr
 
-    def _predict_spec(self) -> _worker.PredictSpec:
+    def _predict_spec(self) -> _member_scoring.PredictSpec:
         blob = serialization.dumps(self._members)
-        return _worker.PredictSpec(
+        return _member_scoring.PredictSpec(
             blob=blob,
             digest=serialization.digest(blob),
             is_classifier=self._is_classifier,
@@ -110,7 +111,7 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
             out_type = "struct<prediction: double>"
 
         def predict(features: pa.Array) -> pa.Array:
-            return _worker.predict_arrow(features, spec)
+            return _member_scoring.predict_arrow(features, spec)
 
         udf = F.arrow_udf(predict, out_type)
         tmp = "__sd_prediction"

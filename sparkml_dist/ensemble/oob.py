@@ -3,7 +3,7 @@
 With ``sampling="bootstrap"`` or ``"subsample"`` a row's groups follow from its key (a hash of the
 seed and the row) alone (:func:`sparkml_dist.partitioning.membership_sql`), so after the fit one
 Spark job recomputes each row's groups where the row lies, predicts it with the other members
-(:func:`sparkml_dist.ensemble._worker.oob_arrow`) and aggregates: accuracy for a classifier, R^2
+(:func:`sparkml_dist.ensemble._member_scoring.oob_arrow`) and aggregates: accuracy for a classifier, R^2
 for a regressor, over the rows at least one member left out.  No data is collected.  An estimate
 of the ensemble's error on unseen rows without a held-out set (scikit-learn's ``oob_score_``).
 
@@ -21,8 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 from .. import launch, partitioning
 from ..errors import ConfigurationError
-from ..group_rows import KEY_COL
-from . import _worker
+from . import _member_scoring
 from .member_records import FEATURES, LABEL
 
 log = logging.getLogger(__name__)
@@ -61,10 +60,10 @@ def score(model, prepared, spec: partitioning.SplitSpec, key_cols: Sequence[str]
 
     pspec = model._predict_spec()
     udf = F.arrow_udf(
-        lambda feats, groups: _worker.oob_arrow(feats, groups, pspec),
+        lambda feats, groups: _member_scoring.oob_arrow(feats, groups, pspec),
         "struct<prediction: double, score: double, has_oob: boolean>",
     )
-    keyed = prepared.withColumn(KEY_COL, F.xxhash64(F.lit(int(spec.seed)), *[F.col(c) for c in key_cols]))
+    keyed = partitioning.row_keys(prepared, spec.seed, key_cols)
     scored = keyed.select(
         F.col(LABEL), udf(F.col(FEATURES), F.expr(partitioning.membership_sql(spec))).alias("o")
     )

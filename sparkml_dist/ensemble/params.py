@@ -58,7 +58,45 @@ class HasEstimatorAndFeatures(HasFeaturesCol):
         return self.getOrDefault(self.featuresCols)
 
 
-class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed):
+class _PerGroupParams(Params):
+    """What every per-group trainer takes (the per-group engine: :mod:`sparkml_dist.ensemble.groups`)."""
+
+    membersDir = declare(
+        "membersDir",
+        "storage every executor and the driver share (s3://, hdfs://, /dbfs/...): executors write the "
+        "fitted models there and the model loads them lazily, instead of collecting them",
+        TypeConverters.toString,
+    )
+    onError = declare(
+        "onError",
+        "a group whose fit fails: raise (default: the fit fails naming it, with its traceback) | skip "
+        "(the others are kept; model.failedGroups says why)",
+        TypeConverters.toString,
+    )
+    useGpu = declare(
+        "useGpu",
+        "fit each model on a GPU of its task: the estimator's device parameter is set to that GPU "
+        "(XGBoost: device='cuda:<n>'); the tasks ask one GPU each on clusters that schedule GPUs",
+        TypeConverters.toBoolean,
+    )
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self._setDefault(onError="raise", useGpu=False)
+
+    def getMembersDir(self) -> str:
+        return self.getOrDefault(self.membersDir) if self.isDefined(self.membersDir) else ""
+
+    def getOnError(self) -> str:
+        return arg_checks.one_of("onError", self.getOrDefault(self.onError), ("raise", "skip"))
+
+    def getUseGpu(self) -> bool:
+        return self.getOrDefault(self.useGpu)
+
+
+class _BaggingParams(
+    _PerGroupParams, HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPredictionCol, HasSeed
+):
     numModels = declare("numModels", "number of members (groups), >= 1", TypeConverters.toInt)
     sampling = declare(
         "sampling",
@@ -75,24 +113,10 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
         "share of feature columns drawn per group in (0, 1] (random subspace)",
         TypeConverters.toFloat,
     )
-    membersDir = declare(
-        "membersDir",
-        "storage every executor and the driver share (s3://, hdfs://, /dbfs/...): executors write the "
-        "fitted members there and the model loads them lazily, instead of collecting them",
-        TypeConverters.toString,
-    )
-
     oobScore = declare(
         "oobScore",
         "after fitting, score each row with the members that did not see it (bootstrap/subsample): "
         "model.oobScore_, accuracy or R^2 (model.oobMetrics_: + AUC, or RMSE)",
-        TypeConverters.toBoolean,
-    )
-
-    useGpu = declare(
-        "useGpu",
-        "fit each member on a GPU of its task: the estimator's device parameter is set to that GPU "
-        "(XGBoost: device='cuda:<n>'); the tasks ask one GPU each on clusters that schedule GPUs",
         TypeConverters.toBoolean,
     )
 
@@ -108,15 +132,11 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
             sampleRatio=1.0,
             featureRatio=1.0,
             seed=42,
-            useGpu=False,
             oobScore=False,
         )
 
     def getOobScore(self) -> bool:
         return self.getOrDefault(self.oobScore)
-
-    def getUseGpu(self) -> bool:
-        return self.getOrDefault(self.useGpu)
 
     def getNumModels(self) -> int:
         return self.getOrDefault(self.numModels)
@@ -129,9 +149,6 @@ class _BaggingParams(HasEstimatorAndFeatures, HasLabelCol, HasWeightCol, HasPred
 
     def getFeatureRatio(self) -> float:
         return self.getOrDefault(self.featureRatio)
-
-    def getMembersDir(self) -> str:
-        return self.getOrDefault(self.membersDir) if self.isDefined(self.membersDir) else ""
 
 
 class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
@@ -167,7 +184,7 @@ SMALL_GROUP_POLICIES = ("error", "skip")
 UNSEEN_POLICIES = ("error", "null")
 
 
-class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
+class _GroupedParams(_PerGroupParams, HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol, HasSeed):
     groupCol = declare("groupCol", "column whose distinct values get one model each", TypeConverters.toString)
     minRows = declare("minRows", "fewest rows a key needs to get a model (>= 1)", TypeConverters.toInt)
     onSmallGroups = declare(
@@ -189,6 +206,7 @@ class _GroupedParams(HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol):
             minRows=1,
             onSmallGroups="error",
             unseenKey="error",
+            seed=0,
         )
 
     def getGroupCol(self) -> str:

@@ -10,27 +10,32 @@ inside the executors once per group, on all of that group's rows, and returns a 
         model = LogisticRegression().fit(data[["x1", "x2"]], data["label"])
         return model, {"train_acc": model.score(data[["x1", "x2"]], data["label"])}
 
-    result = train_per_group(df, fit, groupCol="store")            # one model per store
-    result = train_per_group(df, fit, numGroups=8, sampling="bootstrap", sampleRatio=0.5, seed=7)
+    result = train_per_group(df, fit, group_col="store")            # one model per store
+    result = train_per_group(df, fit, num_groups=8, sampling="bootstrap", sample_ratio=0.5, seed=7)
     result.members[0].model, result.members[0].metrics, result.skipped
-    result.to_table(spark).write.parquet("models/")    # (group, rows, format, model, metrics, ...)
+    result.to_table().write.parquet("models/")    # (group, rows, format, model, metrics, ...)
 
-Groups come from a column's values (``groupCol``: one group per distinct non-null key) or from the
-shared partitioning layer (``numGroups`` + ``sampling`` / ``sampleRatio`` / ``seed``: the same
-groups :class:`BaggingClassifier` deals for the same ``featuresCols``, ``labelCol``, seed and
-rows).  With ``featuresCols``, ``fn`` gets ``(X, y)`` instead of a DataFrame: ``X`` the feature
-columns stacked (sparse vector columns stay sparse: ``X`` is then a ``scipy.sparse.csr_matrix``),
-``y`` the ``labelCol`` values.  A group's rows come in a fixed order (by a hash of the seed and the
-row), so a retried task or another cluster shape calls ``fn`` with the same data.
+Groups come from a column's values (``group_col``: one group per distinct non-null key, grouped in
+Spark: a timestamp, a float, an array key finds all of its rows) or from the shared partitioning
+layer (``num_groups`` + ``sampling`` / ``sample_ratio`` / ``seed``: the same groups
+:class:`BaggingClassifier` deals for the same ``features_cols``, ``label_col``, seed and rows).
+With ``features_cols``, ``fn`` gets ``(X, y)`` instead of a DataFrame: ``X`` the feature columns
+stacked (sparse vector columns stay sparse: ``X`` is then a ``scipy.sparse.csr_matrix``), ``y``
+the ``label_col`` values.  A group's rows come in a fixed order (by a hash of the seed and the
+row), and ``random`` / ``numpy.random`` are seeded with the group's own seed before ``fn`` runs, so
+a retried task or another cluster shape calls ``fn`` the same way.
 
-``membersDir`` (storage the executors and the driver share): each task writes its group's model
+``members_dir`` (storage the executors and the driver share): each task writes its group's model
 there in a safe format and sends back only the file's name and SHA-256, so the driver never holds
-the models (``member.model`` reads one when asked).  ``resources={"cpus": c, "gpus": g}``: what
-each task asks of a cluster master (a stage-level profile; ``fn`` finds its GPUs with
-``TaskContext.get().resources()["gpu"].addresses``); local masters schedule no task resources.
+the models (``member.model`` reads one when asked).  ``resources={"cpus": c, "gpus": g}`` (or
+``use_gpu=True``, one GPU): what each task asks of a cluster master (a stage-level profile; ``fn``
+finds its GPUs with ``TaskContext.get().resources()["gpu"].addresses``); local masters schedule no
+task resources.
 
 A group whose ``fn`` raises fails the call with a ``WorkerError`` naming the key and carrying the
-traceback (``onError="raise"``), or is listed in ``skipped`` with its error (``onError="skip"``).
+traceback (``on_error="raise"``), or is listed in ``skipped`` with its error (``on_error="skip"``).
+The camelCase spellings of earlier releases (``groupCol=``, ``numGroups=``, ...) still work, with a
+``DeprecationWarning``.
 """
 
 from __future__ import annotations
@@ -39,13 +44,12 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .. import arg_checks, launch, partitioning, plan
-from ..errors import CollectionError, ConfigurationError
-from ..group_rows import GROUP_COL, KEY_COL
-from ..tune.resources import task_profile
-from . import member_store, members_table
-from ._per_group_worker import PerGroupSpec, fit_per_group
-from .member_records import FEATURES, LABEL
+from .. import arg_checks, launch, partitioning
+from .. import gpus as gpus_mod
+from ..errors import ConfigurationError
+from . import groups, member_store, members_table
+from ._fit_groups import Function, GroupFitSpec, Inputs
+from .member_records import FEATURES, LABEL, MODEL
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,7 @@ class GroupModels:
 
     members: List[GroupMember]
     skipped: Dict[Any, str] = field(default_factory=dict)
+    _spark: Any = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, key) -> GroupMember:
         for m in self.members:
@@ -91,13 +96,14 @@ class GroupModels:
                 return m
         raise KeyError(key)
 
-    def to_table(self, spark, *, key: Any = None):
+    def to_table(self, spark=None, *, key: Any = None):
         """A Spark DataFrame of the members, one row each (:mod:`.members_table`: ``group, rows,
         format, model, metrics, record, sha256``), each model in a safe format (skops, XGBoost's
         own, JSON; never a pickle) with a SHA-256 (an HMAC with ``key=`` or
-        ``SPARKML_DIST_MODEL_KEY``), for ``df.write.parquet`` and SQL over the members."""
+        ``SPARKML_DIST_MODEL_KEY``), for ``df.write.parquet`` and SQL over the members.  ``spark``:
+        the session (default: the one the members were trained with, else the active one)."""
         entries = [(m.group, m.rows, m.model, m.metrics, {}) for m in self.members]
-        return members_table.to_table(spark, entries, key)
+        return members_table.to_table(spark or self._spark or _active_session(), entries, key)
 
     @classmethod
     def from_table(
@@ -110,9 +116,17 @@ class GroupModels:
         return cls([GroupMember(g, n, model, metrics) for g, n, model, metrics, _ in rows])
 
 
+def _active_session():
+    from pyspark.sql import SparkSession
+
+    spark = SparkSession.getActiveSession()
+    if spark is None:
+        raise ConfigurationError("to_table(): no active SparkSession; pass one: to_table(spark)")
+    return spark
+
+
 def _payload(fn: Callable) -> bytes:
     from .. import serialization
-    from ..runner.admission import unpicklable_part
 
     if not callable(fn):
         raise ConfigurationError(f"fn must be a function fn(data, key), got {type(fn).__name__}")
@@ -120,7 +134,8 @@ def _payload(fn: Callable) -> bytes:
         return serialization.dumps(fn)
     except Exception as exc:  # noqa: BLE001 - whatever the captured object raises
         raise ConfigurationError(
-            f"cannot send fn to the executors: {type(exc).__name__}: {exc}.{unpicklable_part(fn)}"
+            f"cannot send fn to the executors: {type(exc).__name__}: {exc}."
+            f"{serialization.unpicklable_part(fn)}"
         ) from None
 
 
@@ -128,54 +143,25 @@ def _check_columns(df, features: Sequence[str], label: Optional[str]) -> None:
     from pyspark.sql import types as T
 
     fields = {f.name: f.dataType for f in df.schema.fields}
-    for c in list(features) + ([label] if label else []):
+    for c, param in [(c, "features_cols") for c in features] + ([(label, "label_col")] if label else []):
         if c not in fields:
-            raise ConfigurationError(f"column {c!r} is not in the DataFrame; it has {sorted(fields)}")
+            raise ConfigurationError(
+                f"{param}: column {c!r} is not in the DataFrame; it has {sorted(fields)}"
+            )
     for c in features:
         t = fields[c]
         ok = isinstance(t, T.NumericType) or t.simpleString() == "vector"
         ok = ok or (isinstance(t, T.ArrayType) and isinstance(t.elementType, T.NumericType))
         if not ok:
             raise ConfigurationError(
-                f"featuresCols: column {c!r} is {t.simpleString()}; expected numbers, arrays of numbers "
-                "or vectors. Encode it first, or leave featuresCols unset to get a pandas DataFrame"
+                f"features_cols: column {c!r} is {t.simpleString()}; expected numbers, arrays of numbers "
+                "or vectors. Encode it first, or leave features_cols unset to get a pandas DataFrame"
             )
 
 
-def _by_key(df, key_col: str, seed: int, columns: List[str]):
-    """(grouped rows, keys): one group per distinct non-null value of ``key_col``."""
-    from pyspark.sql import functions as F
-    from pyspark.sql import types as T
-
-    spark = launch.session_of(df)
-    with launch.job_scope(spark, "sparkml_dist: counting groups"):
-        counts = {r[0]: r[1] for r in df.groupBy(key_col).count().collect()}
-    if None in counts:
-        raise ConfigurationError(
-            f"groupCol={key_col!r} is null in {counts[None]} rows: fill them or filter them out "
-            f"(df.na.drop(subset=[{key_col!r}]))"
-        )
-    if not counts:
-        raise ConfigurationError("the input DataFrame is empty; there is nothing to train")
-    keys = tuple(sorted(counts))
-    table = spark.createDataFrame(
-        [(k, i) for i, k in enumerate(keys)],
-        T.StructType(
-            [T.StructField(key_col, df.schema[key_col].dataType), T.StructField(GROUP_COL, T.IntegerType())]
-        ),
-    )
-    hashable = [c for c in df.columns if not partitioning.unkeyable_part(df.schema[c].dataType, hashing=True)]
-    keyed = df.withColumn(KEY_COL, F.xxhash64(F.lit(int(seed)), *[F.col(c) for c in hashable]))
-    width = max(1, len(df.columns))
-    concurrency = plan.plan_concurrency(spark, max(counts.values()) * width * 8 * 3)
-    parts = min(len(keys), concurrency.concurrency * 4)
-    grouped = partitioning.assign_keys(keyed, key_col, table, parts)
-    return grouped.select(GROUP_COL, KEY_COL, *columns), keys
-
-
-def _by_split(df, spec, features: Sequence[str], label: Optional[str], columns: List[str]):
-    """(grouped rows, group numbers) from the shared partitioning layer, keyed as bagging keys rows
-    when the features are numeric columns (the same groups), else by every hashable column."""
+def _by_split(df, spec, features: Sequence[str], label: Optional[str], columns: List[str]) -> groups.Groups:
+    """Groups from the shared partitioning layer, keyed as bagging keys rows when the features are
+    numeric columns (the same groups), else by every hashable column."""
     from pyspark.sql import types as T
 
     from .validation import features_column, numeric_column
@@ -183,92 +169,127 @@ def _by_split(df, spec, features: Sequence[str], label: Optional[str], columns: 
     numeric = features and all(isinstance(df.schema[c].dataType, T.NumericType) for c in features)
     if numeric and label:
         keyed = df.withColumns(
-            {FEATURES: features_column(df, "", list(features)), LABEL: numeric_column(df, label, "labelCol")}
+            {FEATURES: features_column(df, "", list(features)), LABEL: numeric_column(df, label, "label_col")}
         )
         key_cols = [FEATURES, LABEL]
     else:
-        keyed = df
-        key_cols = [
-            c for c in df.columns if not partitioning.unkeyable_part(df.schema[c].dataType, hashing=True)
-        ]
-    if spec.sampling == "disjoint":
-        with launch.job_scope(launch.session_of(df), "sparkml_dist: dealing rows to groups"):
-            grouped, _ = partitioning.balanced_groups(keyed, spec, key_cols)
-    else:
-        grouped = partitioning.assign_groups(keyed, spec, key_cols)
-    return grouped.select(GROUP_COL, KEY_COL, *columns), tuple(range(spec.num_groups))
+        keyed, key_cols = df, partitioning.hashable_columns(df)
+    return groups.by_split(keyed, spec, key_cols, columns)
+
+
+def _split(
+    df, group_col, num_groups, sampling, sample_ratio, seed, features, label, columns
+) -> groups.Groups:
+    """The groups: by ``group_col``'s values, or by the shared split."""
+    if group_col is not None:
+        counts = groups.count_keys(df, group_col, param="group_col")
+        return groups.by_key(df, counts, columns, seed=seed, bytes_per_row=max(1, len(df.columns)) * 8)
+    spec = partitioning.SplitSpec(
+        num_groups=arg_checks.integer("num_groups", num_groups, 1),
+        sampling=sampling,
+        sample_ratio=sample_ratio,
+        seed=seed,
+        names={"num_groups": "num_groups", "sampling": "sampling", "sample_ratio": "sample_ratio"},
+    )
+    return _by_split(df, spec, features, label, columns)
+
+
+_RENAMED = {
+    "groupCol": "group_col",
+    "numGroups": "num_groups",
+    "sampleRatio": "sample_ratio",
+    "featuresCols": "features_cols",
+    "labelCol": "label_col",
+    "onError": "on_error",
+    "membersDir": "members_dir",
+}
+
+
+def _renamed(given: Dict[str, Any]) -> Dict[str, Any]:
+    """The earlier camelCase keywords under their names now, each with a DeprecationWarning."""
+    import warnings
+
+    out = {}
+    for old, value in given.items():
+        new = _RENAMED.get(old)
+        if new is None:
+            raise TypeError(f"train_per_group() got an unexpected keyword argument {old!r}")
+        warnings.warn(
+            f"train_per_group({old}=...) is now {new}=...; the old name goes in a later release",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        out[new] = value
+    return out
 
 
 def train_per_group(
     df,
     fn: Callable,
     *,
-    groupCol: Optional[str] = None,
-    numGroups: Optional[int] = None,
+    group_col: Optional[str] = None,
+    num_groups: Optional[int] = None,
     sampling: str = "disjoint",
-    sampleRatio: float = 1.0,
-    featuresCols: Optional[Sequence[str]] = None,
-    labelCol: Optional[str] = "label",
+    sample_ratio: float = 1.0,
+    features_cols: Optional[Sequence[str]] = None,
+    label_col: Optional[str] = "label",
     seed: int = 0,
-    onError: str = "raise",
-    membersDir: Optional[str] = None,
+    on_error: str = "raise",
+    members_dir: Optional[str] = None,
     resources: Optional[Dict[str, int]] = None,
+    use_gpu: bool = False,
+    **renamed: Any,
 ) -> GroupModels:
     """``fn(data, key)`` on every group of ``df``'s rows inside the executors; see the module
-    docstring.  Returns a :class:`GroupModels`."""
-    if (groupCol is None) == (numGroups is None):
-        raise ConfigurationError("train_per_group: give groupCol (a column's values) or numGroups, not both")
-    arg_checks.one_of("onError", onError, ("raise", "skip"))
-    blob = _payload(fn)
-    profile = task_profile(launch.session_of(df), resources, "resources")
-    store = member_store.new_store(membersDir, "per_group")
-    features = list(featuresCols or [])
-    label = labelCol if features and labelCol else None
-    _check_columns(df, features, label)
-    if groupCol is not None and groupCol not in df.columns:
-        raise ConfigurationError(f"groupCol={groupCol!r} is not in the DataFrame; it has {df.columns}")
-    columns = features + ([label] if label else []) if features else list(df.columns)
-    if groupCol is not None:
-        grouped, keys = _by_key(df, groupCol, seed, columns)
-    else:
-        arg_checks.integer("numGroups", numGroups, 1)
-        spec = partitioning.SplitSpec(
-            num_groups=numGroups,
-            sampling=sampling,
-            sample_ratio=sampleRatio,
-            seed=seed,
-            names={"num_groups": "numGroups", "sampling": "sampling", "sample_ratio": "sampleRatio"},
+    docstring.  Returns a :class:`GroupModels`.
+
+    >>> result = train_per_group(df, fit, group_col="store")     # doctest: +SKIP
+    >>> result["north"].model, result["north"].metrics           # doctest: +SKIP
+    """
+    if renamed:  # the camelCase spellings of earlier releases
+        given = dict(
+            group_col=group_col, num_groups=num_groups, sample_ratio=sample_ratio,
+            features_cols=features_cols, label_col=label_col, on_error=on_error, members_dir=members_dir,
+        )  # fmt: skip
+        return train_per_group(df, fn, sampling=sampling, seed=seed, resources=resources, use_gpu=use_gpu,
+                               **{**given, **_renamed(renamed)})  # fmt: skip
+    if (group_col is None) == (num_groups is None):
+        raise ConfigurationError(
+            "train_per_group: give group_col (a column's values) or num_groups, not both"
         )
-        grouped, keys = _by_split(df, spec, features, label, columns)
-    results = launch.run_on_groups(
-        grouped,
-        fit_per_group,
-        PerGroupSpec(blob, keys, tuple(features), label, onError, store),
-        expected_groups=range(len(keys)),
-        description=f"sparkml_dist: training {len(keys)} groups",
+    arg_checks.one_of("on_error", on_error, ("raise", "skip"))
+    blob = _payload(fn)
+    spark = launch.session_of(df)
+    if use_gpu:
+        resources = {**(resources or {}), "gpus": max(1, (resources or {}).get("gpus", 0))}
+    profile = gpus_mod.resources_profile(spark, resources, "resources")
+    store = member_store.new_store(members_dir, "per_group")
+    features = list(features_cols or [])
+    label = label_col if features and label_col else None
+    _check_columns(df, features, label)
+    columns = features + ([label] if label else []) if features else list(df.columns)
+    split = _split(df, group_col, num_groups, sampling, sample_ratio, seed, features, label, columns)
+    num = len(split.keys)
+    seeds = partitioning.group_seeds(partitioning.SplitSpec(num_groups=max(1, num), seed=seed))
+    inputs = Inputs(features=tuple(features), label=label, keep_sparse=True)
+    fitted = groups.fit(
+        split,
+        GroupFitSpec(Function(blob, tuple(seeds)), inputs, split.keys, on_error, store),
         what="group",
+        description=f"sparkml_dist: training {num} groups",
         profile=profile,
     )
-    return _collected([results[(g, 0)] for g in range(len(keys))], store)
+    return _collected(fitted, store, spark)
 
 
-def _collected(out: list, store) -> GroupModels:
-    """The :class:`GroupModels` of the tasks' results (with ``membersDir``: the store committed)."""
-    skipped = {r.key: r.error for r in out if r.error is not None}
-    if skipped:
-        log.warning(
-            "train_per_group: %d of %d groups skipped: %s", len(skipped), len(out), sorted(map(str, skipped))
-        )
-    if store is not None:
-        committed = member_store.commit_checked(store, [r.stored for r in out if r.error is None])
-        stored = {int(m["group"]): (store.uri, m) for m in committed}
-        members = [
-            GroupMember(r.key, r.rows, None, r.metrics, stored[r.group]) for r in out if r.error is None
-        ]
-    else:
-        members = [GroupMember(r.key, r.rows, r.model, r.metrics) for r in out if r.error is None]
-    if not members:
-        raise CollectionError(
-            f"train_per_group: every group failed; the first: {next(iter(skipped.values()))}"
-        )
-    return GroupModels(members, skipped)
+def _collected(fitted: groups.Fitted, store, spark) -> GroupModels:
+    """The :class:`GroupModels` of the fit (with ``members_dir``: each model read lazily from the
+    store, checked against the SHA-256 its task reported)."""
+    members = [
+        GroupMember(r.key, r.rows, r.model.model, r.metrics)
+        if store is None
+        else GroupMember(r.key, r.rows, None, r.metrics, (store.uri, r.stored[MODEL]))
+        for r in fitted.results
+        if r is not None
+    ]
+    return GroupModels(members, dict(fitted.skipped), spark)

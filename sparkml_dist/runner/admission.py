@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
 import time
 from typing import Any, Callable, Optional
 
@@ -90,26 +89,6 @@ def parse_log_ranks(value, world: int) -> tuple:
     raise ConfigurationError(f"log_ranks must be 'all', 'none', a rank or a list of ranks; got {value!r}")
 
 
-def unpicklable_part(fn: Callable) -> str:
-    """Name what a function captures that cannot be pickled (closure cells, then globals)."""
-    code = getattr(fn, "__code__", None)
-    candidates = []
-    if code is not None and getattr(fn, "__closure__", None):
-        candidates += list(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__)))
-    if code is not None:
-        g = getattr(fn, "__globals__", {})
-        candidates += [(n, g[n]) for n in code.co_names if n in g and not isinstance(g[n], type(sys))]
-    for name, value in candidates:
-        try:
-            serialization.dumps(value)
-        except Exception as exc:  # the first capture that cannot travel
-            return (
-                f" It captures {name!r} ({type(value).__module__}.{type(value).__qualname__}), "
-                f"which cannot be pickled: {exc}. Create it inside the function instead."
-            )
-    return ""
-
-
 def payload(main: Callable, args, kwargs, want_result: bool = True) -> bytes:
     """``(main, args, kwargs, want_result)`` as the bytes every rank loads; a clear error when the
     function or what it captures cannot travel."""
@@ -120,7 +99,7 @@ def payload(main: Callable, args, kwargs, want_result: bool = True) -> bytes:
     except Exception as exc:
         raise ConfigurationError(
             f"cannot send {getattr(main, '__name__', main)!r} and its arguments to the ranks: "
-            f"{type(exc).__name__}: {exc}.{unpicklable_part(main)}"
+            f"{type(exc).__name__}: {exc}.{serialization.unpicklable_part(main)}"
         ) from None
 
 

@@ -16,28 +16,16 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from .. import _spark_env, arg_checks, plan
+from .. import _spark_env, plan
 from .. import gpus as gpus_mod
-from ..errors import ConfigurationError, InsufficientResourcesError
+from ..errors import InsufficientResourcesError
 
-KEYS = ("cpus", "gpus")
+KEYS = gpus_mod.RESOURCE_KEYS
 
 
 def check(resources: Optional[Dict[str, Any]], name: str = "trial_resources") -> Dict[str, int]:
     """``trial_resources`` (or the parameter ``name``) as ``{"cpus": int >= 1, "gpus": int >= 0}``."""
-    if resources is None:
-        return {"cpus": 0, "gpus": 0}
-    if not isinstance(resources, dict) or set(resources) - set(KEYS):
-        raise ConfigurationError(
-            f"{name} must be a dict with keys among {list(KEYS)}, got {resources!r}; "
-            f"e.g. {name}={{'cpus': 2, 'gpus': 1}}"
-        )
-    out = {}
-    for key in KEYS:
-        value = resources.get(key, 0)
-        arg_checks.integer(f"{name}[{key!r}]", value, 0)
-        out[key] = value
-    return out
+    return gpus_mod.check_resources(resources, name)
 
 
 @dataclass
@@ -67,20 +55,8 @@ class GpuPool:
 
 
 def task_profile(spark, resources: Optional[Dict[str, Any]], name: str):
-    """The stage-level profile of tasks asking ``resources`` (None where nothing is asked, and on
-    local masters, which schedule no task resources); refuses what no executor has."""
-    res = check(resources, name)
-    if not (res["cpus"] or res["gpus"]):
-        return None
-    cluster = _spark_env.ClusterMemory.from_spark(spark)
-    if res["cpus"] > cluster.cores_per_executor:
-        raise InsufficientResourcesError(
-            f"{name} asks {res['cpus']} CPUs per task but an executor has {cluster.cores_per_executor} "
-            f"cores: lower {name}['cpus'] or give executors more cores"
-        )
-    if _spark_env.is_local(_spark_env.master_of(spark)):
-        return None
-    return gpus_mod.task_profile(res["cpus"] or cluster.task_cpus, res["gpus"])
+    """:func:`sparkml_dist.gpus.resources_profile`: one rule for trials and per-group tasks."""
+    return gpus_mod.resources_profile(spark, resources, name)
 
 
 def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurrent: Optional[int]) -> Slots:

@@ -147,7 +147,7 @@ def test_ensemble_with_your_own_function_per_group_writes_the_members_table(spar
     )
     job = {
         "input": {"path": str(tmp_path / "sales.csv")},
-        "params": {"groupCol": "store"},
+        "params": {"group_col": "store"},
         "output": {"members_table": "out/members"},  # under the job file's folder
     }
     from sparkml_dist.cli.per_group_job import run_per_group_job

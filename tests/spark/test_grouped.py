@@ -92,7 +92,7 @@ def test_bad_input_is_named(spark, sales):
 def test_a_key_whose_fit_fails_is_named(spark, sales):
     from tests.support.helpers import FailOnKeyRegressor
 
-    with pytest.raises(WorkerError, match="the model of key 'c'"):
+    with pytest.raises(WorkerError, match=r"fitting key 'c' \(\d+ rows\): ValueError: injected"):
         trainer(estimator=FailOnKeyRegressor(bad_slope_sign=-1)).fit(spark.createDataFrame(sales))
 
 

@@ -29,7 +29,7 @@ def fit_logistic(data, key):
 
 def test_a_function_per_key_equals_fitting_each_key_locally(spark):
     pdf = _stores()
-    result = train_per_group(spark.createDataFrame(pdf).repartition(4), fit_logistic, groupCol="store")
+    result = train_per_group(spark.createDataFrame(pdf).repartition(4), fit_logistic, group_col="store")
     assert [m.group for m in result.members] == ["a", "b", "c"] and not result.skipped
     for m in result.members:
         part = pdf[pdf.store == m.group]
@@ -49,24 +49,25 @@ def test_members_dir_keeps_the_models_out_of_the_driver_until_read(spark, tmp_pa
 
     pdf = _stores(600)
     df = spark.createDataFrame(pdf)
-    result = train_per_group(df, fit_logistic, groupCol="store", membersDir=str(tmp_path / "members"))
+    result = train_per_group(df, fit_logistic, group_col="store", members_dir=str(tmp_path / "members"))
     [run] = os.listdir(tmp_path / "members")
     written = os.listdir(tmp_path / "members" / run / "objects")
-    assert len(written) == 3 and all(name.endswith(".skops") for name in written), written
+    # each group's model (skops) and its record (JSON: group, rows, metrics): the one member format
+    assert sorted(n.rsplit(".", 1)[1] for n in written) == ["json"] * 3 + ["skops"] * 3, written
     assert all(m._model is None for m in result.members) and "stored in" in repr(result.members[0])
-    plain = train_per_group(df, fit_logistic, groupCol="store")
+    plain = train_per_group(df, fit_logistic, group_col="store")
     for m, p in zip(result.members, plain.members):
         np.testing.assert_allclose(m.model.coef_, p.model.coef_, atol=1e-12)  # read on first use
         assert m.metrics == p.metrics and m.rows == p.rows
     back = GroupModels.from_table(result.to_table(spark))
     assert [m.group for m in back.members] == ["a", "b", "c"]
     with pytest.raises(WorkerError, match=r"group 'b'.*no safe model format can store"):
-        train_per_group(df, returns_a_lambda, groupCol="store", membersDir=str(tmp_path / "again"))
+        train_per_group(df, returns_a_lambda, group_col="store", members_dir=str(tmp_path / "again"))
     with pytest.raises(ConfigurationError, match=r"resources\['gpus'\] must be"):
-        train_per_group(df, fit_logistic, groupCol="store", resources={"gpus": -1})
+        train_per_group(df, fit_logistic, group_col="store", resources={"gpus": -1})
     with pytest.raises(ConfigurationError, match="resources must be a dict"):
-        train_per_group(df, fit_logistic, groupCol="store", resources={"memory": 2})
-    asked = train_per_group(df, fit_logistic, groupCol="store", resources={"cpus": 1})
+        train_per_group(df, fit_logistic, group_col="store", resources={"memory": 2})
+    asked = train_per_group(df, fit_logistic, group_col="store", resources={"cpus": 1})
     assert [m.group for m in asked.members] == ["a", "b", "c"]
 
 
@@ -79,7 +80,7 @@ def memorize(data, key):
 def test_num_groups_deal_the_rows_bagging_deals(spark):
     pdf = _stores(600, seed=1)[["x1", "x2", "label"]]
     df = spark.createDataFrame(pdf).repartition(3)
-    ours = train_per_group(df, memorize, numGroups=3, featuresCols=["x1", "x2"], labelCol="label", seed=11)
+    ours = train_per_group(df, memorize, num_groups=3, features_cols=["x1", "x2"], label_col="label", seed=11)
     bag = BaggingClassifier(
         estimator=KNeighborsClassifier(n_neighbors=1),
         numModels=3,
@@ -121,7 +122,7 @@ def test_sparse_vector_columns_reach_the_function_as_csr(spark):
     tf = HashingTF(numFeatures=2**18, inputCol="words", outputCol="tf").transform(
         Tokenizer(inputCol="text", outputCol="words").transform(df)
     )
-    result = train_per_group(tf, sparse_fit, numGroups=2, featuresCols=["tf", "bias"], labelCol="label")
+    result = train_per_group(tf, sparse_fit, num_groups=2, features_cols=["tf", "bias"], label_col="label")
     for m in result.members:
         assert 2 <= m.metrics["nnz_per_row"] <= 6  # distinct tokens + the dense bias column
     X_probe = result.members[0].model.coef_
@@ -138,9 +139,9 @@ def fail_on_b(data, key):
 def test_a_failing_group_is_named_with_its_traceback_or_skipped(spark):
     df = spark.createDataFrame(_stores(300))
     with pytest.raises(WorkerError, match="group 'b'.*ValueError: no model for b") as err:
-        train_per_group(df, fail_on_b, groupCol="store")
+        train_per_group(df, fail_on_b, group_col="store")
     assert "fail_on_b" in str(err.value) + str(getattr(err.value, "worker_traceback", ""))
-    kept = train_per_group(df, fail_on_b, groupCol="store", onError="skip")
+    kept = train_per_group(df, fail_on_b, group_col="store", on_error="skip")
     assert [m.group for m in kept.members] == ["a", "c"] and list(kept.skipped) == ["b"]
     assert "ValueError: no model for b" in kept.skipped["b"]
 
@@ -158,38 +159,41 @@ def returns_nothing_for_a(data, key):
 @master_independent  # executor-side logic: the same on every master
 def test_a_function_returning_nothing_or_an_unstorable_object_is_named(spark):
     df = spark.createDataFrame(_stores(300))
-    kept = train_per_group(df, returns_nothing_for_a, groupCol="store", onError="skip")
+    kept = train_per_group(df, returns_nothing_for_a, group_col="store", on_error="skip")
     assert [m.group for m in kept.members] == ["c"]
     assert "fn returned no model: end it with `return model`" in kept.skipped["a"]
     assert "group 'b'" in kept.skipped["b"] and "lock" in kept.skipped["b"].lower()
     with pytest.raises(WorkerError, match="group 'a'.*returned no model"):
-        train_per_group(df, returns_nothing_for_a, groupCol="store")
+        train_per_group(df, returns_nothing_for_a, group_col="store")
 
 
 @not_on_cluster
 def test_bad_arguments_are_refused_before_any_job(spark):
     df = spark.createDataFrame(_stores(30))
     cases = [
-        (dict(), "give groupCol"),
-        (dict(groupCol="store", numGroups=2), "not both"),
-        (dict(groupCol="nope"), "groupCol='nope' is not in the DataFrame"),
-        (dict(numGroups=2, featuresCols=["store"]), "column 'store' is string"),
-        (dict(numGroups=2, featuresCols=["x1"], labelCol="y"), "column 'y' is not in the DataFrame"),
-        (dict(groupCol="store", onError="ignore"), "onError must be one of"),
+        (dict(), "give group_col"),
+        (dict(group_col="store", num_groups=2), "not both"),
+        (dict(group_col="nope"), "group_col='nope' is not a column"),
+        (dict(num_groups=2, features_cols=["store"]), "column 'store' is string"),
+        (
+            dict(num_groups=2, features_cols=["x1"], label_col="y"),
+            "label_col: column 'y' is not in the DataFrame",
+        ),
+        (dict(group_col="store", on_error="ignore"), "on_error must be one of"),
     ]
     for kwargs, message in cases:
         with pytest.raises(ConfigurationError, match=message):
             train_per_group(df, fit_logistic, **kwargs)
     lock = __import__("threading").Lock()
     with pytest.raises(ConfigurationError, match="captures 'lock'"):
-        train_per_group(df, lambda data, key: lock, groupCol="store")
+        train_per_group(df, lambda data, key: lock, group_col="store")
 
 
 @not_on_cluster
 def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_path):
     from pyspark.sql import functions as F
 
-    result = train_per_group(spark.createDataFrame(_stores(600)), fit_logistic, groupCol="store")
+    result = train_per_group(spark.createDataFrame(_stores(600)), fit_logistic, group_col="store")
     table = result.to_table(spark)
     assert table.columns == ["group", "rows", "format", "model", "metrics", "record", "sha256"]
     table.write.parquet(str(tmp_path / "members"))

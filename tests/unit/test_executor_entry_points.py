@@ -10,7 +10,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import WorkerError, collection, serialization
 from sparkml_dist._search_worker import Job, SearchSpec, search_task
-from sparkml_dist.ensemble import _grouped_worker, _worker
+from sparkml_dist.ensemble import _fit_groups, _member_scoring
 from sparkml_dist.ensemble.aggregation import probabilities, vote
 from sparkml_dist.ensemble.member_records import FEATURES, LABEL, KeyModel, Member
 from sparkml_dist.group_rows import GROUP_COL, KEY_COL
@@ -41,21 +41,26 @@ def data():
     return X, y
 
 
+def _member_spec(subsets=((0, 1, 2, 3), (0, 1), (1, 2, 3)), on_error="raise"):
+    recipe = _fit_groups.Clone(
+        serialization.dumps(DecisionTreeClassifier(max_depth=3)),
+        seeds=(1, 2, 3),
+        member=True,
+        classes=(0.0, 1.0),
+        feature_subsets=subsets,
+    )
+    inputs = _fit_groups.Inputs(features=(FEATURES,), label=LABEL, n_features=4)
+    return _fit_groups.GroupFitSpec(recipe, inputs, (0, 1, 2), on_error)
+
+
 def test_fit_groups_then_predict_arrow(data):
     X, y = data
     groups = np.arange(len(y)) % 3
     table = _rows(X, y, groups, keys=np.arange(len(y)) * 7919 % 1000)
-    spec = _worker.FitSpec(
-        estimator_blob=serialization.dumps(DecisionTreeClassifier(max_depth=3)),
-        is_classifier=True,
-        classes=(0.0, 1.0),
-        feature_subsets=((0, 1, 2, 3), (0, 1), (1, 2, 3)),
-        seeds=(1, 2, 3),
-        n_features=4,
-        has_weight=False,
-    )
-    members = _collected(_worker.fit_groups(_batches(table, 17), spec))  # groups across batches
-    assert sorted(members) == [(0, 0), (1, 0), (2, 0)]
+    table = table.take(np.argsort(groups, kind="stable"))  # a task's rows come group by group
+    results = _collected(_fit_groups.fit_groups(_batches(table, 17), _member_spec()))  # across batches
+    assert sorted(results) == [(0, 0), (1, 0), (2, 0)]
+    members = {k: r.model for k, r in results.items()}
     assert [m.features.tolist() for m in (members[(g, 0)] for g in range(3))] == [
         [0, 1, 2, 3],
         [0, 1],
@@ -63,34 +68,51 @@ def test_fit_groups_then_predict_arrow(data):
     ]
     assert all(isinstance(m, Member) and m.n_rows == 40 for m in members.values())
     # the same rows in another batching and order give the same members (rows are ordered by key)
-    again = _collected(_worker.fit_groups(_batches(table.take(np.arange(120)[::-1]), 50), spec))
-    assert all(np.array_equal(members[k].model.tree_.value, again[k].model.tree_.value) for k in members)
+    shuffled = table.take(np.random.default_rng(1).permutation(120))
+    shuffled = shuffled.take(np.argsort(shuffled.column(GROUP_COL).to_numpy(), kind="stable"))
+    again = _collected(_fit_groups.fit_groups(_batches(shuffled, 50), _member_spec()))
+    assert all(
+        np.array_equal(members[k].model.tree_.value, again[k].model.model.tree_.value) for k in members
+    )
 
     ensemble = [members[(g, 0)] for g in range(3)]
     blob = serialization.dumps(ensemble)
-    pspec = _worker.PredictSpec(blob, serialization.digest(blob), True, 2, (0.0, 1.0), "soft", 4, "features")
+    pspec = _member_scoring.PredictSpec(
+        blob, serialization.digest(blob), True, 2, (0.0, 1.0), "soft", 4, "features"
+    )
     feats = pa.array([list(r) for r in X], pa.list_(pa.float64()))
-    out = _worker.predict_arrow(feats, pspec)
+    out = _member_scoring.predict_arrow(feats, pspec)
     want = probabilities(vote(ensemble, X, 2, "soft"))
     assert np.allclose(np.array(out.field("probability").to_pylist()), want)
     assert out.field("prediction").to_numpy().tolist() == want.argmax(axis=1).astype(float).tolist()
     with pytest.raises(Exception, match="features"):  # a ragged row is refused, naming the column
-        _worker.predict_arrow(pa.array([[1.0, 2.0]], pa.list_(pa.float64())), pspec)
+        _member_scoring.predict_arrow(pa.array([[1.0, 2.0]], pa.list_(pa.float64())), pspec)
+    with pytest.raises(RuntimeError, match="did not arrive together"):  # rows not grouped: refused
+        list(_fit_groups.fit_groups(_batches(_rows(X, y, groups, keys=np.arange(120)), 17), _member_spec()))
 
 
-def test_fit_keys_holds_one_group_at_a_time_and_names_a_failed_key(data):
+def _key_spec(on_error="raise"):
+    recipe = _fit_groups.Clone(serialization.dumps(LogisticRegression()))
+    inputs = _fit_groups.Inputs(features=(FEATURES,), label=LABEL)
+    return _fit_groups.GroupFitSpec(recipe, inputs, ("a", "b", "c"), on_error, what="key")
+
+
+def test_fitting_keys_holds_one_group_at_a_time_and_names_a_failed_key(data):
     X, y = data
     groups = np.repeat([0, 1, 2], 40)
     y = y.copy()
     y[80:] = 1.0  # key "c": one class, which LogisticRegression refuses
-    table = _rows(X, y, groups)
-    spec = _grouped_worker.FitSpec(serialization.dumps(LogisticRegression()), ("a", "b", "c"))
-    out = list(_grouped_worker.fit_keys(_batches(table, 30), spec))  # group 0 spans two batches
-    with pytest.raises(WorkerError, match=r"group 2 failed.*key 'c' \(40 rows\) failed to fit"):
+    table = _rows(X, y, groups, keys=np.arange(120))
+    out = list(_fit_groups.fit_groups(_batches(table, 30), _key_spec()))  # group 0 spans two batches
+    with pytest.raises(WorkerError, match=r"group 2 failed.*fitting key 'c' \(40 rows\): ValueError") as err:
         _collected(out)
-    good = _collected(_grouped_worker.fit_keys(_batches(table.slice(0, 80), 30), spec))
-    assert [(m.key, m.rows) for m in good.values()] == [("a", 40), ("b", 40)]
-    assert all(isinstance(m, KeyModel) for m in good.values())
+    assert "Traceback" in err.value.worker_traceback
+    good = _collected(_fit_groups.fit_groups(_batches(table.slice(0, 80), 30), _key_spec()))
+    assert [(r.model.key, r.rows) for r in good.values()] == [("a", 40), ("b", 40)]
+    assert all(isinstance(r.model, KeyModel) for r in good.values())
+    skipped = _collected(_fit_groups.fit_groups(_batches(table, 30), _key_spec("skip")))
+    assert [r.error is None for r in skipped.values()] == [True, True, False]
+    assert "ValueError" in skipped[(2, 0)].error and "Traceback" in skipped[(2, 0)].error
 
 
 def test_search_task_runs_its_partitions_units_in_order(data):

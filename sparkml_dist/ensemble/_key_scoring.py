@@ -1,52 +1,22 @@
-"""Fit one model per key, and predict each row with its key's model.  [executor]
+"""Scoring with a grouped model: each row predicted by its key's model.  [executor]
 
-The executor side of :class:`sparkml_dist.ensemble.GroupedTrainer`: module-level functions taking
-``(batches, spec)``; nothing here touches a SparkSession.
+The executor side of :class:`sparkml_dist.ensemble.GroupedModel`'s ``transform`` (and its local
+``predict``): module-level functions taking ``(batches, spec)``; nothing here touches a
+SparkSession.  Fitting is the per-group engine's (:mod:`sparkml_dist.ensemble._fit_groups`).
 """
 
 from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, List, Tuple
+from typing import Any, Iterable, Iterator, List
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import collection, feature_arrays, serialization
-from ..group_rows import group_runs
-from .member_records import FEATURES, LABEL, KeyModel
-
-
-@dataclass(frozen=True)
-class FitSpec:
-    estimator_blob: bytes
-    keys: Tuple[Any, ...]
-
-
-def fit_keys(batches: Iterable[pa.RecordBatch], spec: FitSpec) -> Iterator[pa.RecordBatch]:
-    """Fit one clone per group; rows arrive sorted by group, so one group is held at a time."""
-
-    def fit(group: int, parts: List[pa.RecordBatch]):
-        table = pa.Table.from_batches(parts)
-        model = serialization.loads(spec.estimator_blob)
-        sparse_ok = feature_arrays.accepts_sparse(model)
-        what = f"group {spec.keys[group]!r}: features"
-        X = feature_arrays.matrix(table.column(FEATURES), sparse_ok=sparse_ok, what=what)
-        y = table.column(LABEL).to_numpy(zero_copy_only=False)
-        try:
-            model.fit(X, y)
-        except Exception as exc:
-            return collection.encode_error(
-                group,
-                f"the model of key {spec.keys[group]!r} ({len(y)} rows) "
-                f"failed to fit: {type(exc).__name__}: {exc}",
-            )
-        return collection.encode(group, 0, KeyModel(group, spec.keys[group], model, len(y)))
-
-    for group, parts in group_runs(batches):
-        yield fit(group, parts)
+from .. import feature_arrays, serialization
+from .member_records import FEATURES
 
 
 @dataclass(frozen=True)
@@ -61,9 +31,14 @@ class PredictSpec:
 
 def _models(spec: PredictSpec):
     """(keys as an Arrow array, models), unpickled once per Python worker."""
-    return serialization.cached_loads(
-        spec.models_blob, spec.models_key, then=lambda km: (pa.array(km[0]), km[1])
-    )
+
+    def ready(keys_models):
+        keys, models = keys_models
+        if hasattr(models, "loaded"):  # members in a store (membersDir): read there once, kept
+            models = [m.model for m in models.loaded()]
+        return pa.array(keys), models
+
+    return serialization.cached_loads(spec.models_blob, spec.models_key, then=ready)
 
 
 def predict_batch(
