@@ -9,7 +9,7 @@ DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
 HVD_STAMP  := $(VENV)/.horovod-installed
 
-.PHONY: demo horovod lint test test-unit test-local test-connect test-cluster test-standalone test-hosts bench clean gpu-check notebooks figures
+.PHONY: demo horovod lint test test-fast test-unit test-local test-notebooks test-connect test-cluster test-standalone test-hosts test-matrix bench clean gpu-check notebooks figures docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -41,18 +41,34 @@ lint: $(DEV_STAMP)
 	$(BIN)/ruff format --check .
 
 # Every pass must run tests: pytest's exit code 5 (nothing collected) fails the build too.
-# each pass prints its wall time, so the next change sees what it costs (CI's limit is 90 minutes)
+# Each test lists the masters it runs on (tests/conftest.py: @masters(...), a default per folder);
+# a pass deselects the others' tests. `make test` prints the matrix, then each pass and its wall time
+# (CI's limit is 90 minutes).
+PASSES := lint test-local test-notebooks test-connect test-cluster test-standalone test-hosts
 test: $(HVD_STAMP)
-	@total=$$(date +%s); for pass in lint test-local test-connect test-cluster test-standalone test-hosts; do \
+	@$(MAKE) --no-print-directory test-matrix
+	@total=$$(date +%s); for pass in $(PASSES); do \
 		start=$$(date +%s); $(MAKE) --no-print-directory $$pass || exit 1; \
 		echo "== make $$pass: $$(( $$(date +%s) - start )) s"; done; \
 	echo "== make test: $$(( $$(date +%s) - total )) s in all"
+
+# which masters each test file runs on (collection only: seconds)
+test-matrix: $(DEV_STAMP)
+	@$(BIN)/python -m pytest -q -p no:cacheprovider --co --matrix tests | grep -v "^tests/.*::" | grep -v "^$$"
+
+# the inner loop: pure functions and executor code fed Arrow batches, no JVM, no rank process
+test-fast: $(DEV_STAMP)
+	$(PYTEST) -m "not slow" tests/unit
 
 test-unit: $(HVD_STAMP)
 	$(PYTEST) tests/unit
 
 test-local: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="local[2]" $(PYTEST) tests/unit tests/spark tests/e2e tests/gpu
+
+# every notebook executed top to bottom (each starts its own Spark); their stored outputs fresh
+test-notebooks: $(HVD_STAMP)
+	SPARKML_DIST_TEST_MASTER="notebooks" $(PYTEST) tests/notebooks
 
 test-connect: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="connect:local[2]" $(PYTEST) tests/spark

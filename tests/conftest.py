@@ -22,6 +22,8 @@ IS_STANDALONE = MASTER == "standalone"
 IS_HOSTS = MASTER == "hosts"
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+# this run's id, inherited by every process it starts: the leak checks count only this run's ranks
+os.environ["SPARKML_DIST_TEST_SUITE"] = __import__("uuid").uuid4().hex
 # executors of local-cluster import tests' helper modules (estimators defined in tests)
 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
 
@@ -90,26 +92,74 @@ def master():
     return MASTER
 
 
-only_local = pytest.mark.skipif(
-    MASTER != "local[2]", reason="starts its own local Spark; run in the local[2] pass"
-)
+# ------------------------------------------------------------------ which masters a test runs on
+# Each test lists the masters (passes) it runs on, positively: ``@masters("local", "connect")``, or
+# its folder's default below; a pass deselects (not skips) the tests that are not its own, and
+# ``pytest --co -q --matrix`` prints the whole matrix.  Cluster (separate executor JVMs) only for
+# what they can change: executor-side state, what travels to another process, several executors.
+PASSES = {
+    "local[2]": "local",
+    "connect:local[2]": "connect",
+    "local-cluster[2,1,1024]": "cluster",
+    "standalone": "standalone",
+    "hosts": "hosts",
+}
+THIS_PASS = PASSES.get(MASTER, MASTER)
+DEFAULT_MASTERS = {
+    "unit": ("local",),  # no Spark at all: the local pass (and make test-fast)
+    "spark": ("local", "connect"),
+    "e2e": ("local",),
+    "gpu": ("local",),
+    "hosts": ("hosts",),
+    "notebooks": ("notebooks",),
+}
 
-# What separate executor JVMs cannot change (checks before any job, Spark SQL alone, MLflow on the
-# driver) runs on local[2] and Connect, not again on local-cluster: each behaviour on the masters
-# where it can differ, so the suite stays within CI's time.
-not_on_cluster = pytest.mark.skipif(
-    IS_CLUSTER, reason="cannot differ with separate executor JVMs: runs in the local[2] and Connect passes"
-)
 
-# What Spark Connect cannot change (what ranks do once launched: collectives, pipelines, Horovod;
-# the launch, data path and errors through Connect are tested by tests/spark/test_runner.py there)
-# runs on local[2] and local-cluster, not again over Connect.
-not_on_connect = pytest.mark.skipif(
-    IS_CONNECT, reason="cannot differ over Spark Connect: runs in the local[2] and local-cluster passes"
-)
+def masters(*names):
+    """The passes a test (or, as ``pytestmark``, a module) runs on."""
+    unknown = set(names) - set(PASSES.values()) - {"notebooks"}
+    if unknown:
+        raise ValueError(f"unknown masters {sorted(unknown)}; known: {sorted(PASSES.values())}")
+    return pytest.mark.masters(*names)
 
-# What no master can change (model arithmetic, Optuna's samplers and pruners, checks of files on the
-# driver): runs in the local[2] pass only; the Spark paths they share are tested on every master.
-master_independent = pytest.mark.skipif(
-    MASTER != "local[2]", reason="no master can change it: runs in the local[2] pass"
-)
+
+def _masters_of(item) -> tuple:
+    marker = item.get_closest_marker("masters")
+    if marker is not None:
+        return marker.args
+    folder = os.path.relpath(str(item.fspath), os.path.join(ROOT, "tests")).split(os.sep)[0]
+    return DEFAULT_MASTERS.get(folder, ("local",))
+
+
+def pytest_addoption(parser):
+    parser.addoption("--matrix", action="store_true", help="print which masters each test file runs on")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "masters(*names): the passes (masters) a test runs on")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--matrix"):
+        rows = {}
+        for item in items:
+            rows.setdefault(os.path.relpath(str(item.fspath), ROOT), {}).setdefault(_masters_of(item), 0)
+            rows[os.path.relpath(str(item.fspath), ROOT)][_masters_of(item)] += 1
+        print("\ntests per file and the masters they run on:")
+        for path, by in sorted(rows.items()):
+            print(f"  {path}: " + "; ".join(f"{n} on {'+'.join(m)}" for m, n in sorted(by.items())))
+        return
+    kept = [item for item in items if THIS_PASS in _masters_of(item)]
+    dropped = [item for item in items if THIS_PASS not in _masters_of(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+    items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if not config.getoption("--matrix"):
+        ran = len(terminalreporter.stats.get("passed", [])) + len(terminalreporter.stats.get("failed", []))
+        left = len(terminalreporter.stats.get("deselected", []))
+        terminalreporter.write_line(
+            f"== masters: this pass is {THIS_PASS!r}: {ran} tests ran here, {left} deselected (other passes, -m)"
+        )

@@ -70,7 +70,7 @@ cells = [
         "path = os.path.join(work, 'members')\n"
         "result.to_table(spark).write.parquet(path)\n"
         "spark.read.parquet(path).createOrReplaceTempView('members')\n"
-        "spark.sql(\"SELECT `group`, rows, format, round(metrics['train_acc'], 3) AS train_acc, left(sha256, 12) AS sha256 \"\n"
+        "spark.sql(\"SELECT `group`, rows, format, round(metrics['train_acc'], 3) AS train_acc \"\n"
         '          "FROM members ORDER BY train_acc DESC").show()',
         "vary",
     ),

@@ -11,7 +11,7 @@ import time
 import pytest
 import yaml
 
-from tests.conftest import ROOT, only_local
+from tests.conftest import ROOT, masters
 
 
 def _cli(*args, timeout=400):
@@ -22,7 +22,7 @@ def _cli(*args, timeout=400):
     )  # fmt: skip
 
 
-@only_local
+@masters("local")
 def test_the_readme_example_job_runs_as_written(tmp_path):
     proc = _cli("ensemble", "--conf", "conf/ensemble_example.yaml", "--master", "local[2]")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -5,10 +5,10 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT, only_local
+from tests.conftest import ROOT, masters
 
 
-@only_local
+@masters("local")
 def test_an_ensemble_too_big_to_collect_fits_with_members_dir(tmp_path):
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
     proc = subprocess.run(

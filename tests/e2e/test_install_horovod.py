@@ -4,10 +4,10 @@ import os
 import subprocess
 import sys
 
-from tests.conftest import ROOT, only_local
+from tests.conftest import ROOT, masters
 
 
-@only_local
+@masters("local")
 def test_a_second_install_uses_the_cached_wheel_and_keeps_pyarrow_and_pandas():
     import pandas
     import pyarrow

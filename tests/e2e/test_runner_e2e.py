@@ -1,4 +1,6 @@
-"""The runner as users start it: `sparkml-dist run`, and GPU pinning with a fake discovery script."""
+"""The runner as users start it: `sparkml-dist run` where its own process matters (exit codes, the
+console, the environment), and GPU pinning with a fake discovery script; the scripts' own runs on the
+pass's session: tests/spark/test_cli_run.py."""
 
 import json
 import os
@@ -8,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT, only_local
+from tests.conftest import ROOT, masters
 
 
 def _py(*args, timeout=400):
@@ -18,78 +20,7 @@ def _py(*args, timeout=400):
     )
 
 
-@only_local
-def test_cli_runs_an_unchanged_ddp_script_on_barrier_tasks():
-    proc = _py(
-        "-m",
-        "sparkml_dist",
-        "run",
-        "--np",
-        "2",
-        "--master",
-        "local[2]",
-        "examples/ddp_train.py",
-        "--",
-        "--steps",
-        "25",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[rank 0] final loss" in proc.stdout and "after 25 steps on 2 ranks" in proc.stdout
-
-
-@only_local
-def test_cli_runs_an_unchanged_horovodrun_script():
-    proc = _py(
-        "-m",
-        "sparkml_dist",
-        "run",
-        "--backend",
-        "horovod",
-        "--np",
-        "2",
-        "--master",
-        "local[2]",
-        "examples/hvd_train.py",
-        "--",
-        "--steps",
-        "15",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[rank 0] final loss" in proc.stdout and "after 15 steps on 2 ranks" in proc.stdout
-
-
-@only_local
-def test_a_script_that_imports_its_siblings_runs_unchanged(tmp_path):
-    import io
-    import shutil
-    import tarfile
-
-    folder = tmp_path / "ddp-tutorial-series"
-    shutil.copytree(os.path.join(ROOT, "tests", "e2e", "ddp_tutorial"), folder)
-    (tmp_path / "extra_lib.py").write_text("VALUE = 42\n")
-    with tarfile.open(tmp_path / "vocab.tgz", "w:gz") as tf:
-        info = tarfile.TarInfo("words.txt")
-        info.size = 4
-        tf.addfile(info, io.BytesIO(b"a b\n"))
-    launch = tmp_path / "launch"
-    launch.mkdir()
-    proc = _run_in(
-        launch,
-        *("--np", "2", "--master", "local[2]"),
-        *("--py-files", str(tmp_path / "extra_lib.py"), "--archives", f"{tmp_path / 'vocab.tgz'}#vocab"),
-        *(str(folder / "multinode.py"), "--", "2", "--batch_size", "16"),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    for rank in (0, 1):
-        line = next(ln for ln in proc.stdout.splitlines() if f"rank {rank} trained 2 epochs" in ln)
-        shipped, cwd = re.search(r"datautils from (\S+);.*cwd (\S+)", line).groups()
-        assert shipped.endswith("script-src") and not shipped.startswith(str(folder))  # the rank's copy
-        assert cwd == str(launch)  # torchrun's rule: where the command was started
-        assert "vocab ['a', 'b']; extra 42" in line
-    assert (launch / "vocab" / "words.txt").read_text() == "a b\n"  # unpacked there, once
-
-
-@only_local
+@masters("local")
 def test_cli_run_failure_exits_non_zero(tmp_path):
     script = tmp_path / "bad.py"
     script.write_text("import sys\nprint('about to fail')\nsys.exit(3)\n")
@@ -98,7 +29,7 @@ def test_cli_run_failure_exits_non_zero(tmp_path):
     assert "exited with code 3" in proc.stderr
 
 
-@only_local
+@masters("local")
 @pytest.mark.parametrize("mode", ["conf", "profile"])
 def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
     script = tmp_path / "gpus.sh"
@@ -124,7 +55,7 @@ def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
         assert len(members) == 4 and set(members) <= {"cuda:0", "cuda:1"}  # each on its task's GPU
 
 
-@only_local
+@masters("local")
 def test_a_task_holding_two_gpus_runs_two_ranks(tmp_path):
     # each worker of the machine is handed the next two addresses (a real machine's GPUs are
     # distinct across its executors)
@@ -154,34 +85,7 @@ def test_a_task_holding_two_gpus_runs_two_ranks(tmp_path):
     assert "np=3 ranks cannot fill tasks of 2 GPUs" in refusal["np=3"]
 
 
-@only_local
-def test_cli_runs_the_pipeline_parallel_example_on_barrier_tasks():
-    proc = _py(
-        "-m",
-        "sparkml_dist",
-        "run",
-        "--np",
-        "2",
-        "--master",
-        "local[2]",
-        "examples/pipeline_train.py",
-        "--",
-        "--steps",
-        "40",
-        "--schedule",
-        "simple",
-        "--balance",
-        "memory",
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "[rank 0] pipeline: 16 layers in 2 stages on 2 rank(s)" in proc.stdout
-    final, first = (
-        float(v) for v in re.search(r"final loss ([\d.]+) \(first ([\d.]+)\)", proc.stdout).groups()
-    )
-    assert final < first / 2
-
-
-@only_local
+@masters("local")
 def test_cli_runs_the_fsdp2_example_on_local_ranks():
     proc = _py("-m", "sparkml_dist", "run", "--np", "-2", "examples/fsdp_train.py", "--", "--steps", "5")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -196,7 +100,7 @@ def _run_in(cwd, *args, env=None, timeout=400):
     return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
-@only_local
+@masters("local")
 def test_a_script_resumes_from_the_checkpoint_it_wrote_next_to_itself_and_each_line_shows_once(tmp_path):
     """torchrun's working-directory rule: ranks on the launching machine run where the command was
     started, so ./checkpoints written by one run is there for the next; each rank line is printed
@@ -212,7 +116,7 @@ def test_a_script_resumes_from_the_checkpoint_it_wrote_next_to_itself_and_each_l
     assert json.loads((tmp_path / "checkpoints" / "state.json").read_text()) == {"step": 6}
 
 
-@only_local
+@masters("local")
 def test_accelerates_own_test_script_runs_unchanged(tmp_path):
     pytest.importorskip("accelerate")
     from accelerate.test_utils import scripts
@@ -224,7 +128,7 @@ def test_accelerates_own_test_script_runs_unchanged(tmp_path):
     assert "Main process was not first" not in proc.stdout + proc.stderr
 
 
-@only_local
+@masters("local")
 @pytest.mark.parametrize(
     "where", [("--np", "-2"), ("--np", "2", "--master", "local[2]")], ids=["np<0", "local[2]"]
 )

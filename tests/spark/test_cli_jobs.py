@@ -12,7 +12,7 @@ import yaml
 
 from sparkml_dist.cli import jobs, predict
 from sparkml_dist.cli.job_files import load_job
-from tests.conftest import ROOT, master_independent
+from tests.conftest import ROOT, masters
 
 
 def _job(tmp_path, job):
@@ -26,7 +26,7 @@ def _predict(spark, **kw):
     return predict.run(spark, argparse.Namespace(**{**args, **kw}))
 
 
-@master_independent  # the jobs run Spark as any fit does: tested there on every master
+@masters("local")  # the jobs run Spark as any fit does: tested there on every master
 def test_ensemble_job_from_csv_trains_evaluates_and_saves(spark, tmp_path):
     rng = np.random.default_rng(0)
     X = rng.normal(size=(400, 4))
@@ -60,13 +60,13 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(spark, tmp_path):
     assert (out["prediction"] == out["y"]).mean() > 0.85  # the saved ensemble, scoring on Spark
 
 
-@master_independent  # the jobs run Spark as any fit does: tested there on every master
+@masters("local")  # the jobs run Spark as any fit does: tested there on every master
 def test_demo_job(spark):
     report = jobs.demo(spark)
     assert report["members"] == 8 and report["metrics"]["auc"] > 0.95
 
 
-@master_independent  # the jobs run Spark as any fit does: tested there on every master
+@masters("local")  # the jobs run Spark as any fit does: tested there on every master
 def test_search_job_on_bundled_data_matches_scikit_learn(spark, tmp_path):
     from sklearn.datasets import load_digits
     from sklearn.model_selection import GridSearchCV
@@ -90,7 +90,7 @@ def test_search_job_on_bundled_data_matches_scikit_learn(spark, tmp_path):
     assert (best.predict(X) == ref.best_estimator_.predict(X)).all()
 
 
-@master_independent  # the jobs run Spark as any fit does: tested there on every master
+@masters("local")  # the jobs run Spark as any fit does: tested there on every master
 def test_tune_job_runs_the_example_function_shipped_by_value(spark, tmp_path):
     import shutil
 
@@ -110,7 +110,7 @@ def test_tune_job_runs_the_example_function_shipped_by_value(spark, tmp_path):
     assert (trials["steps"] == 3).all() and trials["value"].min() == report["best_value"]
 
 
-@master_independent  # the jobs run Spark as any fit does: tested there on every master
+@masters("local")  # the jobs run Spark as any fit does: tested there on every master
 def test_predict_scores_a_file_with_a_saved_network_built_by_the_named_builder(spark, tmp_path):
     import torch
 
@@ -133,7 +133,7 @@ def test_predict_scores_a_file_with_a_saved_network_built_by_the_named_builder(s
     np.testing.assert_allclose(np.stack(out["prediction"].to_numpy()), want, rtol=1e-6, atol=1e-6)
 
 
-@master_independent  # the jobs run Spark as any fit does: tested there on every master
+@masters("local")  # the jobs run Spark as any fit does: tested there on every master
 def test_ensemble_with_your_own_function_per_group_writes_the_members_table(spark, tmp_path):
     rng = np.random.default_rng(1)
     pdf = pd.DataFrame({"store": rng.choice(["north", "south", "east"], 300), "x": rng.normal(size=300)})

@@ -6,11 +6,12 @@ import pytest
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.distributor import TorchDistributor
-from tests.conftest import ROOT, only_local
+from tests.conftest import ROOT, masters
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import assert_no_rank_left
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_the_documented_call_runs_a_function_on_barrier_tasks(spark):
     out = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(h.allreduce_rank_sum, 7)
     assert out["sum"] == 3.0 and out["x"] == 7  # rank 0's value: ranks 1 + 2 all-reduced
@@ -29,7 +30,7 @@ def test_a_script_path_runs_with_its_command_line_and_returns_none(spark):
         dist.run("no/such/train.py")
 
 
-@only_local
+@masters("local")
 def test_lightnings_multi_node_recipe_runs_unchanged_through_the_drop_in(spark):
     """Trainer(devices=1, num_nodes=2), one process per task (local_mode=False), as with pyspark's
     TorchDistributor: each task is a node (LOCAL_RANK 0, GROUP_RANK/NODE_RANK the task's number)."""

@@ -18,7 +18,7 @@ from sparkml_dist.ensemble import (
     BaggingRegressionModel,
     BaggingRegressor,
 )
-from tests.conftest import IS_CLUSTER, master_independent
+from tests.conftest import masters
 
 COLS = [f"f{i}" for i in range(6)]
 
@@ -50,6 +50,7 @@ def _scored(model, df):
     return out["prediction"].to_numpy(), np.stack(out["probability"].map(lambda v: v.toArray()))
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_fit_transform_matches_local_predict_and_learns(cols_df, data3):
     X, y = data3
     model = BaggingClassifier(
@@ -65,7 +66,7 @@ def test_fit_transform_matches_local_predict_and_learns(cols_df, data3):
     assert (pred == cols_df.toPandas()["label"].to_numpy()).mean() > 0.75
 
 
-@master_independent
+@masters("local")
 def test_a_fit_reads_its_input_once_before_the_fitting_job(spark, cols_df):
     """The checks and the group sizes come from the job that deals the rows: a fit runs that job
     and the fitting job (each with its shuffle stages, one job each under adaptive execution) and
@@ -124,7 +125,7 @@ def test_array_features_hard_voting_and_feature_subsets(spark, data3):
     )
 
 
-@master_independent
+@masters("local")
 def test_members_that_miss_a_class_still_vote_correctly(spark):
     # one of the 3 classes is so rare that most groups never see it
     rng = np.random.default_rng(0)
@@ -144,7 +145,7 @@ def test_members_that_miss_a_class_still_vote_correctly(spark):
     assert np.allclose(model.predict_proba(X[:4])[:, 2], own / 5) and own.max() > 0
 
 
-@master_independent
+@masters("local")
 def test_members_pulled_out_predict_the_users_labels(spark):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(300, 4))
@@ -164,7 +165,7 @@ def test_members_pulled_out_predict_the_users_labels(spark):
     assert unanimous.any() and np.array_equal(model.predict(X)[unanimous], votes[0][unanimous])
 
 
-@master_independent
+@masters("local")
 def test_regressor_mean_of_members(spark):
     X, y = make_regression(n_samples=500, n_features=4, noise=0.1, random_state=0)
     df = spark.createDataFrame([(Vectors.dense(x), float(t)) for x, t in zip(X, y)], ["features", "label"])
@@ -179,7 +180,7 @@ def test_regressor_mean_of_members(spark):
     assert np.corrcoef(pdf["prediction"], pdf["label"])[0, 1] > 0.8
 
 
-@master_independent
+@masters("local")
 def test_weight_column_reaches_the_members(spark):
     X = np.array([[0.0], [1.0]] * 50)
     y = np.array([0.0, 1.0] * 50)
@@ -195,7 +196,7 @@ def test_weight_column_reaches_the_members(spark):
     assert weighted.predict(np.array([[0.0]]))[0] == 1.0
 
 
-@master_independent
+@masters("local")
 def test_nan_accepted_by_estimators_that_handle_missing_values(spark, data3):
     X, y = data3
     X = X.copy()
@@ -205,7 +206,7 @@ def test_nan_accepted_by_estimators_that_handle_missing_values(spark, data3):
     assert np.isfinite(model.predict_proba(X)).all()
 
 
-@master_independent
+@masters("local")
 def test_xgboost_members(spark, data3):
     xgb = pytest.importorskip("xgboost")
     X, y = data3
@@ -216,6 +217,7 @@ def test_xgboost_members(spark, data3):
     assert (model.predict(X) == y).mean() > 0.8
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
     from sparkml_dist.partitioning import SplitSpec, group_seeds
     from tests.support.helpers import FailingClassifier
@@ -230,6 +232,7 @@ def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
     assert "Traceback" in info.value.worker_traceback
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_save_load_roundtrip(tmp_path, vec_df, data3):
     X, _ = data3
     est = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3, voting="hard", seed=9)
@@ -304,7 +307,7 @@ def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols
     assert len(cv_model.avgMetrics) == 2 and all(0.5 < m <= 1 for m in cv_model.avgMetrics)
 
 
-@pytest.mark.skipif(not IS_CLUSTER, reason="local[N] never retries a task: runs in the local-cluster pass")
+@masters("cluster")  # local[N] never retries a task
 def test_task_lost_on_first_attempt_gives_the_same_members(spark, tmp_path):
     """a Python worker dies mid-fit; the retried task yields the same members."""
     import os
@@ -388,9 +391,7 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
     assert np.array_equal(lazy.predict_proba(X), kept.predict_proba(X))
 
 
-@pytest.mark.skipif(
-    IS_CLUSTER, reason="local masters deal the driver's GPUs (clusters: the e2e fake discovery test)"
-)
+@masters("local", "connect")  # local masters deal the driver's GPUs (clusters: the e2e fake discovery test)
 def test_members_fit_on_the_drivers_gpus_on_a_local_master_and_say_which(cols_df, monkeypatch):
     from sparkml_dist import ConfigurationError
     from tests.support.helpers import DeviceRecorder
@@ -407,9 +408,7 @@ def test_members_fit_on_the_drivers_gpus_on_a_local_master_and_say_which(cols_df
         BaggingClassifier(estimator=DecisionTreeClassifier(), featuresCols=COLS, useGpu=True).fit(cols_df)
 
 
-@pytest.mark.skipif(
-    IS_CLUSTER, reason="local masters deal the driver's GPUs (clusters: the e2e fake discovery test)"
-)
+@masters("local", "connect")  # local masters deal the driver's GPUs (clusters: the e2e fake discovery test)
 def test_search_candidates_fit_on_the_drivers_gpus(spark, monkeypatch):
     from sparkml_dist.search import ParallelSearchCV
     from tests.support.helpers import DeviceRecorder, on_gpu_one

@@ -16,9 +16,9 @@ from sparkml_dist.ensemble import (
     GlobalForestRegressor,
 )
 from sparkml_dist.errors import ConfigurationError
-from tests.conftest import master_independent, not_on_cluster
+from tests.conftest import masters
 
-pytestmark = not_on_cluster  # a user of the runner: the runner itself is tested on every master
+pytestmark = masters("local", "connect")  # a user of the runner: the runner itself is tested on every master
 
 COLS = [f"f{i}" for i in range(8)]
 
@@ -63,7 +63,7 @@ def test_multiclass_vectors_and_a_regressor(spark):
     assert isinstance(reg, BaggingRegressionModel) and r2_score(yr, reg.predict(Xr)) > 0.6
 
 
-@master_independent  # Connect runs the fit, transform and save above; this is pyspark.ml's own machinery
+@masters("local")  # Connect runs the fit, transform and save above; this is pyspark.ml's own machinery
 def test_pipeline_and_cross_validation_with_the_unfitted_stage_saved(spark, binary, tmp_path):
     from pyspark.ml import Pipeline
     from pyspark.ml.evaluation import BinaryClassificationEvaluator
@@ -111,7 +111,7 @@ def _listening_ports():
     }
 
 
-@master_independent  # rank processes on this machine: where a test can reach every port they open
+@masters("local")  # rank processes on this machine: where a test can reach every port they open
 def test_an_idle_connection_to_every_port_the_ranks_open_never_hangs_the_fit(spark, binary):
     """A port scanner's idle connection to each port the fit's ranks listen on: the fit finishes,
     or fails within collectiveTimeout naming XGBoost's tracker port or the worker it stopped."""
@@ -147,7 +147,7 @@ def test_an_idle_connection_to_every_port_the_ranks_open_never_hangs_the_fit(spa
         outcome = f"finished with {len(model.models)} member"
     except WorkerError as exc:
         outcome = str(exc)
-        assert ("XGBoost's collective (tracker" in outcome and "collectiveTimeout=20s" in outcome) or (
+        assert ("XGBoost's collective (tracker" in outcome and "collectiveTimeout=10s" in outcome) or (
             "XGBoost stopped that rank's worker" in outcome
         ), outcome[:2000]
         if "tracker" in outcome.split("\n")[0]:
@@ -158,5 +158,5 @@ def test_an_idle_connection_to_every_port_the_ranks_open_never_hangs_the_fit(spa
         for _, s in held:
             s.close()
     took = time.monotonic() - start
-    assert held and took < 20 + 60, (took, outcome[:300])
+    assert held and took < 10 + 60, (took, outcome[:300])
     print(f"{len(held)} idle connections held: {outcome.splitlines()[0][:200]} in {took:.1f}s")

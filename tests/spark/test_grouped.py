@@ -8,6 +8,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.ensemble import GroupedModel, GroupedTrainer
+from tests.conftest import masters
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +35,7 @@ def trainer(**kw):
     return GroupedTrainer(**args)
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_one_model_per_key_equals_local_fits_and_transform_uses_them(spark, sales):
     df = spark.createDataFrame(sales).repartition(3)
     model = trainer().fit(df)

@@ -13,12 +13,12 @@ from pyspark.sql import functions as F
 from sparkml_dist import WorkerError
 from sparkml_dist.horovod import HorovodRunner
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import not_on_connect
+from tests.conftest import masters
 from tests.support import horovod_helpers as hh
 from tests.support.runner_checks import assert_no_rank_left
 
 
-@not_on_connect
+@masters("local", "cluster")
 def test_collectives_give_the_right_numbers_on_every_rank(spark):
     out = BarrierRunner(2, backend="horovod", timeout=180).run(hh.collectives, return_all=True)
     assert [o["rank"] for o in out] == [0, 1]
@@ -33,7 +33,7 @@ def test_collectives_give_the_right_numbers_on_every_rank(spark):
     assert_no_rank_left()
 
 
-@not_on_connect
+@masters("local")
 def test_distributed_optimizer_converges_on_digits_and_rank0_weights_come_back(spark):
     res = HorovodRunner(np=2, timeout=300).run(hh.train_digits, epochs=12)
     losses = res["losses"]
@@ -47,7 +47,7 @@ def test_distributed_optimizer_converges_on_digits_and_rank0_weights_come_back(s
     assert float(sum(v.double().sum() for v in state.values())) == pytest.approx(res["checks"][0])
 
 
-@not_on_connect
+@masters("local", "cluster")
 @pytest.mark.parametrize("how", ["raise", "kill"])
 def test_a_failing_rank_is_reported_with_its_traceback_and_nothing_is_left_running(spark, how):
     t = time.time()
@@ -64,14 +64,14 @@ def test_a_failing_rank_is_reported_with_its_traceback_and_nothing_is_left_runni
     assert_no_rank_left()
 
 
-@not_on_connect
+@masters("local")
 def test_a_rank_that_never_calls_hvd_init_times_out_at_the_rendezvous(spark):
     with pytest.raises(WorkerError, match=r"did not reach the rendezvous \(hvd.init\(\)\)"):
         BarrierRunner(2, backend="horovod", start_timeout=8, timeout=120).run(hh.sleep_before_init, 0, 3600)
     assert_no_rank_left()
 
 
-@not_on_connect
+@masters("local", "cluster")
 def test_the_seed_documents_example_runs_unchanged(spark):
     from examples import horovod_seed_example as example
 
@@ -79,7 +79,7 @@ def test_the_seed_documents_example_runs_unchanged(spark):
     assert accuracy > 0.9 and loss < 0.5
 
 
-@not_on_connect
+@masters("local")
 def test_driver_log_verbosity(spark):
     lines = []
     assert HorovodRunner(np=2, log_sink=lines.append).run(hh.talk) == 0

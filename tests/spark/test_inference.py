@@ -11,7 +11,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.inference import predict_batch
-from tests.conftest import not_on_cluster
+from tests.conftest import masters
 from tests.support import png
 
 
@@ -45,6 +45,7 @@ class LogisticPredictor:
         return predict
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_scores_equal_local_prediction_and_the_function_is_made_once_per_worker(spark, tmp_path):
     X, y = _data()
     local = LogisticRegression().fit(X, y)
@@ -67,7 +68,7 @@ def test_scores_equal_local_prediction_and_the_function_is_made_once_per_worker(
     assert len(pids) <= 6  # never once per batch (25 batches here)
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_a_fitted_model_travels_in_a_safe_format_and_predicts_like_it_does_locally(spark):
     X, y = _data(20_000, 4, seed=1)
     tree = DecisionTreeClassifier(max_depth=5, random_state=0).fit(X, y)
@@ -97,7 +98,7 @@ def _png_predictor():
     return predict
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_binary_inputs_arrive_as_bytes_and_a_struct_output_is_filled_by_name(spark):
     rng = np.random.default_rng(2)
     images = rng.integers(0, 256, size=(40, 4, 4), dtype=np.uint8)
@@ -115,7 +116,7 @@ def test_binary_inputs_arrive_as_bytes_and_a_struct_output_is_filled_by_name(spa
     assert out["bright"].tolist() == (images.reshape(40, -1).mean(axis=1) > 127).astype(int).tolist()
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_bad_columns_and_arguments_are_refused_before_any_job(spark):
     df = spark.createDataFrame(pd.DataFrame({"a": [1.0, 2.0], "s": ["x", "y"]})).selectExpr(
         "a", "s", "map('k', a) AS m"
@@ -138,7 +139,7 @@ def test_bad_columns_and_arguments_are_refused_before_any_job(spark):
         predict_batch(df, model=object(), input_cols=["a"])
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_a_saved_ensemble_scores_by_its_directory_as_its_transform_does(spark, tmp_path):
     from sparkml_dist.ensemble import BaggingClassifier
 
@@ -164,7 +165,7 @@ def test_a_saved_ensemble_scores_by_its_directory_as_its_transform_does(spark, t
     )
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_vector_columns_arrive_as_two_dimensional_arrays(spark):
     from pyspark.ml.feature import VectorAssembler
 

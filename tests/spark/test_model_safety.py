@@ -21,7 +21,7 @@ from sparkml_dist.ensemble import (
     GroupedTrainer,
 )
 from sparkml_dist.model_formats import UnsafeModelError
-from tests.conftest import master_independent
+from tests.conftest import masters
 from tests.support import hostile
 
 COLS = ["a", "b", "c"]
@@ -113,7 +113,7 @@ def test_hostile_members_are_refused_by_every_load_entry_point(saved, tmp_path):
             open(os.path.join(store_dir, "manifest.json"), "w").write(original)
 
 
-@master_independent
+@masters("local")
 def test_metadata_naming_another_class_is_refused_without_importing_it(saved):
     path, _ = saved["bagging"]
     _edit_metadata(path, lambda m: m.update({"class": "sparkml_dist.runner._rank.run"}))
@@ -140,7 +140,7 @@ def _flip_one_byte(store_dir):
     hostile.plant(store_dir, last["group"], last["item"], last["format"], bytes(data))
 
 
-@master_independent
+@masters("local")
 def test_signed_model_refuses_a_changed_byte_and_unsigned_loads_without_a_key(data, tmp_path, monkeypatch):
     X, df = data
     model = BaggingClassifier(
@@ -167,7 +167,7 @@ def test_signed_model_refuses_a_changed_byte_and_unsigned_loads_without_a_key(da
         BaggingClassificationModel.load(unsigned)
 
 
-@master_independent
+@masters("local")
 def test_a_model_saved_by_the_previous_release_loads_only_through_allow_pickle(data, tmp_path):
     X, df = data
     model = BaggingClassifier(
@@ -240,7 +240,7 @@ def test_crafted_members_are_refused_by_every_load_entry_point(data, tmp_path):
     assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), model.predict_proba(X))
 
 
-@master_independent
+@masters("local")
 def test_mlflow_model_directories_are_checked_like_stores(data, tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow")
     import yaml

@@ -8,7 +8,7 @@ from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.ensemble import BaggingClassifier, BaggingRegressor
-from tests.conftest import master_independent, not_on_cluster
+from tests.conftest import masters
 
 
 def _frame(spark, n, seed, regression=False):
@@ -24,7 +24,7 @@ def _frame(spark, n, seed, regression=False):
     return spark.createDataFrame(pdf), pdf
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_one_member_scores_exactly_the_rows_it_left_out(spark):
     df, pdf = _frame(spark, 600, seed=0)
     model = BaggingClassifier(
@@ -45,7 +45,7 @@ def test_one_member_scores_exactly_the_rows_it_left_out(spark):
     assert model.oobScore_ == pytest.approx(expected, abs=1e-12)
 
 
-@master_independent
+@masters("local")
 def test_the_oob_score_estimates_the_held_out_score(spark):
     from sklearn.metrics import roc_auc_score
 
@@ -77,7 +77,7 @@ def test_the_oob_score_estimates_the_held_out_score(spark):
     assert reg.oobMetrics_["r2"] == reg.oobScore_ and reg.oobMetrics_["rmse"] > 0
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_oob_without_left_out_rows_is_refused_before_any_job(spark):
     df, _ = _frame(spark, 50, seed=0)
     with pytest.raises(ConfigurationError, match="oobScore=True needs sampling='bootstrap' or 'subsample'"):

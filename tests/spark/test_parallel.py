@@ -6,7 +6,7 @@ from sparkml_dist import ConfigurationError, InsufficientResourcesError, WorkerE
 from sparkml_dist._spark_env import ClusterMemory
 from sparkml_dist.plan import model_bytes
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import not_on_connect, only_local
+from tests.conftest import masters
 from tests.support import parallel_helpers as ph
 from tests.support.runner_checks import assert_no_rank_left
 
@@ -23,7 +23,7 @@ def max_diff(a, b):
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
-@not_on_connect
+@masters("local")
 @pytest.mark.parametrize("schedule, balance", [("simple", "memory"), ("interleaved", "compute")])
 def test_two_stages_on_two_barrier_tasks_train_like_one_process(spark, unsplit, schedule, balance):
     state, losses = unsplit
@@ -50,7 +50,7 @@ def test_the_planner_refuses_a_model_whole_and_admits_it_split(spark):
     assert len(out["split"]) == 2
 
 
-@not_on_connect
+@masters("local", "cluster")
 def test_fsdp2_shards_a_model_over_barrier_tasks(spark, unsplit):
     state, _ = unsplit
     out = BarrierRunner(2, spark=spark, timeout=240).run(ph.train_fsdp, STEPS, ROWS, return_all=True)
@@ -60,7 +60,7 @@ def test_fsdp2_shards_a_model_over_barrier_tasks(spark, unsplit):
     assert_no_rank_left()
 
 
-@only_local
+@masters("local")
 def test_a_pipeline_fed_from_a_dataframe_trains_like_one_process_on_the_same_rows(spark):
     """replicas=1: both stages' ranks read the same rows in the same order; the weights equal one
     process trained on those rows. Without replicas= each rank gets its own rows: refused."""
@@ -79,7 +79,7 @@ def test_a_pipeline_fed_from_a_dataframe_trains_like_one_process_on_the_same_row
     assert_no_rank_left()
 
 
-@only_local
+@masters("local")
 def test_two_stages_by_two_replicas_from_a_dataframe_read_disjoint_halves_per_replica(spark):
     pdf = ph.frame(64, seed=1)
     out = BarrierRunner(-4, timeout=300).run_with_data(
@@ -93,7 +93,7 @@ def test_two_stages_by_two_replicas_from_a_dataframe_read_disjoint_halves_per_re
         BarrierRunner(-4).run_with_data(spark.createDataFrame(pdf), ph.pipeline_from_shard, 1, 8, replicas=3)
 
 
-@only_local
+@masters("local")
 def test_fsdp2_fed_from_a_dataframe_trains_like_one_process_on_the_ranks_batches_together(spark):
     """FSDP2 wants each rank its own rows (run_with_data's default): two ranks of 8 rows a step
     equal one process stepping on those 16 rows."""

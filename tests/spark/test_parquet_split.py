@@ -10,6 +10,7 @@ from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError, parquet_split
 from sparkml_dist.runner import BarrierRunner
+from tests.conftest import masters
 from tests.support import runner_helpers as h
 
 FILES, ROWS_PER_FILE, ROW_GROUP = 3, 25, 7
@@ -98,6 +99,7 @@ def test_partition_columns_cached_frames_other_formats_and_mixed_types_go_throug
     assert split is None and "'x' is stored as int32" in why
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_runner_reads_the_files_and_matches_the_spark_path(df):
     direct = BarrierRunner(2, timeout=180).run_with_data(df, h.shard_in_order, return_all=True)
     assert [r["values"] for r in direct] == [

@@ -16,9 +16,9 @@ from sparkml_dist.partitioning import (
     check_groups,
     group_stats,
 )
-from tests.conftest import not_on_cluster
+from tests.conftest import masters
 
-pytestmark = not_on_cluster
+pytestmark = masters("local", "connect")
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from sklearn.neighbors import KNeighborsClassifier
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.ensemble import BaggingClassifier, GroupModels, train_per_group
 from sparkml_dist.model_checks import UnsafeModelError
-from tests.conftest import master_independent, not_on_cluster
+from tests.conftest import masters
 
 
 def _stores(n=1200, seed=0):
@@ -27,6 +27,7 @@ def fit_logistic(data, key):
     return model, {"train_acc": model.score(data[["x1", "x2"]], data["label"]), "n": len(data)}
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_a_function_per_key_equals_fitting_each_key_locally(spark):
     pdf = _stores()
     result = train_per_group(spark.createDataFrame(pdf).repartition(4), fit_logistic, group_col="store")
@@ -43,7 +44,7 @@ def returns_a_lambda(data, key):
     return (lambda x: x) if key == "b" else fit_logistic(data, key)
 
 
-@not_on_cluster  # the store is a local directory: on several executors it needs shared storage
+@masters("local", "connect")  # the store is a local directory: on several executors it needs shared storage
 def test_members_dir_keeps_the_models_out_of_the_driver_until_read(spark, tmp_path):
     import os
 
@@ -76,7 +77,7 @@ def memorize(data, key):
     return KNeighborsClassifier(n_neighbors=1).fit(X, y)
 
 
-@master_independent  # executor-side logic: the same on every master
+@masters("local")  # executor-side logic: the same on every master
 def test_num_groups_deal_the_rows_bagging_deals(spark):
     pdf = _stores(600, seed=1)[["x1", "x2", "label"]]
     df = spark.createDataFrame(pdf).repartition(3)
@@ -103,7 +104,7 @@ def sparse_fit(data, key):
     return LogisticRegression(max_iter=200).fit(X, y), {"nnz_per_row": X.nnz / X.shape[0]}
 
 
-@master_independent  # executor-side logic: the same on every master
+@masters("local")  # executor-side logic: the same on every master
 def test_sparse_vector_columns_reach_the_function_as_csr(spark):
     from pyspark.ml.feature import HashingTF, Tokenizer
 
@@ -135,7 +136,7 @@ def fail_on_b(data, key):
     return fit_logistic(data, key)
 
 
-@master_independent  # executor-side logic: the same on every master
+@masters("local")  # executor-side logic: the same on every master
 def test_a_failing_group_is_named_with_its_traceback_or_skipped(spark):
     df = spark.createDataFrame(_stores(300))
     with pytest.raises(WorkerError, match="group 'b'.*ValueError: no model for b") as err:
@@ -156,7 +157,7 @@ def returns_nothing_for_a(data, key):
     return fit_logistic(data, key)
 
 
-@master_independent  # executor-side logic: the same on every master
+@masters("local")  # executor-side logic: the same on every master
 def test_a_function_returning_nothing_or_an_unstorable_object_is_named(spark):
     df = spark.createDataFrame(_stores(300))
     kept = train_per_group(df, returns_nothing_for_a, group_col="store", on_error="skip")
@@ -167,7 +168,7 @@ def test_a_function_returning_nothing_or_an_unstorable_object_is_named(spark):
         train_per_group(df, returns_nothing_for_a, group_col="store")
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_bad_arguments_are_refused_before_any_job(spark):
     df = spark.createDataFrame(_stores(30))
     cases = [
@@ -189,7 +190,7 @@ def test_bad_arguments_are_refused_before_any_job(spark):
         train_per_group(df, lambda data, key: lock, group_col="store")
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_path):
     from pyspark.sql import functions as F
 
@@ -217,7 +218,7 @@ def test_members_as_a_table_round_trip_and_a_forged_row_is_refused(spark, tmp_pa
         GroupModels.from_table(stored.where("group != 'c'"))
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_bagging_and_grouped_models_go_through_a_members_table_and_back(spark, tmp_path):
     from pyspark.sql import functions as F
     from sklearn.tree import DecisionTreeClassifier

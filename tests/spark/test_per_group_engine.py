@@ -12,7 +12,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.ensemble import BaggingClassifier, GroupedTrainer, train_per_group
-from tests.conftest import master_independent, not_on_cluster
+from tests.conftest import masters
 
 
 def _rows(n=600, seed=0):
@@ -57,7 +57,9 @@ def _failed(result):
     return result.skipped if hasattr(result, "skipped") else result.failedGroups
 
 
-@not_on_cluster  # membersDir is a local directory here: on several executors it needs shared storage
+@masters(
+    "local", "connect"
+)  # membersDir is a local directory here: on several executors it needs shared storage
 @pytest.mark.parametrize("face", ["bagging", "grouped", "per_group"])
 def test_members_dir_and_on_error_work_on_every_trainer(spark, tmp_path, face):
     pdf = _rows()
@@ -76,7 +78,7 @@ def test_members_dir_and_on_error_work_on_every_trainer(spark, tmp_path, face):
     assert (tmp_path / "m").is_dir() and any((tmp_path / "m").rglob("*.json"))  # written by the tasks
 
 
-@master_independent  # the order inside a group comes from the rows: no master can change it
+@masters("local")  # the order inside a group comes from the rows: no master can change it
 def test_grouped_trainer_fits_the_same_models_on_any_partitioning(spark):
     pdf = _rows(900, seed=3)
     df = spark.createDataFrame(pdf)
@@ -106,7 +108,7 @@ def _count_rows(data, key):
     return DecisionTreeClassifier(max_depth=1).fit(data[["x1"]], data["label"]), {"n": len(data)}
 
 
-@master_independent  # keys travel through the driver the same way on every master
+@masters("local")  # keys travel through the driver the same way on every master
 def test_keys_that_do_not_survive_python_never_lose_rows(spark):
     from pyspark.sql import functions as F
 
@@ -139,7 +141,7 @@ def test_keys_that_do_not_survive_python_never_lose_rows(spark):
         spark.conf.unset("spark.sql.session.timeZone")
 
 
-@master_independent  # argument handling on the driver
+@masters("local")  # argument handling on the driver
 def test_the_earlier_camel_case_keywords_still_work_with_a_deprecation_warning(spark):
     df = spark.createDataFrame(_rows(120))
     with warnings.catch_warnings(record=True) as seen:

@@ -10,13 +10,13 @@ import torch
 
 from sparkml_dist import WorkerError
 from sparkml_dist.runner import BarrierRunner, checkpoint
-from tests.conftest import IS_STANDALONE
+from tests.conftest import masters
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import assert_no_rank_left
 
 KILLER = "tests.support.helpers.KillExecutorOnceClassifier"  # a test class: trusted by name to load
 
-pytestmark = pytest.mark.skipif(not IS_STANDALONE, reason="needs the standalone cluster pass")
+pytestmark = masters("standalone")
 
 
 def test_killed_executor_restarts_from_the_checkpoint_with_the_exact_result(spark, tmp_path):

@@ -8,11 +8,12 @@ from pyspark.sql import functions as F
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError, RunTimeoutError
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import IS_CLUSTER, IS_STANDALONE, not_on_connect
+from tests.conftest import masters
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 class TestSparkRunner(RunnerChecks):
     np_sign = 1
 
@@ -22,6 +23,7 @@ def numbers(spark):
     return spark.range(0, 1000).select(F.col("id").cast("double").alias("x"))
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 @pytest.mark.parametrize("layout", ["1 partition", "3 partitions", "7 partitions", "skewed + empty"])
 def test_every_row_reaches_exactly_one_rank_and_steps_are_equal(numbers, layout):
     if layout == "skewed + empty":
@@ -44,7 +46,7 @@ def test_duplicate_rows_are_spread_over_the_ranks(spark):
     assert all(set(r["values"]) == {0.0, 1.0, 2.0} for r in out)
 
 
-@not_on_connect
+@masters("local", "cluster")
 def test_a_shard_slower_to_stream_than_start_timeout_still_runs(spark):
     # 4M rows of 4 doubles per rank take longer to stream into the task than start_timeout=2.5 s
     # (which counted the data phase, and failed every attempt); the rendezvous deadline now starts
@@ -123,6 +125,7 @@ def test_ctrl_c_stops_this_run_and_only_this_run(spark):
     assert_no_rank_left(within=20)
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_a_cancelled_run_leaves_no_process_and_no_work_directory(spark, tmp_path):
     import json
     import os
@@ -163,9 +166,7 @@ def test_use_gpu_without_gpus_is_refused_before_launching(spark):
         BarrierRunner(2, use_gpu=True).run(h.allreduce_rank_sum)
 
 
-@pytest.mark.skipif(
-    IS_CLUSTER or IS_STANDALONE, reason="local masters only (clusters: the e2e fake discovery test)"
-)
+@masters("local", "connect")  # local masters only (clusters: the e2e fake discovery test)
 def test_local_master_gives_each_barrier_task_one_of_the_drivers_gpus(spark, monkeypatch):
     # local mode schedules no task resources: a single-GPU-box user's `local[*]` must still work
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,0")
@@ -184,7 +185,7 @@ def test_local_master_gives_each_barrier_task_one_of_the_drivers_gpus(spark, mon
         spark.conf.unset("spark.sparkml_dist.gpu.memory")
 
 
-@pytest.mark.skipif(not IS_CLUSTER, reason="needs executor JVMs to kill: runs in the local-cluster pass")
+@masters("cluster")  # needs executor JVMs to kill
 def test_executor_jvm_killed_mid_training_fails_fast(spark):
     """an executor dies under a rank: a bounded failure, no rank left behind."""
     import time

@@ -14,7 +14,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.search import ParallelSearchCV
-from tests.conftest import master_independent
+from tests.conftest import masters
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +39,7 @@ def assert_same_results(ours, ref):
     assert ours.best_score_ == ref.best_score_
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_grid_search_matches_scikit_learn(spark, iris):
     X, y = iris
     grid = {"max_depth": [1, 2, 3, None], "min_samples_leaf": [1, 5, 20]}
@@ -49,7 +50,7 @@ def test_grid_search_matches_scikit_learn(spark, iris):
     assert ours.n_splits_ == 3 and ours.score(X, y) == ref.score(X, y)
 
 
-@master_independent
+@masters("local")
 def test_randomized_search_multimetric_and_train_scores_match(spark, iris):
     X, y = iris
     dists = {

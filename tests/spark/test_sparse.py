@@ -18,7 +18,7 @@ from sparkml_dist.ensemble import BaggingClassifier, GroupedTrainer
 from sparkml_dist.errors import WorkerError
 from sparkml_dist.feature_arrays import vectors_to_csr
 from sparkml_dist.search import ParallelSearchCV
-from tests.conftest import master_independent, not_on_cluster
+from tests.conftest import masters
 
 WIDTH = 1 << 18
 
@@ -57,7 +57,7 @@ def test_bagging_fits_and_predicts_a_hashed_space_without_expanding_it(spark):
     df.unpersist()
 
 
-@master_independent
+@masters("local")
 def test_a_sparse_fit_is_the_dense_fit(spark):
     rng = np.random.default_rng(1)
     n, width = 300, 40
@@ -90,7 +90,7 @@ def test_a_sparse_fit_is_the_dense_fit(spark):
     )
 
 
-@master_independent
+@masters("local")
 def test_a_model_that_needs_dense_input_is_named_with_the_column(spark):
     df = _hashed(spark, 4000)
     with pytest.raises(
@@ -105,7 +105,7 @@ def test_a_model_that_needs_dense_input_is_named_with_the_column(spark):
         BaggingClassifier(estimator=LogisticRegression(), numModels=1, featuresCol="tf").fit(bad)
 
 
-@not_on_cluster
+@masters("local", "connect")
 def test_grouped_training_and_search_keep_vectors_sparse(spark):
     df = _hashed(spark, 1500, seed=4).cache()
     X, y, table = _local(df)

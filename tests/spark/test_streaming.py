@@ -7,7 +7,7 @@ import pytest
 
 from sparkml_dist import WorkerError
 from sparkml_dist.runner import BarrierRunner
-from tests.conftest import not_on_connect
+from tests.conftest import masters
 from tests.support import stream_helpers as sh
 
 
@@ -20,7 +20,7 @@ def _per_step(out):
     return [sorted(sum((rank[s] for rank in out), [])) for s in range(len(out[0]))]
 
 
-@not_on_connect
+@masters("local")
 def test_every_global_step_trains_on_the_same_samples_with_1_2_or_4_ranks(ids):
     steps = {
         np_: _per_step(
@@ -39,7 +39,7 @@ def _seen(log_dir):
     return sorted(int(i) for i in lines)
 
 
-@not_on_connect
+@masters("local", "cluster")
 def test_a_run_killed_mid_epoch_resumes_at_the_next_unseen_batch(ids, tmp_path):
     logs = tmp_path / "same"
     logs.mkdir()
@@ -49,7 +49,7 @@ def test_a_run_killed_mid_epoch_resumes_at_the_next_unseen_batch(ids, tmp_path):
     assert _seen(logs) == list(range(200))  # every sample of the epoch exactly once, over both attempts
 
 
-@not_on_connect
+@masters("local")
 def test_a_run_killed_mid_epoch_resumes_on_fewer_ranks(ids, tmp_path):
     logs, ckpt = tmp_path / "fewer", str(tmp_path / "ckpt-fewer")
     logs.mkdir()

@@ -14,10 +14,10 @@ from sparkml_dist import mlflow_flavor, tune  # noqa: E402
 from sparkml_dist.ensemble import BaggingClassifier, GroupedTrainer  # noqa: E402
 from sparkml_dist.runner import BarrierRunner  # noqa: E402
 from sparkml_dist.search import ParallelSearchCV  # noqa: E402
-from tests.conftest import IS_CONNECT, not_on_cluster  # noqa: E402
+from tests.conftest import IS_CONNECT, masters  # noqa: E402
 from tests.support import tune_helpers as th  # noqa: E402
 
-pytestmark = not_on_cluster
+pytestmark = masters("local", "connect")
 
 
 @pytest.fixture(scope="module")
@@ -126,7 +126,7 @@ def test_rank_zero_metrics_reach_the_runner_run(tracking):
     assert found.iloc[0]["metrics.attempts"] == 1.0
 
 
-@pytest.mark.skipif(IS_CONNECT, reason="mlflow.pyspark.ml.autolog reads the SparkContext: classic Spark only")
+@masters("local")  # mlflow.pyspark.ml.autolog reads the SparkContext: classic Spark only
 def test_autolog_records_our_estimator_params_in_its_own_run(tracking, data):
     _, df = data
     import mlflow.pyspark.ml

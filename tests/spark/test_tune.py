@@ -3,7 +3,7 @@
 import pytest
 
 from sparkml_dist import ConfigurationError, WorkerError, tune
-from tests.conftest import IS_CONNECT, master_independent, only_local
+from tests.conftest import IS_CONNECT, masters
 from tests.support import tune_helpers as th
 
 FAST = {"pause": 0.02}
@@ -15,6 +15,7 @@ def run(fn, space, **kw):
     return tune.Tuner(fn, space, **kw).run()
 
 
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
 def test_grid_runs_every_combination_once_and_finds_the_best(spark):
     space = {"x": [0.0, 0.3, 0.6, 0.9], "steps": [2, 3], **FAST}
     r = run(th.curve, space, sampler="grid", max_trials=100, seed=1)
@@ -26,7 +27,7 @@ def test_grid_runs_every_combination_once_and_finds_the_best(spark):
     assert r.trials.loc[r.trials["trial"] == r.best_trial, "steps"].item() == 3  # reports counted
 
 
-@master_independent
+@masters("local")
 def test_random_is_seeded_and_tpe_with_one_slot_too(spark):
     space = {"x": tune.uniform(0, 1), "steps": 1, "pause": 0.0}
     a = run(th.curve, space, max_trials=6, seed=5)
@@ -49,7 +50,7 @@ def test_random_is_seeded_and_tpe_with_one_slot_too(spark):
     ],
     ids=["median", "bandit", "truncation"],
 )
-@master_independent
+@masters("local")
 def test_early_stopping_stops_poor_trials_and_keeps_the_best(spark, policy):
     xs = [0.3, 0.95, 0.35, 0.9, 0.85, 0.8, 0.28, 0.99]
     space = {"x": xs, "steps": 8, **FAST}
@@ -93,7 +94,7 @@ def test_concurrency_never_exceeds_max_concurrent(spark, limit):
         assert peak == 2  # and the slots were used
 
 
-@master_independent
+@masters("local")
 def test_the_metric_returned_reported_or_missing(spark):
     r = run(th.curve, {"x": [0.5], "steps": 3, "return_none": True, **FAST}, sampler="grid", max_trials=1)
     assert r.best_value == pytest.approx(0.04 + 1.0 / 3)  # the last reported loss counts
@@ -168,7 +169,7 @@ def test_trial_resources_cap_concurrency_and_impossible_ones_are_refused(spark):
         run(th.curve, {"x": [1]}, max_trials=1, trial_resources={"cpus": 64})
 
 
-@only_local
+@masters("local")
 def test_early_stopping_works_while_500_idle_connections_flood_the_channel(spark, monkeypatch):
     """trials' reports and stop answers still get through."""
     from sparkml_dist.tune import scheduler

@@ -10,9 +10,9 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.ensemble import BaggingClassifier, BaggingRegressor
-from tests.conftest import not_on_cluster
+from tests.conftest import masters
 
-pytestmark = not_on_cluster
+pytestmark = masters("local", "connect")
 
 
 @pytest.fixture(scope="module")

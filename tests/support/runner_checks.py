@@ -12,15 +12,22 @@ from sparkml_dist.runner import BarrierRunner
 from tests.support import runner_helpers as h
 
 RANK_MARK = "sparkml_dist.runner._rank import run"
+SUITE_ENV = "SPARKML_DIST_TEST_SUITE"  # set once per pytest run (tests/conftest.py), inherited by
+# every process the run starts (Spark's JVMs, their Python workers, the ranks): the leak check sees
+# only this run's ranks, so a pass can run beside another suite or a user's own job.
 
 
-def rank_processes():
+def rank_processes(suite=None):
+    """The rank processes this pytest run started (``suite``: another run's id)."""
+    import os
+
+    mine = suite or os.environ[SUITE_ENV]
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
-            if RANK_MARK in " ".join(p.info["cmdline"] or []):
+            if RANK_MARK in " ".join(p.info["cmdline"] or []) and p.environ().get(SUITE_ENV) == mine:
                 out.append(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue
     return out
 

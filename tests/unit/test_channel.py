@@ -16,6 +16,8 @@ from tests.support.flood import Flood
 from tests.support.flood import wait as _wait
 from tests.support.runner_checks import assert_no_rank_left
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 def test_a_handler_that_raises_is_logged_and_the_channel_goes_on(caplog):
     got, secret = [], new_secret()

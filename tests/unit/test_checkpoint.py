@@ -10,6 +10,8 @@ from sparkml_dist import CollectionError, ConfigurationError, WorkerError
 from sparkml_dist.runner import BarrierRunner, checkpoint
 from tests.support import runner_helpers as h
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
     clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(

@@ -14,6 +14,8 @@ from sparkml_dist.model_checks import UnsafeModelError
 from sparkml_dist.model_store import ModelStore
 from tests.support import crafted, hostile
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 REFUSALS = {  # what each refusal must say

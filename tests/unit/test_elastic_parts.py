@@ -9,6 +9,8 @@ import pytest
 from sparkml_dist import ConfigurationError, InsufficientResourcesError
 from sparkml_dist.runner import BarrierRunner, elastic, failures, protocol
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 @pytest.fixture(autouse=True)
 def quick_settle(monkeypatch):

@@ -10,6 +10,8 @@ from sparkml_dist.runner import BarrierRunner, backends
 from tests.support import horovod_helpers as hh
 from tests.support.runner_checks import assert_no_rank_left
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 def test_slots_follow_horovodrun_placement():
     # ranks interleaved over two hosts, as Spark may place barrier tasks

@@ -13,6 +13,8 @@ from sparkml_dist.runner import BarrierRunner, checkpoint
 from tests.support import parallel_helpers as ph
 from tests.support.runner_checks import assert_no_rank_left
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 STEPS, ROWS = 5, 32
 
 

@@ -10,6 +10,8 @@ from sparkml_dist.runner import BarrierRunner
 from tests.support import runner_helpers as h
 from tests.support.runner_checks import RunnerChecks, assert_no_rank_left
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 @pytest.fixture
 def spark():

@@ -21,6 +21,8 @@ from sparkml_dist.runner.data import Shard
 from sparkml_dist.runner.gangs import ThreadGang
 from sparkml_dist.runner.task_spec import SparkRows, Streams
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 def test_local_ranks_and_env():
     assert rendezvous.local_ranks(["a", "b", "a", "a"]) == [(0, 3), (0, 1), (1, 3), (2, 3)]

@@ -16,6 +16,8 @@ from sparkml_dist.runner import BarrierRunner
 from tests.support import network_helpers as nh
 from tests.support.parallel_helpers import batch, build_model
 
+pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
+
 
 class Tied(torch.nn.Module):
     """A network whose output layer shares the embedding's weight (stored once)."""

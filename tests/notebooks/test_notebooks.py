@@ -1,5 +1,6 @@
 """Every notebook in notebooks/ runs top to bottom (each starts its own local Spark) and prints and
-draws what it stores: the stored outputs are fresh (nbwrite.differences finds nothing)."""
+draws what it stores: the stored outputs are fresh (nbwrite.differences finds nothing).  A pass of
+its own (``make test-notebooks``): each notebook starts its own Spark."""
 
 import copy
 import glob
@@ -10,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.conftest import ROOT, only_local
+from tests.conftest import ROOT
 
 NOTEBOOKS = sorted(glob.glob(os.path.join(ROOT, "notebooks", "*.ipynb")))
 
@@ -19,7 +20,6 @@ def test_there_are_notebooks():
     assert any(p.endswith("01_ensembles.ipynb") for p in NOTEBOOKS)
 
 
-@only_local
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=os.path.basename)
 def test_notebook_executes_and_its_stored_outputs_are_fresh(path, tmp_path):
     sys.path.insert(0, os.path.join(ROOT, "notebooks", "src"))
