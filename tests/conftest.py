@@ -161,5 +161,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         ran = len(terminalreporter.stats.get("passed", [])) + len(terminalreporter.stats.get("failed", []))
         left = len(terminalreporter.stats.get("deselected", []))
         terminalreporter.write_line(
-            f"== masters: this pass is {THIS_PASS!r}: {ran} tests ran here, {left} deselected (other passes, -m)"
+            f"== masters: this pass is {THIS_PASS!r}: {ran} tests ran here, {left} deselected "
+            "(other passes, -m)"
         )
