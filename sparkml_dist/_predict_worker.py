@@ -68,8 +68,12 @@ def _make(spec: PredictSpec) -> Callable:
     method = getattr(model, spec.method)
 
     def predict(*arrays):
+        import warnings
+
         parts = [a if a.ndim == 2 else a[:, None] for a in arrays]
-        return method(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
+        with warnings.catch_warnings():  # the driver matched the columns to the model's names
+            warnings.filterwarnings("ignore", message="X does not have valid feature names")
+            return method(np.concatenate(parts, axis=1) if len(parts) > 1 else parts[0])
 
     return predict
 

@@ -25,6 +25,13 @@ worker, ``return_type`` being its own: double labels, or probabilities as ``arra
     predict_batch(df, model="/dbfs/models/bagging", input_cols=["f0", "f1"], method="predict_proba",
                   return_type="array<double>")
 
+**Features matched by name.**  A model that knows the names of the features it was fitted on
+(scikit-learn's ``feature_names_in_``, XGBoost's ``feature_names``, an ensemble's ``featuresCols``)
+gets the columns of ``input_cols`` in *its* order, whatever order they are given in; a name it needs
+that ``input_cols`` lacks, or one it does not know, is refused before any job.  A model without
+names (fitted on a numpy array) gets the columns in the order given, as does one array or vector
+column.  No feature-name warning is printed per batch.
+
 The predict function gets one numpy array per input column: (b,) for a scalar column, (b, d) for an
 array or ``VectorUDT`` column (converted with ``vector_to_array``), objects (``bytes``/``str``) for
 binary and string columns; it returns an array of ``b`` values (``return_type`` a number type, the
@@ -128,6 +135,43 @@ def _ensemble_scores(df, stage, input_cols, output_col: str, method: str):
     return out.withColumn(output_col, vector_to_array(tmp)).drop(tmp) if method == "predict_proba" else out
 
 
+def feature_names(model: Any) -> Optional[list]:
+    """The names of the features ``model`` was fitted on, in its order, if it knows them:
+    scikit-learn's ``feature_names_in_``, XGBoost's booster ``feature_names``, a bagging or grouped
+    model's ``featuresCols``."""
+    names = getattr(model, "feature_names_in_", None)
+    if names is None and hasattr(model, "get_booster"):
+        try:
+            names = model.get_booster().feature_names
+        except Exception:  # noqa: BLE001 - an unfitted or foreign model: no names
+            names = None
+    if names is None and type(model).__name__ == "Booster":
+        names = getattr(model, "feature_names", None)
+    if names is None and hasattr(model, "getFeaturesCols"):
+        names = model.getFeaturesCols() or None
+    return [str(n) for n in names] if names is not None else None
+
+
+def matched_columns(df, input_cols: Sequence[str], names: Optional[Sequence[str]], what: str) -> list:
+    """``input_cols`` in the order of the model's feature ``names`` (see the module docstring)."""
+    cols = list(input_cols)
+    if names is None:
+        return cols
+    if len(cols) == 1 and df.schema[cols[0]].dataType.simpleString().startswith(("array", "vector")):
+        return cols  # one column holds every feature: its order is the model's to know
+    missing = [n for n in names if n not in cols]
+    extra = [c for c in cols if c not in names]
+    if missing or extra or len(cols) != len(names):
+        raise ConfigurationError(
+            f"{what} was fitted on the features {list(names)} (in that order); input_cols={cols} "
+            + (f"lacks {missing}" if missing else "")
+            + (" and " if missing and extra else "")
+            + (f"has {extra}, which it does not know" if extra else "")
+            + ". Name the same columns (in any order: they are matched by name)."
+        )
+    return list(names)
+
+
 def _function_spec(make_predict_fn: Callable) -> dict:
     from . import serialization
     from .serialization import unpicklable_part
@@ -179,6 +223,13 @@ def predict_batch(
         raise ConfigurationError(f"output_col={output_col!r} is already a column; choose another name")
     df = _inputs(df, input_cols)
     stage = _ensemble(model) if model is not None else None
+    if model is not None:
+        input_cols = matched_columns(
+            df,
+            input_cols,
+            feature_names(stage if stage is not None else model),
+            f"model={type(model).__name__}",
+        )
     if stage is not None:
         return _ensemble_scores(df, stage, list(input_cols), output_col, method)
     dtype = _spark_type(return_type)

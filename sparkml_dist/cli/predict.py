@@ -8,7 +8,8 @@
 network saved with :mod:`sparkml_dist.torch_models`, which needs ``--builder`` (the function that
 builds the untrained network: named here by the user, never taken from the files) and
 ``--input-cols``; its output is ``--return-type`` (default ``array<float>``).  The input is Parquet
-or CSV (``--format``); the output is written as Parquet, every input column plus the predictions.
+or CSV (``--format``); the output is written as Parquet, every input column plus the predictions
+(an ensemble's probabilities as arrays of doubles; ``--keep-vectors`` keeps Spark ML vectors).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--return-type", default="array<float>", help="the network output's Spark type")
     p.add_argument("--batch-size", type=int, default=1024)
     p.add_argument("--overwrite", action="store_true", help="replace --output if it exists")
+    p.add_argument(
+        "--keep-vectors",
+        action="store_true",
+        help="write an ensemble's probability/rawPrediction as Spark ML vectors (default: arrays)",
+    )
 
 
 def read_input(spark, spec: dict):
@@ -102,6 +108,11 @@ def run(spark, args) -> dict:
 
         model = load_stage(model_dir)
         scored, kind = model.transform(df), type(model).__name__
+        if not getattr(args, "keep_vectors", False):  # arrays: any Parquet reader understands them
+            from pyspark.ml.functions import vector_to_array
+
+            vectors = [f.name for f in scored.schema.fields if f.dataType.simpleString() == "vector"]
+            scored = scored.withColumns({c: vector_to_array(c) for c in vectors})
     scored.write.mode("overwrite" if args.overwrite else "errorifexists").parquet(args.output)
     rows = spark.read.parquet(args.output).count()
     return {"model": args.model, "kind": kind, "rows": rows, "output": args.output}

@@ -44,6 +44,7 @@ class Run:
         replicas=None,
         streams=None,
     ):
+        df = sharding.rank_columns(df) if df is not None else None  # vectors as arrays; refusals by name
         self.runner, self.df, self.return_all, self.replicas = runner, df, return_all, replicas
         self.streams = streams
         self.main = main

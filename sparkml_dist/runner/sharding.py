@@ -67,6 +67,31 @@ def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional
     return ParquetSlices(split, Streams(tuple(split.rows), data_world, per))
 
 
+MAX_DENSE_VECTOR = 1 << 16  # entries of a vector column the ranks get as a dense array, per row
+
+
+def rank_columns(df):
+    """``df`` as the ranks read it: Spark ML vector columns (``VectorAssembler``, ``OneHotEncoder``,
+    ``HashingTF``) as arrays of doubles (``vector_to_array``, dense and sparse alike), so a rank's
+    ``to_numpy`` / ``dataloader`` get an (n, d) array; a vector wider than
+    :data:`MAX_DENSE_VECTOR` entries is refused on the driver, naming the column and what to do."""
+    vectors = [f.name for f in df.schema.fields if f.dataType.simpleString() == "vector"]
+    if not vectors:
+        return df
+    from pyspark.ml.functions import vector_to_array
+
+    for name in vectors:
+        first = df.select(name).where(df[name].isNotNull()).first()
+        width = first[0].size if first is not None else 0
+        if width > MAX_DENSE_VECTOR:
+            raise ConfigurationError(
+                f"run_with_data: column {name!r} holds vectors of {width} entries, which each rank would "
+                f"get dense ({width * 8 / 2**20:.1f} MiB per row): reduce the width (HashingTF's "
+                "numFeatures, a feature selector), or select only the columns the function needs"
+            )
+    return df.withColumns({name: vector_to_array(name) for name in vectors})
+
+
 def _check_hashable(schema) -> None:
     """Rows are dealt to ranks by a hash of their values: say which column Spark cannot hash."""
     for field in schema.fields:

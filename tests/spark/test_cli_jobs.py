@@ -22,7 +22,7 @@ def _job(tmp_path, job):
 
 def _predict(spark, **kw):
     args = dict(format="parquet", builder=None, input_cols=None, return_type="array<float>", batch_size=1024,
-                overwrite=False)  # fmt: skip
+                overwrite=False, keep_vectors=False)  # fmt: skip
     return predict.run(spark, argparse.Namespace(**{**args, **kw}))
 
 
@@ -58,6 +58,8 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(spark, tmp_path):
     assert scored["kind"] == "BaggingClassificationModel" and scored["rows"] == 400
     out = pd.read_parquet(tmp_path / "scored")
     assert (out["prediction"] == out["y"]).mean() > 0.85  # the saved ensemble, scoring on Spark
+    probability = np.stack(out["probability"].to_numpy())  # an array per row, not a vector struct
+    assert probability.shape == (400, 2) and np.allclose(probability.sum(axis=1), 1.0)
 
 
 @masters("local")  # the jobs run Spark as any fit does: tested there on every master

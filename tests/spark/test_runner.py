@@ -235,3 +235,26 @@ def test_columns_spark_cannot_hash_are_named_before_any_job(spark):
     plain = spark.range(0, 200).selectExpr("cast(id as double) as x", "named_struct('a', id, 'b', 'v') as s")
     out = BarrierRunner(2, spark=spark, timeout=180).run_with_data(plain, h.shard_columns, return_all=True)
     assert [o["columns"] for o in out] == [["x", "s"]] * 2 and sum(o["rows"] for o in out) == 200
+
+
+def test_vector_columns_reach_the_ranks_as_arrays_and_a_too_wide_one_is_refused(spark):
+    """A VectorAssembler's dense vectors and a HashingTF's sparse ones: (n, d) arrays on the ranks,
+    every row once; a hashed space too wide to hold dense is refused on the driver, by name."""
+    from pyspark.ml.feature import HashingTF, VectorAssembler
+
+    df = spark.range(0, 60).selectExpr("cast(id as double) as a", "cast(id * 2 as double) as b", "id")
+    assembled = VectorAssembler(inputCols=["a", "b"], outputCol="features").transform(df)
+    out = BarrierRunner(2, spark=spark, timeout=180).run_with_data(
+        assembled.select("features"), h.shard_matrix, "features", return_all=True
+    )
+    rows = sorted(tuple(r) for o in out for r in o["rows"])
+    assert [o["shape"][1] for o in out] == [2, 2] and rows == [(float(i), 2.0 * i) for i in range(60)]
+    words = spark.createDataFrame([(["a", "b"],), (["b", "c"],)] * 10, "words array<string>")
+    small = HashingTF(numFeatures=16, inputCol="words", outputCol="tf").transform(words)
+    out = BarrierRunner(2, spark=spark, timeout=180).run_with_data(
+        small.select("tf"), h.shard_matrix, "tf", return_all=True
+    )
+    assert sum(o["shape"][0] for o in out) == 20 and all(sum(r) == 2.0 for o in out for r in o["rows"])
+    wide = HashingTF(numFeatures=1 << 18, inputCol="words", outputCol="tf").transform(words)
+    with pytest.raises(ConfigurationError, match=r"column 'tf' holds vectors of 262144 entries.*numFeatures"):
+        BarrierRunner(2, spark=spark).run_with_data(wide, h.shard_matrix, "tf")

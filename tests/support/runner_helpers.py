@@ -371,3 +371,11 @@ def lightning_multinode():
         "local_rank": trainer.local_rank,
         "weight": model.layer.weight.detach().tolist(),
     }
+
+
+def shard_matrix(column):
+    """This rank's ``column`` as the numpy array ``to_numpy`` gives, and its rank (no collectives)."""
+    from sparkml_dist.runner import context, shard
+
+    X = shard().to_numpy([column])
+    return {"rank": context().rank, "shape": list(X.shape), "rows": X.tolist()}

@@ -57,3 +57,29 @@ def test_a_worker_keeps_the_eight_most_recently_used_predict_functions():
     assert len(pw._MADE) == pw.KEEP == 8
     assert sorted(_alive) == [12, 13, 14, 15, 16, 17, 18, 19]  # the others' memory is freed
     pw._MADE.clear()
+
+
+def test_a_model_fitted_with_feature_names_scores_batches_without_a_warning_per_batch():
+    import warnings
+
+    import pandas as pd
+    from sklearn.tree import DecisionTreeClassifier
+
+    from sparkml_dist import model_formats
+
+    X = pd.DataFrame({"a": [0.0, 1.0, 2.0, 3.0], "b": [1.0, 0.0, 1.0, 0.0]})
+    model = DecisionTreeClassifier().fit(X, [0, 1, 0, 1])
+    fmt, data = model_formats.encode(model)
+    field = pa.field("prediction", pa.float64())
+    spec = pw.PredictSpec(
+        key="named", input_cols=("a", "b"), output_col="prediction",
+        output_type=pa.schema([field]).serialize().to_pybytes(), batch_size=2,
+        model_format=fmt, model_bytes=data,
+    )  # fmt: skip
+    batch = pa.record_batch([pa.array(X["a"]), pa.array(X["b"])], names=["a", "b"])
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = list(pw.predict_task(iter([batch] * 5), spec))
+    assert [b.column("prediction").to_pylist() for b in out][0] == [0.0, 1.0]
+    assert not [w for w in seen if "feature names" in str(w.message)]
+    pw._MADE.clear()
