@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from .runner import columns as arrow_numpy
+from . import arrow_numpy
 
 KEEP = 8  # predict functions a worker keeps: the most recently used ones
 _MADE: "OrderedDict[Tuple[str, Tuple[str, ...]], Callable]" = OrderedDict()  # (key, GPUs) -> function
@@ -60,7 +60,7 @@ def _make(spec: PredictSpec) -> Callable:
         from .serialization import loads
 
         return loads(spec.make_fn)()  # this run's driver pickled it
-    from .model_formats import decode
+    from .formats import decode
 
     model = decode(
         spec.model_format, spec.model_bytes, trusted_types=spec.trusted_types, what="the model to score with"

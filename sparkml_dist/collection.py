@@ -9,7 +9,7 @@ Executors turn any object into *chunk rows* (:data:`CHUNK_SCHEMA`) tagged
   naming the group, with the executor's traceback;
 * groups that never reported raise :class:`CollectionError` naming them.
 
-For objects too large to collect, :class:`~sparkml_dist.model_store.ModelStore` writes them to a
+For objects too large to collect, :class:`~sparkml_dist.formats.store.ModelStore` writes them to a
 directory (a local path or a file-system URI such as ``file:///``, ``hdfs://``, ``s3://``) in
 formats whose loading runs no code, with a manifest written last (and optionally signed).
 
@@ -187,4 +187,4 @@ def decode(
 
 
 # --------------------------------------------------------------------------- model store
-from .model_store import ModelStore  # noqa: E402,F401 - the directory variant of this layer
+from .formats.store import ModelStore  # noqa: E402,F401 - the directory variant of this layer

@@ -44,6 +44,15 @@ def _combined(arr):
     return arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
 
 
+def vector_shape(df, column: str, sample: int = 1000):
+    """(width, mean stored entries per row) of a Spark ML vector column, from its first ``sample``
+    rows (SQL cannot look inside vectors).  [driver: one small Spark job]"""
+    rows = [r[0] for r in df.select(column).limit(sample).collect() if r[0] is not None]
+    if not rows:
+        return 0, 0.0
+    return int(rows[0].size), float(np.mean([len(v.values) for v in rows]))
+
+
 def lists_to_numpy(arr: pa.Array, n_features: Optional[int] = None, what: str = "features") -> np.ndarray:
     """A list<double> Arrow array -> (n_rows, n_features) float64 array; nulls inside become NaN."""
     arr = _combined(arr)

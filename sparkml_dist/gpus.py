@@ -11,7 +11,11 @@ One copy of each rule the runner, the tuner, bagging (``useGpu``) and search (``
   per task (trials, per-group training), checked and turned into that profile;
 * :func:`assign_local`, :func:`rank_gpus` — each rank's GPUs, on the driver's machine or in a task;
 * :func:`node_gpus`, :func:`gpu_env` — torchrun's device rules: what ``CUDA_VISIBLE_DEVICES``
-  a rank sees and which index in it is its own.
+  a rank sees and which index in it is its own;
+* :func:`plan_models` / :func:`place_model` — a model per task on a GPU (bagging members, grouped
+  and search fits with ``useGpu``/``use_gpu``): an estimator with a ``device`` parameter (XGBoost's
+  ``device="cuda:0"``) gets its task's GPU, or on a local master one of the driver's GPUs dealt by
+  group number; refused before any job for an estimator without one.
 
 Example::
 
@@ -223,3 +227,54 @@ def gpu_env(
         return {}
     own = ",".join(str(visible.index(g)) for g in gpus[rank])
     return {"CUDA_VISIBLE_DEVICES": ",".join(visible), DEVICE_ENV: own.split(",")[0], DEVICES_ENV: own}
+
+
+# ------------------------------------------------------------------ a model per task on a GPU
+def _has_device(estimator: Any) -> bool:
+    try:
+        return "device" in estimator.get_params(deep=False)
+    except Exception:  # noqa: BLE001 - not a scikit-learn-API estimator: it has no device to set
+        return False
+
+
+def plan_models(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optional[Tuple[str, ...]], Any]:
+    """``(gpus, profile)`` for the fitting tasks: ``gpus`` None without GPUs, ``()`` for the
+    task's own GPU (a cluster), else the driver's GPUs to deal; ``profile`` a stage-level
+    ResourceProfile or None."""
+    if not use_gpu:
+        return None, None
+    if not _has_device(estimator):
+        raise ConfigurationError(
+            f"{param}=True but {type(estimator).__name__} has no 'device' parameter to put it on a GPU; "
+            "use an estimator that takes one (XGBoost: XGBClassifier/XGBRegressor), or set "
+            f"{param}=False"
+        )
+    from .. import _spark_env
+
+    if _spark_env.is_local(_spark_env.master_of(spark)):
+        gpus, _ = local(spark)
+        if not gpus:
+            raise InsufficientResourcesError(
+                f"{param}=True but this machine shows no GPU (spark.driver.resource.gpu, "
+                "CUDA_VISIBLE_DEVICES or torch.cuda); set it to False"
+            )
+        return tuple(gpus), None
+    return (), rank_profile(spark, True)
+
+
+def place_model(model: Any, gpus: Sequence[str], group: int) -> str:
+    """Set ``model``'s ``device`` to the GPU of this member (the task's, or the driver's GPU
+    ``group mod len(gpus)``); returns it."""
+    if gpus:
+        address = gpus[group % len(gpus)]
+    else:
+        addresses = task_addresses()
+        if not addresses:
+            raise InsufficientResourcesError(
+                f"useGpu=True but Spark assigned no GPU to the task fitting group {group}: configure GPU "
+                "scheduling (spark.executor.resource.gpu.amount and a discovery script)"
+            )
+        address = addresses[0]
+    device = f"cuda:{address}"
+    model.set_params(device=device)
+    return device

@@ -192,7 +192,7 @@ def _model_spec(model: Any, method: str, trusted_types: Sequence[str]) -> dict:
             f"model={type(model).__name__} has no {method}() method: pass a fitted scikit-learn-API "
             "model, a saved ensemble's directory, or make_predict_fn"
         )
-    from .model_formats import encode
+    from .formats import encode
 
     fmt, data = encode(model)
     return dict(model_format=fmt, model_bytes=data, key=model_key(fmt, data, {"method": method}))

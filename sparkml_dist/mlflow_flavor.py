@@ -21,7 +21,7 @@ loading refuses an ``MLmodel`` whose signature is missing or wrong, as it refuse
 of ours runs: for directories from elsewhere, load with :func:`load_model` (which reads ``MLmodel``
 itself, checks it, and imports nothing it names).
 
-Networks trained with the runner (:mod:`sparkml_dist.torch_models`: safetensors + JSON) are logged
+Networks trained with the runner (:mod:`sparkml_dist.formats.networks`: safetensors + JSON) are logged
 with :func:`log_network` under the same flavor (``kind: network``); the pyfunc feeds the frame's
 columns (list columns spread) to the network as one float32 tensor and returns its output.  The
 network is rebuilt by the builder its ``model.json`` names only when the loader is allowed to call
@@ -40,143 +40,35 @@ Example::
 
 from __future__ import annotations
 
-import glob
-import hashlib
 import hmac
 import json
 import os
 import re
-import tempfile
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
-FLAVOR = "sparkml_dist"
-STAGE_DIR = "stage"
-SPARK_DIR = "sparkml"
-NETWORK_DIR = "network"
+from .formats.mlflow import (  # noqa: F401 - the writer's half, here for the API
+    FLAVOR,
+    NETWORK_DIR,
+    SIGNATURE,
+    SPARK_DIR,
+    STAGE_DIR,
+    _mac,
+    log_model,
+    log_network,
+    save_model,
+    save_network,
+)
+
 TRUSTED_BUILDERS_ENV = "SPARKML_DIST_TRUSTED_BUILDERS"
-SIGNATURE = "MLmodel.sig"
 _STAGE = re.compile(rf"({STAGE_DIR}|{NETWORK_DIR}|{SPARK_DIR}/stages/[A-Za-z0-9][A-Za-z0-9_.-]{{0,200}})")
 
 
-def _spark_flavor(model: Any, path: str) -> Optional[str]:
-    """On classic Spark, ``model`` as a one-stage PipelineModel in ``path/sparkml`` (MLflow's spark
-    flavor, for ``mlflow.spark.load_model``); returns the stage's directory inside it, which the
-    other flavors share (one copy of the members).  None on Spark Connect or for lazy members."""
-    from pyspark.sql import SparkSession
-
-    spark = SparkSession.getActiveSession()
-    lazy = type(getattr(model, "_members", None)).__name__ == "LazyMembers"
-    from . import _spark_env
-
-    if spark is None or _spark_env.is_connect(spark) or lazy:
-        return None
-    from pyspark.ml import PipelineModel
-
-    PipelineModel(stages=[model]).write().save(os.path.join(path, SPARK_DIR))
-    stages = glob.glob(os.path.join(path, SPARK_DIR, "stages", "*"))
-    return os.path.relpath(stages[0], path) if len(stages) == 1 else None
-
-
-def save_model(model: Any, path: str) -> None:
-    """Write ``model`` (a fitted bagging or grouped model) as an MLflow model directory ``path``."""
-    import mlflow.pyfunc
-    import pyspark
-    from mlflow.models import Model
-
-    from . import __version__
-
-    os.makedirs(path, exist_ok=False)
-    stage = _spark_flavor(model, path)
-    if stage is None:
-        stage = STAGE_DIR
-        model.write().save(os.path.join(path, STAGE_DIR))
-    mlmodel = Model()
-    mlmodel.add_flavor(FLAVOR, stage=stage, stage_class=type(model).__name__, version=__version__)
-    mlflow.pyfunc.add_to_model(mlmodel, loader_module=__name__, data=stage)
-    if stage != STAGE_DIR:
-        mlmodel.add_flavor("spark", pyspark_version=pyspark.__version__, model_data=SPARK_DIR)
-    mlmodel.save(os.path.join(path, "MLmodel"))
-    _sign(path)
-    import sklearn
-
-    with open(os.path.join(path, "requirements.txt"), "w", encoding="utf-8") as fh:
-        fh.write(f"sparkml_dist=={__version__}\nscikit-learn=={sklearn.__version__}\n")
-
-
-def save_network(module: Any, path: str, *, builder, builder_kwargs: Optional[dict] = None) -> None:
-    """Write a network (see :func:`sparkml_dist.torch_models.save`) as an MLflow model directory."""
-    import mlflow.pyfunc
-    from mlflow.models import Model
-
-    from . import __version__, torch_models
-
-    os.makedirs(path, exist_ok=False)
-    torch_models.save(os.path.join(path, NETWORK_DIR), module, builder=builder, builder_kwargs=builder_kwargs)
-    mlmodel = Model()
-    mlmodel.add_flavor(FLAVOR, stage=NETWORK_DIR, kind="network", version=__version__)
-    mlflow.pyfunc.add_to_model(mlmodel, loader_module=__name__, data=NETWORK_DIR)
-    mlmodel.save(os.path.join(path, "MLmodel"))
-    _sign(path)
-    import torch
-
-    with open(os.path.join(path, "requirements.txt"), "w", encoding="utf-8") as fh:
-        fh.write(f"sparkml_dist=={__version__}\ntorch=={torch.__version__.split('+')[0]}\nsafetensors\n")
-
-
-def _log(save: Any, run_id: str, artifact_path: str) -> str:
-    from mlflow.tracking import MlflowClient
-
-    with tempfile.TemporaryDirectory() as tmp:
-        local = os.path.join(tmp, "model")
-        save(local)
-        MlflowClient().log_artifacts(run_id, local, artifact_path)
-    return f"runs:/{run_id}/{artifact_path}"
-
-
-def log_model(model: Any, run_id: str, artifact_path: str = "model") -> str:
-    """Save ``model`` into the artifacts of MLflow run ``run_id``; returns its ``runs:/`` URI."""
-    return _log(lambda local: save_model(model, local), run_id, artifact_path)
-
-
-def log_network(
-    module: Any, run_id: str, *, builder, builder_kwargs: Optional[dict] = None, artifact_path: str = "model"
-) -> Optional[str]:
-    """Log a network into MLflow run ``run_id`` (rank 0 writes in a distributed run; the others get
-    None); returns its ``runs:/`` URI."""
-    from . import torch_models
-
-    state = torch_models.full_state(module)  # a collective for FSDP2 and pipelines: every rank
-    if state is None:
-        return None
-    return _log(
-        lambda local: save_network(state, local, builder=builder, builder_kwargs=builder_kwargs),
-        run_id,
-        artifact_path,
-    )
-
-
-def _mac(key: bytes, root: str) -> str:
-    with open(os.path.join(root, "MLmodel"), "rb") as fh:
-        return hmac.new(key, fh.read(), hashlib.sha256).hexdigest()
-
-
-def _sign(root: str) -> None:
-    """``MLmodel.sig`` beside ``MLmodel`` when a signing key is set (the stage's store is signed
-    with the same key)."""
-    from .model_store import key_bytes
-
-    key = key_bytes(None)
-    if key is not None:
-        with open(os.path.join(root, SIGNATURE), "w", encoding="utf-8") as fh:
-            json.dump({"alg": "HMAC-SHA256", "mac": _mac(key, root)}, fh)
-
-
 def _verify(root: str) -> None:
-    from .model_formats import UnsafeModelError
-    from .model_store import KEY_ENV, key_bytes
-    from .safe_files import read_regular
+    from .formats import UnsafeModelError
+    from .formats.files import read_regular
+    from .formats.store import KEY_ENV, key_bytes
 
     key = key_bytes(None)
     if key is None:
@@ -194,7 +86,7 @@ def _verify(root: str) -> None:
 
 def _stage_path(root: str, stage: Any) -> str:
     """``root/stage``, once ``stage`` is the flavor's own kind of path inside ``root``."""
-    from .safe_files import checked_name
+    from .formats.files import checked_name
 
     checked_name(stage, _STAGE, f"the MLmodel of {root!r}")
     path = os.path.realpath(os.path.join(root, stage))
@@ -216,8 +108,8 @@ def _read_stage(root: str, stage: Any):
 def _network(path: str, builder: Any = None):
     """The network of an MLflow model's ``network`` directory, rebuilt by ``builder`` or by the
     builder its record names when trusted (``SPARKML_DIST_TRUSTED_BUILDERS``, or signed files)."""
-    from . import torch_models
-    from .model_store import key_bytes
+    from .formats import networks as torch_models
+    from .formats.store import key_bytes
 
     if builder is not None:
         return torch_models.load(path, builder)
@@ -238,8 +130,8 @@ def _local_root(model_uri: str):
     import mlflow.artifacts
     import yaml
 
-    from .model_formats import UnsafeModelError
-    from .safe_files import read_regular
+    from .formats import UnsafeModelError
+    from .formats.files import read_regular
 
     local = mlflow.artifacts.download_artifacts(model_uri)
     text = read_regular(os.path.join(local, "MLmodel"), 1 << 20, f"the MLmodel of {model_uri!r}")
@@ -253,7 +145,7 @@ def _local_root(model_uri: str):
 def load_network(model_uri: str, builder: Any = None):
     """The ``torch.nn.Module`` logged at ``model_uri`` by :func:`log_network`, rebuilt by
     ``builder`` (or a trusted builder, see the module docstring)."""
-    from .model_formats import UnsafeModelError
+    from .formats import UnsafeModelError
 
     local, stage = _local_root(model_uri)
     _verify(local)
@@ -294,7 +186,7 @@ class PyFuncModel:
 def _load_pyfunc(path: str) -> PyFuncModel:
     """MLflow's pyfunc entry point (``loader_module``): ``path`` is the model's ``stage`` directory,
     inside the model directory that holds ``MLmodel`` (found by walking up)."""
-    from .model_formats import UnsafeModelError
+    from .formats import UnsafeModelError
 
     root = os.path.dirname(os.path.abspath(path))
     for _ in range(3):

@@ -8,7 +8,7 @@ executor code under Spark's authentication, and are loaded with :func:`loads`.
 every feature that ships a user's function).
 
 Bytes read from *files* (a model store, a saved model) may have been planted by someone else, and
-unpickling is code execution: they are never read here, but with :mod:`sparkml_dist.model_formats`
+unpickling is code execution: they are never read here, but with :mod:`sparkml_dist.formats`
 (skops, XGBoost's own format, safetensors, JSON), which run no code.
 """
 

@@ -172,7 +172,7 @@ class JobRun(NullRun):
             self.client.set_terminated(run_id, _STATUS.get(state, "FINISHED"))
 
     def log_model(self, model, artifact_path="model", **kwargs):
-        from . import mlflow_flavor
+        from .formats import mlflow as mlflow_flavor
 
         try:
             mlflow_flavor.log_model(model, self.run_id, artifact_path, **kwargs)
@@ -187,7 +187,7 @@ def stage_params(stage) -> Dict[str, Any]:
 
 def tracked_fit(stage, fit, dataset):
     """``fit(dataset)`` of an ensemble estimator inside its job run: params, the fit's figures
-    (seconds, models, rows per model) and the fitted model (:mod:`sparkml_dist.mlflow_flavor`)."""
+    (seconds, models, rows per model) and the fitted model (:mod:`sparkml_dist.formats.mlflow`)."""
     with job_run(type(stage).__name__, stage.getMlflow(), stage_params(stage)) as run:
         started = time.perf_counter()
         model = fit(dataset)

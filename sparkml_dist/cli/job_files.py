@@ -7,7 +7,7 @@
   file's own folder (as its ``function:`` is), not from wherever the command was started;
 * :func:`new_paths` / :func:`remove_new`: what a job would create (the outermost missing folder of
   each local output), so that a failed job leaves no empty or half-written output behind (outputs
-  are written through :func:`sparkml_dist.safe_files.write_new` or Spark's committed writers).
+  are written through :func:`sparkml_dist.formats.files.write_new` or Spark's committed writers).
 
 Example::
 

@@ -89,8 +89,8 @@ def run_search_job(spark, job: dict) -> dict:
     """Run a ParallelSearchCV described by ``job``; report the best candidate and save results."""
     from pyspark.sql import types as T
 
-    from .. import model_formats
-    from ..safe_files import write_new
+    from .. import formats as model_formats
+    from ..formats.files import write_new
     from ..search import ParallelSearchCV
 
     label = job.get("labelCol", "label")

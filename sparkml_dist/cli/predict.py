@@ -5,7 +5,7 @@
         --input new.parquet --output scored.parquet
 
 ``--model`` is a saved ensemble or grouped model (its own ``transform`` scores the rows) or a
-network saved with :mod:`sparkml_dist.torch_models`, which needs ``--builder`` (the function that
+network saved with :mod:`sparkml_dist.formats.networks`, which needs ``--builder`` (the function that
 builds the untrained network: named here by the user, never taken from the files) and
 ``--input-cols``; its output is ``--return-type`` (default ``array<float>``).  The input is Parquet
 or CSV (``--format``); the output is written as Parquet, every input column plus the predictions
@@ -56,7 +56,7 @@ class _NetworkPredictor:
         import numpy as np
         import torch
 
-        from .. import torch_models
+        from ..formats import networks as torch_models
 
         net = torch_models.load(self.path, self.builder)
 
@@ -72,7 +72,7 @@ class _NetworkPredictor:
 def check_arguments(args) -> None:
     """What can be checked before a Spark session starts: the model and input exist (local paths),
     and a saved network comes with ``--builder`` and ``--input-cols``."""
-    from .. import torch_models
+    from ..formats import networks as torch_models
 
     for option, where in (("--model", args.model), ("--input", args.input)):
         if "://" not in where and not os.path.exists(where):
@@ -88,7 +88,7 @@ def check_arguments(args) -> None:
 
 
 def run(spark, args) -> dict:
-    from .. import torch_models
+    from ..formats import networks as torch_models
     from ..inference import predict_batch
 
     df = read_input(spark, {"path": args.input, "format": args.format})

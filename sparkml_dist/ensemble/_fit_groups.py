@@ -30,7 +30,8 @@ from typing import Any, Iterable, Iterator, List, Optional, Tuple, Union
 import numpy as np
 import pyarrow as pa
 
-from .. import collection, feature_arrays, member_gpus, serialization
+from .. import collection, feature_arrays, serialization
+from .. import gpus as gpus_mod
 from ..group_rows import GROUP_COL, KEY_COL, group_runs, order_rows
 from .member_records import KeyModel, Member, write_member
 
@@ -61,7 +62,8 @@ class Clone:
     """An estimator cloned for each group.  ``seeds[g]`` becomes its ``random_state`` (bagging
     members always; a key's model where the estimator left it None).  ``member``: a bagging member
     (:class:`Member`: fitted on ``feature_subsets[g]``, labels as indices into ``classes``), else a
-    :class:`KeyModel` fitted on the labels as they are.  ``gpus``: see :mod:`sparkml_dist.member_gpus`."""
+    :class:`KeyModel` fitted on the labels as they are.  ``gpus``: see
+    :func:`sparkml_dist.gpus.place_model`."""
 
     blob: bytes
     seeds: Tuple[int, ...] = ()
@@ -198,7 +200,7 @@ def _fit_clone(recipe: Clone, estimator, group: int, key: Any, data) -> Any:
         return Member(group, None, feats, classes, len(y), constant=True)
     yg = np.searchsorted(present, y) if present is not None else y  # local labels 0..c-1 (XGBoost)
     if recipe.gpus is not None:
-        member_gpus.place(model, recipe.gpus, group)
+        gpus_mod.place_model(model, recipe.gpus, group)
     _fit(model, Xg, yg, w)
     return Member(group, model, feats, classes, len(y))
 

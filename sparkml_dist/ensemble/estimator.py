@@ -26,16 +26,8 @@ from typing import Any, List, Optional
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import (
-    _spark_env,
-    arg_checks,
-    feature_arrays,
-    launch,
-    member_gpus,
-    partitioning,
-    serialization,
-    tracking,
-)
+from .. import _spark_env, arg_checks, feature_arrays, launch, partitioning, serialization, tracking
+from .. import gpus as gpus_mod
 from ..errors import ConfigurationError
 from . import forest, global_forest, groups, member_store, oob, validation
 from ._fit_groups import Clone, GroupFitSpec, Inputs
@@ -210,7 +202,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         aggs = validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes, vectors)
         split = groups.by_split(prepared, spec, key_cols, extra_aggs=aggs)
         info = self._check_groups(spark, dataset, split.stats, spec, est, weight_col, vectors, width, stored)
-        gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")
+        gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu")
         recipe = Clone(
             blob,
             seeds=tuple(partitioning.group_seeds(spec)),

@@ -39,7 +39,8 @@ import pyarrow as pa
 from pyspark import keyword_only
 from pyspark.ml import Estimator, Model
 
-from .. import launch, member_gpus, partitioning, serialization, tracking
+from .. import gpus as gpus_mod
+from .. import launch, partitioning, serialization, tracking
 from ..errors import ConfigurationError
 from . import groups, member_store, validation
 from ._fit_groups import Clone, GroupFitSpec, Inputs, fresh_copy
@@ -195,7 +196,7 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
             bytes_per_row=(n_features + 2) * 8,
         )
         est = serialization.loads(blob)
-        gpus, profile = member_gpus.plan(spark, est, self.getUseGpu(), "useGpu")
+        gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu")
         spec = partitioning.SplitSpec(num_groups=max(1, len(split.keys)), seed=int(self.getSeed()))
         recipe = Clone(blob, seeds=tuple(partitioning.group_seeds(spec)), gpus=gpus)
         store = member_store.new_store(self.getMembersDir(), self.uid)

@@ -1,7 +1,7 @@
 """The member format: what one fitted model of an ensemble is, and its record on disk.  [anywhere]
 
 A bagging member (:class:`Member`) or a grouped model's key model (:class:`KeyModel`) is saved as
-two items of its group in a :class:`~sparkml_dist.model_store.ModelStore`: item :data:`RECORD`, a
+two items of its group in a :class:`~sparkml_dist.formats.store.ModelStore`: item :data:`RECORD`, a
 JSON record of everything but the model, and item :data:`MODEL`, the model in a format whose loading
 runs no code.  Executors write members this way (``membersDir``) and a saved stage holds them the
 same way, so both read them back with :func:`from_record`.
@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..model_checks import UnsafeModelError
+from ..formats.checks import UnsafeModelError
 
 # the columns a fit hands its executors (the user's columns, renamed)
 FEATURES, LABEL, WEIGHT = "__sd_features", "__sd_label", "__sd_weight"
@@ -134,7 +134,7 @@ def from_record(record: dict, model: Any) -> Any:
 
 def write_member(write: Callable[[int, int, Any], dict], member: Any) -> List[dict]:
     """One member's record and model through ``write(group, item, obj) -> meta`` (a
-    :meth:`ModelStore.write <sparkml_dist.model_store.ModelStore.write>`); their metadata, the record
+    :meth:`ModelStore.write <sparkml_dist.formats.store.ModelStore.write>`); their metadata, the record
     inside (what the driver needs without loading anything).  Nothing of the member stays
     referenced after the call."""
     record, model = to_record(member)

@@ -1,7 +1,7 @@
 """Members written by the executors to a model store, and read back one at a time.  [anywhere]
 
 With ``membersDir`` set, a fitting task writes its member to a
-:class:`~sparkml_dist.model_store.ModelStore` there (a JSON record and the model in a format whose
+:class:`~sparkml_dist.formats.store.ModelStore` there (a JSON record and the model in a format whose
 loading runs no code, each file's SHA-256 sent back) and returns only that metadata, so the driver
 never receives, holds or decodes the models: past ``spark.driver.maxResultSize`` a big ensemble
 still fits.  The driver commits the store's manifest and the model keeps a :class:`LazyMembers`:
@@ -21,7 +21,7 @@ import uuid
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
 from ..errors import ConfigurationError
-from ..model_store import ModelStore
+from ..formats.store import ModelStore
 from .member_records import MODEL, RECORD, from_record
 
 

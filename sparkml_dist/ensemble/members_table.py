@@ -16,7 +16,7 @@ The digest covers the whole row (group, rows, format, metrics, record, model), a
 the table (a random id written once per table) and the row's place in it, so the digests cover the
 table too: a row whose group or metrics were changed, a row dropped, duplicated, or taken from
 another table is refused.  Reading a table back checks all of that, then decodes the bytes with
-:func:`sparkml_dist.model_formats.decode` (skops' trusted types, the tree and booster checks), so
+:func:`sparkml_dist.formats.decode` (skops' trusted types, the tree and booster checks), so
 a forged row is refused as a forged model file is.  Tables written before the table id existed
 (their digests cover record + model only) still load; signed ones with a warning that their rows'
 set and other columns are not covered.
@@ -31,9 +31,9 @@ import logging
 import uuid
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from .. import model_formats
+from .. import formats as model_formats
 from ..errors import ConfigurationError
-from ..model_checks import UnsafeModelError
+from ..formats.checks import UnsafeModelError
 
 SCHEMA = (
     "group string, rows long, format string, model binary, metrics map<string,double>, record string, "
@@ -67,7 +67,7 @@ def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: An
 def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None) -> List[tuple]:
     """The rows of :func:`to_table`, in :data:`COLUMNS` order: each model encoded in a safe format,
     each row placed in one new table and digested whole."""
-    from ..model_store import key_bytes
+    from ..formats.store import key_bytes
 
     signing = key_bytes(key)
     entries = list(entries)
@@ -105,7 +105,7 @@ def decode_rows(
 ) -> List[Tuple[str, int, Any, dict, dict]]:
     """:func:`read_table` on rows already collected (dicts of :data:`COLUMNS`): every row's digest
     and the table's rows as a whole checked (see the module docstring), then each model decoded."""
-    from ..model_store import key_bytes
+    from ..formats.store import key_bytes
 
     signing = key_bytes(key)
     checked = _checked_rows(rows, signing)

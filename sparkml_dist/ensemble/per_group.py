@@ -66,7 +66,7 @@ class GroupMember:
     @property
     def model(self) -> Any:
         if self._model is None and self._stored is not None:
-            from ..model_store import ModelStore
+            from ..formats.store import ModelStore
 
             uri, meta = self._stored
             self._model = ModelStore(uri).decode(meta)

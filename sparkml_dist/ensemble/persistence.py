@@ -9,10 +9,10 @@ Layout of a saved stage::
     <path>/data/objects/...     group -1: the base estimator; group g >= 0: member g's record
                                 (item 0, JSON) and its model (item 1)
 
-Loading runs no code from the files (see :mod:`sparkml_dist.model_formats`): the stage class is
+Loading runs no code from the files (see :mod:`sparkml_dist.formats`): the stage class is
 looked up in a fixed registry (:data:`STAGES`), member records are JSON, models are read with
 ``skops`` against an explicit list of trusted types, or in XGBoost's own format, and every tree
-structure is validated before use (:mod:`sparkml_dist.model_checks`).  A signed model
+structure is validated before use (:mod:`sparkml_dist.formats.checks`).  A signed model
 is checked against the key in ``SPARKML_DIST_MODEL_KEY`` (or ``.signed_with(key)``).  Models saved
 by sparkml_dist 0.1 (pickles) load only with ``.allow_pickle()``.
 
@@ -44,9 +44,9 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from .. import model_store
 from ..errors import ConfigurationError
-from ..model_formats import UnsafeModelError
+from ..formats import UnsafeModelError
+from ..formats import store as model_store
 from .member_records import ESTIMATOR_GROUP, MODEL, RECORD, from_record, write_member
 
 log = logging.getLogger(__name__)
@@ -162,7 +162,7 @@ class _StageReader(MLReader):
 
     def trusted_types(self, types: Iterable[str]) -> "_StageReader":
         """Also construct these types (fully qualified names, e.g. ``"mypkg.models.MyEstimator"``)
-        when loading members with skops; see :mod:`sparkml_dist.model_formats`."""
+        when loading members with skops; see :mod:`sparkml_dist.formats`."""
         self._trusted = tuple(types)
         return self
 

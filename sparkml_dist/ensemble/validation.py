@@ -15,13 +15,13 @@ LightGBM, ...), in which case NaN is passed through.  +/-inf is always refused.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-import numpy as np
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
 from ..errors import ConfigurationError
+from ..feature_arrays import vector_shape  # noqa: F401 - used by the estimators through here
 from .member_records import FEATURES, LABEL, WEIGHT
 
 
@@ -45,15 +45,6 @@ def _is_vector(dt) -> bool:
 def is_vector_input(df, features_col: str, features_cols: List[str]) -> bool:
     """Whether the features are one Spark ML vector column (passed through as vectors)."""
     return not features_cols and features_col in df.columns and _is_vector(df.schema[features_col].dataType)
-
-
-def vector_shape(df, features_col: str, sample: int = 1000) -> Tuple[int, float]:
-    """(width, mean stored values per row) of a vector column, from its first ``sample`` rows."""
-    rows = [r[0] for r in df.select(features_col).limit(sample).collect() if r[0] is not None]
-    if not rows:
-        return 0, 0.0
-    stored = [len(v.values) for v in rows]
-    return int(rows[0].size), float(np.mean(stored))
 
 
 def features_column(df, features_col: str, features_cols: List[str]):

@@ -68,7 +68,7 @@ def due(step: int, every: int = DEFAULT_EVERY) -> bool:
 
 def _location(directory: Optional[str] = None):
     """(pyarrow filesystem, root path) of the checkpoint directory."""
-    from .. import model_store
+    from ..formats import store as model_store
 
     where = directory or os.environ.get(DIR_ENV)
     if not where:
@@ -139,7 +139,7 @@ def latest_step(directory: Optional[str] = None) -> Optional[int]:
 
 
 def _latest(fs, root: str) -> Optional[dict]:
-    from ..safe_files import read_file
+    from ..formats.files import read_file
 
     body = read_file(fs, posixpath.join(root, LATEST), MAX_LATEST_BYTES, f"{root}/{LATEST}")
     if body is None:
@@ -228,11 +228,11 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     agree(None if meta is None else int(meta["step"]), root)
     if meta is None:
         return None
-    from ..safe_files import checked_name
+    from ..formats.files import checked_name
 
     name = checked_name(meta.get("file"), _CHECKPOINT_FILE, f"the LATEST record of {root}")
     path = posixpath.join(root, name)
-    from ..safe_files import read_file
+    from ..formats.files import read_file
 
     blob = read_file(fs, path, meta["bytes"], f"checkpoint {path}")
     if blob is None:

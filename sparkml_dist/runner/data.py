@@ -30,9 +30,8 @@ from typing import Callable, Iterator, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from .. import arg_checks
+from .. import arg_checks, arrow_numpy
 from ..errors import ConfigurationError
-from . import columns as arrow_numpy
 from .loader import ShardLoader
 from .protocol import SHARD_ENV
 from .sample_order import rank_streams

@@ -28,8 +28,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
+from .. import arrow_numpy
 from ..errors import ConfigurationError
-from . import columns as arrow_numpy
 from .sample_order import Plan, StreamOrder
 
 _live: "weakref.WeakSet[ShardLoader]" = weakref.WeakSet()

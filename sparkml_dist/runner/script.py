@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
 
 from ..errors import ConfigurationError
-from ..safe_files import extract_tar, extract_zip
+from ..formats.files import extract_tar, extract_zip
 from . import protocol
 
 

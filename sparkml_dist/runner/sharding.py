@@ -80,9 +80,10 @@ def rank_columns(df):
         return df
     from pyspark.ml.functions import vector_to_array
 
+    from ..feature_arrays import vector_shape
+
     for name in vectors:
-        first = df.select(name).where(df[name].isNotNull()).first()
-        width = first[0].size if first is not None else 0
+        width, _ = vector_shape(df, name, sample=20)
         if width > MAX_DENSE_VECTOR:
             raise ConfigurationError(
                 f"run_with_data: column {name!r} holds vectors of {width} entries, which each rank would "

@@ -34,7 +34,7 @@ from typing import Any, Dict
 
 from .. import serialization
 from ..errors import ConfigurationError
-from ..safe_files import write_new
+from ..formats.files import write_new
 from . import space as spaces
 
 _BUILDERS = {

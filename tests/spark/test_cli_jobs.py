@@ -74,7 +74,7 @@ def test_search_job_on_bundled_data_matches_scikit_learn(spark, tmp_path):
     from sklearn.model_selection import GridSearchCV
     from sklearn.tree import DecisionTreeClassifier
 
-    from sparkml_dist import model_formats
+    from sparkml_dist import formats as model_formats
 
     job = yaml.safe_load(open(os.path.join(ROOT, "conf", "search_example.yaml")))
     job["estimator"] = {"class": "sklearn.tree.DecisionTreeClassifier", "params": {"random_state": 0}}
@@ -116,7 +116,7 @@ def test_tune_job_runs_the_example_function_shipped_by_value(spark, tmp_path):
 def test_predict_scores_a_file_with_a_saved_network_built_by_the_named_builder(spark, tmp_path):
     import torch
 
-    from sparkml_dist import torch_models
+    from sparkml_dist.formats import networks as torch_models
     from tests.support.parallel_helpers import build_model
 
     rng = np.random.default_rng(0)

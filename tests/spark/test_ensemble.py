@@ -11,13 +11,14 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
-from sparkml_dist import WorkerError, model_store
+from sparkml_dist import WorkerError
 from sparkml_dist.ensemble import (
     BaggingClassificationModel,
     BaggingClassifier,
     BaggingRegressionModel,
     BaggingRegressor,
 )
+from sparkml_dist.formats import store as model_store
 from tests.conftest import masters
 
 COLS = [f"f{i}" for i in range(6)]

@@ -11,7 +11,7 @@ from pyspark.ml.feature import VectorAssembler
 from sklearn.ensemble import HistGradientBoostingClassifier, HistGradientBoostingRegressor
 from sklearn.tree import DecisionTreeClassifier
 
-from sparkml_dist import model_store, serialization
+from sparkml_dist import serialization
 from sparkml_dist.ensemble import (
     BaggingClassificationModel,
     BaggingClassifier,
@@ -20,7 +20,8 @@ from sparkml_dist.ensemble import (
     GroupedModel,
     GroupedTrainer,
 )
-from sparkml_dist.model_formats import UnsafeModelError
+from sparkml_dist.formats import UnsafeModelError
+from sparkml_dist.formats import store as model_store
 from tests.conftest import masters
 from tests.support import hostile
 

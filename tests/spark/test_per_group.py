@@ -8,7 +8,7 @@ from sklearn.neighbors import KNeighborsClassifier
 
 from sparkml_dist import ConfigurationError, WorkerError
 from sparkml_dist.ensemble import BaggingClassifier, GroupModels, train_per_group
-from sparkml_dist.model_checks import UnsafeModelError
+from sparkml_dist.formats.checks import UnsafeModelError
 from tests.conftest import masters
 
 

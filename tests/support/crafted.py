@@ -253,8 +253,8 @@ def fuzz(kind, n, seed):
     counts; a crash ends the process (the parent test sees the signal)."""
     import skops.io as sio
 
-    from sparkml_dist import model_formats
-    from sparkml_dist.model_checks import UnsafeModelError, check_sklearn
+    from sparkml_dist import formats as model_formats
+    from sparkml_dist.formats.checks import UnsafeModelError, check_sklearn
 
     rng = np.random.default_rng(seed)
     X, y = data(200, 5)

@@ -22,7 +22,7 @@ def save_ddp(path, steps=3, rows=32):
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    from sparkml_dist import torch_models
+    from sparkml_dist.formats import networks as torch_models
     from sparkml_dist.runner import init_process_group
 
     init_process_group()
@@ -47,7 +47,7 @@ def save_fsdp(path, steps=3, rows=32):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from sparkml_dist import torch_models
+    from sparkml_dist.formats import networks as torch_models
     from sparkml_dist.runner import init_process_group
 
     init_process_group()
@@ -67,7 +67,7 @@ def save_pipeline(path, steps=3, rows=32):
     """A two-stage pipeline: each rank holds its stages; the merged state is what gets saved."""
     import torch
 
-    from sparkml_dist import torch_models
+    from sparkml_dist.formats import networks as torch_models
     from sparkml_dist.parallel import pipeline
 
     X0, _ = batch(0, rows)

@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from sparkml_dist import model_formats
-from sparkml_dist.model_checks import UnsafeModelError
-from sparkml_dist.model_store import ModelStore
+from sparkml_dist import formats as model_formats
+from sparkml_dist.formats.checks import UnsafeModelError
+from sparkml_dist.formats.store import ModelStore
 from tests.support import crafted, hostile
 
 pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast

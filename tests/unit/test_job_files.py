@@ -4,7 +4,7 @@ a failed job leaves no output behind."""
 import os
 
 from sparkml_dist.cli.job_files import load_job, new_paths, remove_new, resolve_paths
-from sparkml_dist.safe_files import write_new
+from sparkml_dist.formats.files import write_new
 
 
 def test_relative_paths_are_taken_from_the_job_files_folder(tmp_path):

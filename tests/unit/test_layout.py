@@ -188,3 +188,64 @@ def test_the_checker_finds_each_lie(tmp_path):
     assert "import cycle: pkg.common -> pkg.drv" in found
     assert "pkg/untagged.py is missing from the README's module map" in found
     assert "the README's map lists pkg/gone.py, which does not exist" in found
+
+
+# ------------------------------------------------------------------ rooms: no arrow runs back up
+# The feature rooms (sub-packages), the shared floor beneath them (the top-level modules and
+# formats/), and the front doors above (the command line, the drop-ins and facades): the floor
+# imports no room, and a room uses another room only through its package or its documented
+# modules (the runner's context, protocol and checkpoint; an ensemble's persistence).
+ROOMS = ("ensemble", "runner", "tune", "parallel", "search")
+FRONT_DOORS = ("cli", "horovod", "distributor", "inference", "mlflow_flavor", "__main__")
+PUBLIC_MODULES = ("runner.context", "runner.protocol", "runner.checkpoint", "ensemble.persistence")
+
+
+def back_arrows(root: pathlib.Path, package: str) -> List[str]:
+    known = modules(root, package)
+
+    def place(name: str) -> str:
+        parts = name.split(".")
+        if len(parts) == 1:
+            return "floor"  # the package itself: its errors and version
+        return "door" if parts[1] in FRONT_DOORS else (parts[1] if parts[1] in ROOMS else "floor")
+
+    out = []
+    for name, path in known.items():
+        for target, _ in imports(name, path, known):
+            here, there = place(name), place(target)
+            if there in ("floor", "door") or here in ("door", there):
+                if there == "door" and here != "door":
+                    out.append(f"{name} ({here}) imports the front door {target}")
+                continue
+            inside = target.split(".", 1)[1] if "." in target else ""
+            if here == "floor":
+                out.append(f"{name} (the shared floor) imports the {there} room ({target})")
+            elif target != f"{package}.{there}" and inside not in PUBLIC_MODULES:
+                out.append(f"{name} ({here}) borrows {target} from inside the {there} room")
+    return sorted(set(out))
+
+
+def test_no_arrow_runs_back_up_and_the_top_floor_stays_small():
+    assert back_arrows(ROOT, "sparkml_dist") == []
+    top = sorted(p.name for p in (ROOT / "sparkml_dist").glob("*.py"))
+    assert len(top) <= 28, top
+
+
+def test_the_rooms_checker_finds_each_back_arrow(tmp_path):
+    files = {
+        "pkg/__init__.py": '"""Pkg.  [anywhere]"""\n',
+        "pkg/shared.py": '"""Shared.  [anywhere]"""\nfrom .runner import thing\n',
+        "pkg/runner/__init__.py": '"""Runner.  [driver]"""\n',
+        "pkg/runner/thing.py": '"""Thing.  [driver]"""\n',
+        "pkg/tune/__init__.py": '"""Tune.  [driver]"""\n',
+        "pkg/tune/trial.py": '"""Trial.  [driver]"""\nfrom ..runner import thing\nfrom .. import runner\n',
+        "pkg/inference.py": '"""Door.  [driver]"""\nfrom .tune import trial\n',
+        "pkg/other.py": '"""Floor.  [anywhere]"""\nfrom . import inference\n',
+    }
+    found = back_arrows(_package(tmp_path, files), "pkg")
+    assert found == [
+        "pkg.other (floor) imports the front door pkg.inference",
+        "pkg.shared (the shared floor) imports the runner room (pkg.runner)",
+        "pkg.shared (the shared floor) imports the runner room (pkg.runner.thing)",
+        "pkg.tune.trial (tune) borrows pkg.runner.thing from inside the runner room",
+    ], found

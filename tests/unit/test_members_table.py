@@ -8,7 +8,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from sparkml_dist.ensemble import members_table
-from sparkml_dist.model_checks import UnsafeModelError
+from sparkml_dist.formats.checks import UnsafeModelError
 
 KEY = "k" * 32
 

@@ -6,8 +6,9 @@ import os
 import numpy as np
 import pytest
 
-from sparkml_dist import CollectionError, collection, model_formats
-from sparkml_dist.model_formats import UnsafeModelError
+from sparkml_dist import CollectionError, collection
+from sparkml_dist import formats as model_formats
+from sparkml_dist.formats import UnsafeModelError
 from tests.support import hostile
 
 

@@ -65,7 +65,7 @@ def test_a_model_fitted_with_feature_names_scores_batches_without_a_warning_per_
     import pandas as pd
     from sklearn.tree import DecisionTreeClassifier
 
-    from sparkml_dist import model_formats
+    from sparkml_dist import formats as model_formats
 
     X = pd.DataFrame({"a": [0.0, 1.0, 2.0, 3.0], "b": [1.0, 0.0, 1.0, 0.0]})
     model = DecisionTreeClassifier().fit(X, [0, 1, 0, 1])

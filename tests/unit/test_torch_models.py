@@ -1,4 +1,4 @@
-"""sparkml_dist.torch_models: a network out as safetensors + JSON, back in by a builder the caller
+"""sparkml_dist.formats.networks: a network out as safetensors + JSON, back in by a builder the caller
 names; from DDP, FSDP2 and a pipeline; logged to MLflow and scored by its pyfunc."""
 
 import json
@@ -10,8 +10,9 @@ import pandas as pd
 import pytest
 import torch
 
-from sparkml_dist import ConfigurationError, torch_models
-from sparkml_dist.model_checks import UnsafeModelError
+from sparkml_dist import ConfigurationError
+from sparkml_dist.formats import networks as torch_models
+from sparkml_dist.formats.checks import UnsafeModelError
 from sparkml_dist.runner import BarrierRunner
 from tests.support import network_helpers as nh
 from tests.support.parallel_helpers import batch, build_model

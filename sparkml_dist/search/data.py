@@ -14,9 +14,8 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from . import _spark_env, feature_arrays
-from .ensemble import validation
-from .errors import ConfigurationError
+from .. import _spark_env, feature_arrays
+from ..errors import ConfigurationError
 
 
 def from_dataframe(df, featuresCols: Optional[Sequence[str]], labelCol: Optional[str], estimator):
@@ -46,7 +45,7 @@ def from_dataframe(df, featuresCols: Optional[Sequence[str]], labelCol: Optional
     spark = df.sparkSession
     budget = _spark_env.ClusterMemory.from_spark(spark).python_bytes_per_executor
     n = df.count()
-    stored = sum(12 * validation.vector_shape(df, c)[1] for c in vectors)  # CSR bytes per row
+    stored = sum(12 * feature_arrays.vector_shape(df, c)[1] for c in vectors)  # CSR bytes per row
     need = n * ((len(wanted) - len(vectors)) * 8 + stored)
     if need * 4 > budget:
         raise ConfigurationError(

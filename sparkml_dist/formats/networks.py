@@ -37,8 +37,8 @@ import posixpath
 import re
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from .errors import CollectionError, ConfigurationError
-from .model_checks import UnsafeModelError
+from ..errors import CollectionError, ConfigurationError
+from .checks import UnsafeModelError
 
 WEIGHTS = "weights.safetensors"
 META = "model.json"
@@ -141,7 +141,7 @@ def save(
     """
     from safetensors.torch import save as st_save
 
-    from . import model_store
+    from . import store as model_store
 
     name = builder_name(builder)
     kwargs = dict(builder_kwargs or {})
@@ -178,7 +178,7 @@ def save(
 
 def _read(fs, path: str, limit: int, what: str) -> bytes:
     """A file of the saved network: regular, at most ``limit`` bytes (:func:`safe_files.read_file`)."""
-    from .safe_files import read_file
+    from .files import read_file
 
     data = read_file(fs, path, limit, what)
     if data is None:
@@ -188,7 +188,7 @@ def _read(fs, path: str, limit: int, what: str) -> bytes:
 
 def read_meta(path: str, key: Optional[Union[str, bytes]] = None) -> dict:
     """``model.json`` of a saved network, checked (format, names, signature when a key is set)."""
-    from . import model_store
+    from . import store as model_store
 
     fs, root = model_store.filesystem(path)
     try:
@@ -265,7 +265,7 @@ def load(
     from safetensors import SafetensorError
     from safetensors.torch import load as st_load
 
-    from . import model_store
+    from . import store as model_store
 
     meta = read_meta(path, key)
     make = _pick_builder(meta["builder"], builder, allowed)

@@ -28,8 +28,8 @@ import stat
 import uuid
 from typing import Any, Optional
 
-from .errors import ConfigurationError
-from .model_checks import UnsafeModelError
+from ..errors import ConfigurationError
+from .checks import UnsafeModelError
 
 
 def read_regular(path: str, limit: int, what: str) -> Optional[bytes]:

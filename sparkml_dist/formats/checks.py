@@ -18,7 +18,7 @@ what is wrong, any
   bitset widths out of range, categorical splits on features the bin mapper does not call
   categorical, or a preprocessor whose output width is not the model's input width.
 
-XGBoost models are checked before XGBoost sees them (:mod:`sparkml_dist.xgboost_checks`).
+XGBoost models are checked before XGBoost sees them (:mod:`sparkml_dist.formats.xgboost_checks`).
 
 Example::
 
@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .errors import CollectionError
+from ..errors import CollectionError
 
 
 class UnsafeModelError(CollectionError):

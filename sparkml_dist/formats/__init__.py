@@ -1,8 +1,9 @@
 """Model files whose loading runs no code.  [anywhere]
 
 ``encode(obj) -> (format, bytes)`` picks a format by what ``obj`` is; ``decode(format, bytes)``
-reads it back.  The format is recorded next to the bytes (a model store's manifest), never guessed
-from them.
+reads it back; both go through one table of formats (:data:`FORMATS`: name, file extension, which
+objects it takes, how it writes and reads).  The format is recorded next to the bytes (a model
+store's manifest), never guessed from them.
 
 =============  ==========================================  ===========================================
 format         written for                                 how loading stays inert
@@ -41,10 +42,11 @@ import datetime
 import decimal
 import json
 import os
-from typing import Any, Iterable, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
-from .errors import CollectionError
-from .model_checks import UnsafeModelError, check_sklearn
+from ..errors import CollectionError
+from .checks import UnsafeModelError, check_sklearn
 
 TRUSTED_TYPES_ENV = "SPARKML_DIST_TRUSTED_TYPES"
 
@@ -125,33 +127,98 @@ def _is_tensor_dict(obj: Any) -> bool:
     return all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items())
 
 
+def _skops_bytes(obj: Any) -> bytes:
+    import skops.io as sio
+
+    data = sio.dumps(obj)
+    unnamed = [t for t in sio.get_untrusted_types(data=data) if "<lambda>" in t or "<locals>" in t]
+    if unnamed:  # skops refers to functions and classes by name: these have none to load by
+        raise TypeError(f"{unnamed} cannot be found by name when loading")
+    return data
+
+
+def _safetensors_bytes(obj: dict) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous().clone() for k, v in obj.items()})
+
+
+def _safetensors_load(data: bytes, opts: dict) -> Any:
+    from safetensors.torch import load
+
+    return load(data)
+
+
+def _pickle_load(data: bytes, opts: dict) -> Any:
+    if not opts["allow_pickle"]:
+        old = (
+            " (written before sparkml_dist recorded formats: an older release)" if opts["fmt"] is None else ""
+        )
+        raise UnsafeModelError(
+            f"{opts['what']} is a pickle{old}; loading a pickle runs whatever code it names. It was "
+            "refused. If you trust where it comes from, load it with allow_pickle=True "
+            "(e.g. Model.read().allow_pickle().load(path)), then save it again to convert it "
+            "to formats that load without running code."
+        )
+    from .. import serialization
+
+    return serialization.loads(data)
+
+
+@dataclass(frozen=True)
+class Format:
+    """One model format: its ``name`` (recorded beside the bytes), the file ``extension`` a store
+    gives it, which objects :func:`encode` writes in it (``takes``, tried in table order), how
+    (``write``), and how :func:`decode` reads it back with its checks (``read(data, opts)``)."""
+
+    name: str
+    extension: str
+    takes: Callable[[Any], bool]
+    write: Callable[[Any], bytes]
+    read: Callable[[bytes, dict], Any]
+
+
+def _pickle_bytes(obj: Any) -> bytes:
+    from .. import serialization
+
+    return serialization.dumps(obj)
+
+
+# The one table of formats: encode tries them in this order (pickle only with allow_pickle=True).
+FORMATS: Tuple[Format, ...] = (
+    Format("json", "json", is_plain, to_json, lambda data, opts: from_json(data)),
+    Format(
+        "xgboost",
+        "ubj",
+        lambda obj: _xgboost_class(obj) is not None,
+        lambda obj: _xgboost_bytes(obj, _xgboost_class(obj)),
+        lambda data, opts: _xgboost_load(data, opts["what"], opts["signed"]),
+    ),
+    Format("safetensors", "safetensors", _is_tensor_dict, _safetensors_bytes, _safetensors_load),
+    Format(
+        "skops",
+        "skops",
+        lambda obj: True,
+        _skops_bytes,
+        lambda data, opts: _skops_load(data, opts["trusted_types"], opts["what"]),
+    ),
+    Format("pickle", "pkl", lambda obj: False, _pickle_bytes, _pickle_load),
+)
+BY_NAME: Dict[str, Format] = {f.name: f for f in FORMATS}
+
+
 def encode(obj: Any, *, allow_pickle: bool = False) -> Tuple[str, bytes]:
-    """``(format, bytes)`` for ``obj`` (see the module docstring for the choice)."""
-    if is_plain(obj):
-        return "json", to_json(obj)
-    name = _xgboost_class(obj)
-    if name is not None:
-        try:
-            return "xgboost", _xgboost_bytes(obj, name)
-        except TypeError as exc:
-            raise CollectionError(f"cannot save this {name}: {exc}") from None
-    if _is_tensor_dict(obj):
-        from safetensors.torch import save
-
-        return "safetensors", save({k: v.detach().cpu().contiguous().clone() for k, v in obj.items()})
+    """``(format, bytes)`` for ``obj``: the first format of :data:`FORMATS` that takes it."""
+    fmt = next(f for f in FORMATS if f.takes(obj))
     try:
-        import skops.io as sio
-
-        data = sio.dumps(obj)
-        unnamed = [t for t in sio.get_untrusted_types(data=data) if "<lambda>" in t or "<locals>" in t]
-        if unnamed:  # skops refers to functions and classes by name: these have none to load by
-            raise TypeError(f"{unnamed} cannot be found by name when loading")
-        return "skops", data
-    except Exception as exc:  # what skops cannot represent: only pickle can carry it
-        if allow_pickle:
-            from . import serialization
-
-            return "pickle", serialization.dumps(obj)
+        return fmt.name, fmt.write(obj)
+    except Exception as exc:  # noqa: BLE001 - what the format cannot represent
+        if fmt.name == "xgboost":
+            raise CollectionError(f"cannot save this {_xgboost_class(obj)}: {exc}") from None
+        if fmt.name != "skops":
+            raise
+        if allow_pickle:  # what skops cannot represent: only pickle can carry it
+            return "pickle", _pickle_bytes(obj)
         raise CollectionError(
             f"a {type(obj).__module__}.{type(obj).__qualname__} cannot be saved in a format whose "
             f"loading runs no code (skops: {type(exc).__name__}: {exc}). Keep models to scikit-learn-API "
@@ -193,35 +260,17 @@ def decode(
     signed: bool = False,
 ) -> Any:
     """Read bytes written by :func:`encode` in format ``fmt``; refuses what would run code, and any
-    tree structure that would corrupt memory when used (:mod:`sparkml_dist.model_checks`,
-    :mod:`sparkml_dist.xgboost_checks`).  ``signed``: the bytes come from a store whose signature
+    tree structure that would corrupt memory when used (:mod:`sparkml_dist.formats.checks`,
+    :mod:`sparkml_dist.formats.xgboost_checks`).  ``signed``: the bytes come from a store whose signature
     verified; structures that cannot be validated are then accepted.
 
     ``fmt`` None means a file written before formats were recorded (sparkml_dist 0.1): a pickle.
     """
-    if fmt == "json":
-        return from_json(data)
-    if fmt == "xgboost":
-        return _xgboost_load(data, what, signed)
-    if fmt == "safetensors":
-        from safetensors.torch import load
-
-        return load(data)
-    if fmt == "skops":
-        return _skops_load(data, trusted_types, what)
-    if fmt in ("pickle", None):
-        if not allow_pickle:
-            old = " (written before sparkml_dist recorded formats: an older release)" if fmt is None else ""
-            raise UnsafeModelError(
-                f"{what} is a pickle{old}; loading a pickle runs whatever code it names. It was "
-                "refused. If you trust where it comes from, load it with allow_pickle=True "
-                "(e.g. Model.read().allow_pickle().load(path)), then save it again to convert it "
-                "to formats that load without running code."
-            )
-        from . import serialization
-
-        return serialization.loads(data)
-    raise UnsafeModelError(f"{what} has an unknown format {fmt!r}; refusing to load it")
+    found = BY_NAME.get(fmt if fmt is not None else "pickle")
+    if found is None:
+        raise UnsafeModelError(f"{what} has an unknown format {fmt!r}; refusing to load it")
+    opts = dict(fmt=fmt, what=what, signed=signed, trusted_types=trusted_types, allow_pickle=allow_pickle)
+    return found.read(data, opts)
 
 
 def _xgboost_load(data: bytes, what: str, signed: bool = False) -> Any:

@@ -1,8 +1,9 @@
 """Arrow columns to numpy arrays and torch dtypes, without extra copies.  [anywhere]
 
 Used by a rank's shard (:mod:`sparkml_dist.runner.data`) and its loader
-(:mod:`sparkml_dist.runner.loader`): a list column becomes an (n, d) array, a scalar column (n,);
-binary and string columns stay Python values (an object array) for the user's ``transform``.
+(:mod:`sparkml_dist.runner.loader`), and by ``predict_batch``'s workers: a list column becomes an
+(n, d) array, a scalar column (n,); binary and string columns stay Python values (an object array)
+for the user's ``transform``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Iterable, List, Optional
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ConfigurationError
+from .errors import ConfigurationError
 
 _BLOCK_ROWS = 2048  # rows transposed at once by fill: a block of 50 float64 columns stays in L2
 

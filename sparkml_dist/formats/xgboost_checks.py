@@ -13,7 +13,7 @@ with a bounded reader of its own and refuses, naming the tree and the fault, any
 * a ``gblinear`` booster whose weights are ``(num_feature + 1) x outputs``.
 
 Multi-output trees (``size_leaf_vector > 1``) and models with a categorical re-coder are not
-validated here: they are refused unless the store is signed (see :mod:`sparkml_dist.model_formats`).
+validated here: they are refused unless the store is signed (see :mod:`sparkml_dist.formats`).
 
 Example::
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from .model_checks import UnsafeModelError, check_nodes
+from .checks import UnsafeModelError, check_nodes
 
 _FIXED = {"i": ">i1", "U": ">u1", "I": ">i2", "l": ">i4", "L": ">i8", "d": ">f4", "D": ">f8"}
 _MAX_DEPTH = 64

@@ -17,7 +17,7 @@ and the objects of a manifest of its own that it replaces.  Files of other write
 touched, so a commit cannot break a concurrent writer's commit (the last manifest wins whole).
 
 Loading runs no code: each object is read in the format the manifest records
-(:mod:`sparkml_dist.model_formats`, which also validates every tree structure); pickles are refused
+(:mod:`sparkml_dist.formats`, which also validates every tree structure); pickles are refused
 unless ``allow_pickle=True``.  File names from the manifest must be plain names under ``objects/``;
 a file is read only if it is a regular file (not a link, FIFO or device), and never more than its
 recorded size + 1 bytes.  With a signing key of at least 16 bytes (``key=`` or the environment
@@ -49,23 +49,17 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import pyarrow as pa
 
-from . import model_formats
-from .errors import CollectionError, ConfigurationError
-from .model_formats import UnsafeModelError
-from .safe_files import checked_name, read_file
+from .. import formats as model_formats
+from ..errors import CollectionError, ConfigurationError
+from . import UnsafeModelError
+from .files import checked_name, read_file
 
 KEY_ENV = "SPARKML_DIST_MODEL_KEY"
 MIN_KEY_BYTES = 16
 MAX_MANIFEST = 64 << 20
 _ALG = "HMAC-SHA256"
 _FILE = re.compile(r"objects/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
-_EXTENSIONS = {
-    "json": "json",
-    "skops": "skops",
-    "xgboost": "ubj",
-    "safetensors": "safetensors",
-    "pickle": "pkl",
-}
+_EXTENSIONS = {f.name: f.extension for f in model_formats.FORMATS}
 
 
 def filesystem(uri: str):
@@ -113,7 +107,7 @@ class ModelStore:
 
     MANIFEST = "manifest.json"
     SIGNATURE = "manifest.sig"  # where earlier releases signed, beside the manifest; still read
-    FORMAT = "sparkml_dist.model_store/2"
+    FORMAT = "sparkml_dist.model_store/2"  # the format's name in every manifest: never renamed
     FORMAT_V1 = "sparkml_dist.model_store/1"  # sparkml_dist 0.1: pickles, no formats recorded
 
     def __init__(self, uri: str, *, key: Optional[Union[str, bytes]] = None) -> None:
@@ -152,7 +146,7 @@ class ModelStore:
         return self.write_bytes(group, item, data, fmt=fmt)
 
     def write_bytes(self, group: int, item: int, data: bytes, *, fmt: str = "pickle") -> dict:
-        """Write bytes already in format ``fmt`` (one of :mod:`sparkml_dist.model_formats`')."""
+        """Write bytes already in format ``fmt`` (one of :mod:`sparkml_dist.formats`')."""
         name = f"g{group:05d}-i{item}-{self.writer}-{uuid.uuid4().hex[:12]}.{_EXTENSIONS.get(fmt, 'bin')}"
         self._fs.create_dir(self._path("objects"), recursive=True)
         self._put(self._path("objects", name), data)
@@ -290,7 +284,7 @@ class ModelStore:
         self, meta: dict, trusted_types: Iterable[str] = (), allow_pickle: bool = False, signed: bool = False
     ) -> Any:
         """The object one manifest entry names, checked against its size and SHA-256 and decoded
-        (``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.model_formats`)."""
+        (``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.formats`)."""
         what = f"{meta['file']!r} of model store {self.uri!r}"
         return model_formats.decode(
             meta.get("format"),
@@ -316,7 +310,7 @@ class ModelStore:
     def load(
         self, group: int, item: int = 0, *, trusted_types: Iterable[str] = (), allow_pickle: bool = False
     ) -> Any:
-        """One object; ``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.model_formats`."""
+        """One object; ``trusted_types`` and ``allow_pickle`` as in :mod:`sparkml_dist.formats`."""
 
         def read(manifest: dict) -> Any:
             for meta in manifest["objects"]:

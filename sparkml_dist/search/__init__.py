@@ -41,9 +41,11 @@ from typing import List
 
 import numpy as np
 
-from . import _spark_env, launch, member_gpus, plan, progress, search_data, serialization, tracking
-from ._search_worker import Job, SearchSpec, search_task
-from .errors import ConfigurationError
+from .. import _spark_env, launch, plan, progress, serialization, tracking
+from .. import gpus as gpus_mod
+from ..errors import ConfigurationError
+from . import data as search_data
+from ._worker import Job, SearchSpec, search_task
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +92,7 @@ class ParallelSearchCV(BaseSearchCV):
             child run per candidate (its parameters and scores); None: only when an MLflow run is
             active; False: never (:mod:`sparkml_dist.tracking`).
         use_gpu: fit each candidate on a GPU of its task, through the estimator's ``device``
-            parameter (XGBoost's); see :mod:`sparkml_dist.member_gpus`.
+            parameter (XGBoost's); see :func:`sparkml_dist.gpus.plan_models`.
     """
 
     def __init__(
@@ -255,7 +257,7 @@ class ParallelSearchCV(BaseSearchCV):
             ) from None
         n_units = len(candidates) * len(splits)
         p, n_parts = self._tasks(spark, base_estimator, X, y, len(payload), n_units)
-        gpus, profile = member_gpus.plan(spark, base_estimator, self.use_gpu, "use_gpu")
+        gpus, profile = gpus_mod.plan_models(spark, base_estimator, self.use_gpu, "use_gpu")
         spec = SearchSpec(serialization.digest(payload), payload, n_units, n_parts, gpus=gpus)
         log.info("ParallelSearchCV: %d fits in %d tasks (%s)", n_units, n_parts, p.summary())
         df = spark.range(0, n_parts, 1, n_parts)

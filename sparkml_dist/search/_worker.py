@@ -13,7 +13,8 @@ import pyarrow as pa
 from sklearn.base import clone
 from sklearn.model_selection._validation import _fit_and_score
 
-from . import collection, member_gpus, progress, serialization
+from .. import collection, progress, serialization
+from .. import gpus as gpus_mod
 
 
 @dataclass(frozen=True)
@@ -23,7 +24,7 @@ class SearchSpec:
     n_units: int
     n_parts: int
     progress: Optional[tuple] = None  # (host, port, secret): tell the driver's bar of each fit
-    gpus: Optional[tuple] = None  # use_gpu: () the task's GPU, else the driver's to deal (member_gpus)
+    gpus: Optional[tuple] = None  # use_gpu: () the task's GPU, else the driver's to deal (gpus.plan_models)
 
 
 @dataclass
@@ -54,7 +55,7 @@ def _units(parts, job, spec, n_splits, n_cand, report) -> Iterator[pa.RecordBatc
             train, test = job.splits[split]
             estimator = clone(job.estimator)
             if spec.gpus is not None:
-                member_gpus.place(estimator, spec.gpus, unit)
+                gpus_mod.place_model(estimator, spec.gpus, unit)
             result = _fit_and_score(
                 estimator,
                 job.X,
