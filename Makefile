@@ -94,7 +94,14 @@ gpu-check: $(DEV_STAMP)
 notebooks: $(HVD_STAMP)
 	cd notebooks/src && for f in make_*.py; do PYSPARK_PYTHON=$(abspath $(BIN))/python $(abspath $(BIN))/python $$f || exit 1; done
 
-# the README's figures (docs/figures/*.png, with the series beside them as JSON)
+# the documentation site (Sphinx + MyST: docs/*.md, the notebooks, the API reference from the
+# docstrings) into docs/_build/html; a warning or a broken link fails it (tests/unit/test_docs.py)
+docs: $(DEV_STAMP)
+	$(BIN)/python scripts/module_map.py docs/design.md
+	$(BIN)/python -m sphinx -b html -W --keep-going -q docs docs/_build/html
+	@echo "docs/_build/html/index.html"
+
+# the documentation's figures (docs/figures/*.png, with the series beside them as JSON)
 figures: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py --rows 300000 --test-rows 100000 --repeats 2 --figure docs/figures/ensemble_frontier.png
 	$(BIN)/python benchmarks/bench_runner.py --sections noop,data --repeats 2 --job-limit 120 --figure docs/figures/runner_overhead.png

@@ -8,7 +8,7 @@
 * :mod:`sparkml_dist.partitioning` and :mod:`sparkml_dist.collection` - the shared split of rows
   into groups and the shared way back for fitted objects.
 
-Every module, where it runs and what it holds: the module map in the README (Layout).
+Every module, where it runs and what it holds: the module map in docs/design.md.
 
 Importing this package needs neither torch nor horovod.
 """

@@ -11,6 +11,13 @@ run itself when ``mlflow.pyspark.ml.autolog()`` opened it for this very fit.  Ch
 with ``MlflowClient`` (thread-safe: trials finish on many threads) and tagged with their parent.
 
 The package imports without mlflow; the ``mlflow`` extra installs it.
+
+Example::
+
+    import mlflow
+    with mlflow.start_run():                          # every job below logs a nested run
+        BaggingClassifier(numModels=8, mlflow=True).fit(df)
+        BarrierRunner(2, mlflow=True).run(train)     # rank 0's context().log_metrics land here
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@
 members are scikit-learn decision trees that sample features at every split, each tree fitted on
 its own disjoint share of the rows (``numTrees`` groups, one tree per task). On this project's
 benchmark (300k x 50 rows, 16 trees of depth 10, local[2]) that is the fastest configuration that
-loses no AUC against MLlib's ``RandomForestClassifier``: see the README's ensemble frontier.
+loses no AUC against MLlib's ``RandomForestClassifier``: see the ensemble frontier in docs/benchmarks.md.
 
 A user switching from MLlib keeps the parameter names::
 

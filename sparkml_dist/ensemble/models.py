@@ -4,6 +4,14 @@
 predict_arrow`); ``predict`` / ``predict_proba`` give the same numbers locally, through the same
 :mod:`sparkml_dist.ensemble.aggregation`.  Models save and load like any pyspark.ml stage
 (:mod:`sparkml_dist.ensemble.persistence`).
+
+Example::
+
+    model = BaggingClassifier(numModels=8, featuresCols=cols).fit(train_df)
+    model.transform(test_df).select("prediction", "probability").show()
+    model.predict_proba(X)                    # the same numbers for a numpy array, locally
+    model.models[0].model                     # a member: predicts your label values
+    BaggingClassificationModel.load(path)     # after model.write().save(path)
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Driver side: :class:`BarrierRunner`.  Inside the training function (a rank proce
 :mod:`checkpoint` (save/load).  Importing this package imports neither torch nor pyspark; rank
 processes import only what they use.
 
-Where each module of the runner runs and what it holds: the module map in the README (Layout).
+Where each module of the runner runs and what it holds: the module map in docs/design.md.
 
 Spark's environment (masters, slots, memory, sessions, JVM calls) is read in
 :mod:`sparkml_dist._spark_env` only.

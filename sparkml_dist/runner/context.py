@@ -1,5 +1,7 @@
 """Helpers for code running inside a rank process.  [rank]
 
+Example::
+
     from sparkml_dist.runner import context, init_process_group
     init_process_group()            # gloo on CPU, NCCL with use_gpu=True; the runner's timeout
     ctx = context()                 # rank, world_size, local_rank, local_world_size, device

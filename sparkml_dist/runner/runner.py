@@ -70,8 +70,8 @@ class BarrierRunner:
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
         allow_unauthenticated: run on a cluster with ``spark.authenticate=true`` even though the
-            ranks' rendezvous and collective connections are not authenticated (see the README's
-            Security section).
+            ranks' rendezvous and collective connections are not authenticated (see
+            docs/security.md).
         max_restarts: after a rank, task or executor fails, start the run again (a new barrier job
             and rendezvous) up to this many times; the function resumes from the latest checkpoint
             if it loads one. A failure that repeats identically (same rank, exit code and last

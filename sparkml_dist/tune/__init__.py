@@ -8,6 +8,20 @@
 * :class:`Trial` - what the function gets (runs on executors, :mod:`.trial`).
 
 Needs the ``tune`` extra (optuna).
+
+Example::
+
+    from sparkml_dist.tune import Tuner, loguniform, choice
+
+    def train(trial):
+        for epoch in range(10):
+            loss = ...                                # train with trial.params["lr"], ...
+            trial.report(epoch, loss=loss)            # early stopping looks at these
+        return {"loss": loss}
+
+    result = Tuner(train, {"lr": loguniform(1e-4, 1e-1), "hidden": choice([32, 64])},
+                   metric="loss", mode="min", max_trials=20).run()
+    result.best_params, result.trials                 # the best trial, and every trial's row
 """
 
 from .policies import Bandit, MedianStopping, TruncationSelection

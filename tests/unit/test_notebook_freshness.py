@@ -1,6 +1,6 @@
-"""Stored notebooks and README figures cannot silently rot: each notebook holds the outputs of the
+"""Stored notebooks and documented figures cannot silently rot: each notebook holds the outputs of the
 cells its make script defines (every code cell, at least one figure, small), a changed cell is
-caught, and each README figure is what its benchmark command draws from the series stored beside it."""
+caught, and each figure of the docs is what its benchmark command draws from the series stored beside it."""
 
 import copy
 import glob
@@ -90,17 +90,26 @@ def test_a_changed_cell_or_output_is_caught():
         assert bool(found) == caught, (scale, found)
 
 
-README_FIGURE = re.compile(r"!\[[^\]]*\]\((docs/figures/[\w.-]+\.png)\)")
+DOC_FIGURE = re.compile(r"!\[[^\]]*\]\((?:docs/)?(figures/[\w.-]+\.png)\)")
 
 
-def test_each_readme_figure_is_what_its_command_draws():
+def _pages() -> str:
+    """The README and every page of the documentation site, one text."""
+    import glob
+
+    paths = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+    return "\n".join(open(p).read() for p in paths)
+
+
+def test_each_documented_figure_is_what_its_command_draws():
     import figures
     from PIL import Image
 
-    readme = open(os.path.join(ROOT, "README.md")).read()
-    found = README_FIGURE.findall(readme)
-    assert len(found) >= 2, "the README shows the ensemble frontier and the runner overhead figures"
-    for rel in found:
+    readme = _pages()
+    found = DOC_FIGURE.findall(readme)
+    assert len(found) >= 2, "the docs show the ensemble frontier and the runner overhead figures"
+    for short in found:
+        rel = f"docs/{short}"
         png = os.path.join(ROOT, rel)
         stored = json.load(open(os.path.splitext(png)[0] + ".json"))
         assert stored["command"] in readme and f"--figure {rel}" in stored["command"], rel
@@ -111,8 +120,8 @@ def test_each_readme_figure_is_what_its_command_draws():
 README_SEEN = re.compile(r"<!-- seen in (notebooks/[\w.-]+\.ipynb) -->\n```text\n(.*?)\n```", re.S)
 
 
-def test_the_readmes_what_you_will_see_blocks_are_in_the_stored_notebooks():
-    readme = open(os.path.join(ROOT, "README.md")).read()
+def test_the_docs_what_you_will_see_blocks_are_in_the_stored_notebooks():
+    readme = _pages()
     blocks = README_SEEN.findall(readme)
     assert len(blocks) >= 8, "one block per feature"
     for rel, text in blocks:
@@ -126,4 +135,4 @@ def test_the_readmes_what_you_will_see_blocks_are_in_the_stored_notebooks():
             for line in o.text.splitlines()
         }
         missing = [line for line in text.splitlines() if line not in printed]
-        assert not missing, f"README lines not printed by {rel}: {missing}"
+        assert not missing, f"documented lines not printed by {rel}: {missing}"
