@@ -231,3 +231,45 @@ def driver_host(spark) -> str:
     from .network import host_address
 
     return host_address()
+
+
+_PYTHON_CHECKED: set = set()
+
+
+def executor_python_warning(spark) -> Optional[str]:
+    """On a local master, why the executors would start another Python than this driver's (None
+    when they start this one, or where it cannot be known: a cluster, Spark Connect).  Said once per
+    session by :func:`check_executor_python`."""
+    import os
+    import shutil
+    import sys
+
+    if is_connect(spark) or not (is_local(master_of(spark)) or master_of(spark).startswith("local-cluster")):
+        return None
+    conf = conf_of(spark)
+    python = conf("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or "python3"
+    found = shutil.which(python) or python
+    if os.path.realpath(found) == os.path.realpath(sys.executable):
+        return None
+    return (
+        f"the executors will start {python} ({os.path.realpath(found)}), not this driver's Python "
+        f"({sys.executable}): packages installed here (pyarrow, torch, ...) may be missing there, and "
+        f"a fit would fail inside a task with ModuleNotFoundError. Set PYSPARK_PYTHON={sys.executable} "
+        "before the session starts, or start it with sparkml_dist.session.get_session()."
+    )
+
+
+def check_executor_python(spark) -> None:
+    """Log :func:`executor_python_warning` once per session."""
+    key = id(spark)
+    if key in _PYTHON_CHECKED:
+        return
+    _PYTHON_CHECKED.add(key)
+    try:
+        why = executor_python_warning(spark)
+    except Exception:  # noqa: BLE001 - a check that cannot run says nothing
+        why = None
+    if why:
+        import logging
+
+        logging.getLogger("sparkml_dist").warning(why)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import traceback
 import uuid
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 import pyarrow as pa
 
 from . import serialization
-from .errors import CollectionError, WorkerError
+from .errors import CollectionError, WorkerError, missing_module_hint
 
 DEFAULT_CHUNK_BYTES = 4 << 20  # 4 MiB: well under Arrow's and Spark's per-value limits
 
@@ -83,7 +84,11 @@ def encode_bytes(
 
 def encode_error(group: int, message: str, tb: Optional[str] = None) -> pa.RecordBatch:
     """An error row for ``group``; ``tb`` defaults to the exception being handled."""
-    detail = {"message": message, "traceback": tb if tb is not None else traceback.format_exc()}
+    detail = {
+        "message": message,
+        "traceback": tb if tb is not None else traceback.format_exc(),
+        "python": sys.executable,  # named when the error is a module the executors cannot import
+    }
     return encode_bytes(group, -1, json.dumps(detail).encode(), kind=KIND_ERROR)
 
 
@@ -165,8 +170,9 @@ def decode(
     if errors:
         group, detail = min(errors, key=lambda e: (e[0] < 0, e[0]))  # a group's own error first
         where = f"{what} {group}" if group >= 0 else f"a task, outside any one {what},"
+        hint = missing_module_hint(detail.get("traceback", ""), detail.get("python"))
         raise WorkerError(
-            f"{where} failed on an executor: {detail['message']}",
+            f"{where} failed on an executor: {detail['message']}{hint}",
             group=group if what == "group" and group >= 0 else None,
             rank=group if what == "rank" and group >= 0 else None,
             worker_traceback=detail.get("traceback", ""),

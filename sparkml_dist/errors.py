@@ -88,5 +88,20 @@ def _rebuild_worker_error(message, group, rank, exit_code, worker_traceback, los
     )
 
 
+def missing_module_hint(text: str, python: Optional[str]) -> str:
+    """What to do when a worker or rank could not import a module: '' unless ``text`` (its
+    traceback) says ``ModuleNotFoundError``; names the interpreter the executors ran."""
+    import re
+
+    found = re.search(r"ModuleNotFoundError: No module named '([\w.]+)'", text or "")
+    if not found:
+        return ""
+    where = f"the executors ran {python}" if python else "the executors ran another Python"
+    return (
+        f" ({where}, which cannot import {found.group(1)!r}: install it into that interpreter, or "
+        "point spark.pyspark.python / PYSPARK_PYTHON at one that has it, e.g. the driver's own)"
+    )
+
+
 class RunTimeoutError(SparkMLDistError, TimeoutError):
     """A run exceeded its wall-clock ``timeout``; its Spark job was cancelled and ranks killed."""

@@ -32,8 +32,13 @@ log = logging.getLogger(__name__)
 
 
 def session_of(df):
-    """The SparkSession of a DataFrame (classic or Connect)."""
-    return df.sparkSession
+    """The SparkSession of a DataFrame (classic or Connect); on a local master, a warning (once)
+    when its executors would start another Python than this driver's."""
+    from . import _spark_env
+
+    spark = df.sparkSession
+    _spark_env.check_executor_python(spark)
+    return spark
 
 
 @contextlib.contextmanager

@@ -14,11 +14,14 @@ unpickling is code execution: they are never read here, but with :mod:`sparkml_d
 
 from __future__ import annotations
 
+import copyreg
 import hashlib
+import io
 import pickle
 import sys
 import threading
-from collections import OrderedDict
+import types
+from collections import ChainMap, OrderedDict
 from typing import Any, Callable, Optional
 
 try:  # pyspark vendors cloudpickle; prefer a standalone install when present
@@ -27,9 +30,29 @@ except ImportError:  # pragma: no cover - depends on the environment
     from pyspark import cloudpickle as _cloudpickle  # type: ignore
 
 
+def with_filename(code_reduce: tuple, filename: str):
+    """A code object cloudpickle rebuilt, given back the file it was written in (executor side)."""
+    code = code_reduce[0](*code_reduce[1])
+    return code.replace(co_filename=filename)
+
+
+def _code_reduce(code):
+    """cloudpickle's reduction of a code object, keeping its file name (cloudpickle writes
+    ``<dynamic-code>``): a traceback from a function shipped by value names the user's file."""
+    return with_filename, (_cloudpickle.cloudpickle._code_reduce(code), code.co_filename)
+
+
+class _Pickler(_cloudpickle.Pickler):
+    _dispatch_table = {**_cloudpickle.Pickler._dispatch_table, types.CodeType: _code_reduce}
+    dispatch_table = ChainMap(_dispatch_table, copyreg.dispatch_table)
+
+
 def dumps(obj: Any) -> bytes:
-    """Serialize ``obj`` (including lambdas and notebook-defined classes) to bytes."""
-    return _cloudpickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    """Serialize ``obj`` (including lambdas and notebook-defined classes) to bytes; functions
+    shipped by value keep their file name, for the tracebacks of the code that runs them."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 def unpicklable_part(fn: Callable) -> str:

@@ -77,8 +77,16 @@ def _run_script(spark, args) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sparkml-dist", description=__doc__.split("\n")[0])
-    parser.add_argument("--log-level", default="WARNING")
+    from sparkml_dist import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="sparkml-dist",
+        description="Distributed training on Spark: ensembles, per-group models, searches, tuning, "
+        "barrier-mode training scripts and scoring, from the command line.",
+        epilog="Guide: docs/cli.md; every user error ends in one line (the traceback: --log-level debug).",
+    )
+    parser.add_argument("--version", action="version", version=f"sparkml_dist {__version__}")
+    parser.add_argument("--log-level", default="WARNING", help="WARNING (default), INFO or DEBUG")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, help_ in (
         ("demo", "train and evaluate a bagged ensemble on a bundled dataset"),

@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import socket
+import sys
 import tempfile
 import threading
 import time
@@ -79,6 +80,7 @@ class _RankTask:
             "message": message,
             "tail": self.process.lines() if self.process else [],
             "failed_at": time.time(),
+            "python": sys.executable,  # the rank's interpreter too
         }
         if not self.silent:
             self._report(protocol.FRAME_FAILED, **detail)

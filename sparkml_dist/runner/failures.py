@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from ..errors import InsufficientResourcesError, SparkMLDistError, WorkerError
+from ..errors import InsufficientResourcesError, SparkMLDistError, WorkerError, missing_module_hint
 from . import backends, protocol
 from .backends import Backend
 
@@ -120,6 +120,7 @@ class Monitor:
             message += self._silent_hosts()  # only a rank that lost its peers points at a host
         message += extra
         tail = "\n".join(d.get("tail") or [])
+        message += missing_module_hint(tail, d.get("python"))
         return WorkerError(
             message,
             rank=d.get("rank"),

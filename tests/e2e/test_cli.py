@@ -68,3 +68,11 @@ def test_a_users_mistake_is_one_line_and_exit_2_before_spark_starts(tmp_path, ar
     assert not (tmp_path / "out").exists()  # no output folder made for a job that never ran
     debug = _cli("--log-level", "debug", *[a.format(**files) for a in argv], timeout=60)
     assert debug.returncode != 0 and "Traceback" in debug.stderr  # the whole story when asked
+
+
+def test_version_and_help_say_what_the_command_is():
+    version = _cli("--version", timeout=60)
+    assert version.returncode == 0 and version.stdout.startswith("sparkml_dist ")
+    helped = _cli("--help", timeout=60)
+    assert helped.returncode == 0 and "[driver]" not in helped.stdout and "``" not in helped.stdout
+    assert "{demo,ensemble,search,run,tune,predict}" in helped.stdout

@@ -139,7 +139,7 @@ def test_an_idle_connection_to_every_port_the_ranks_open_never_hangs_the_fit(spa
     scanner = threading.Thread(target=scan, daemon=True)
     scanner.start()
     est = GlobalForestClassifier(
-        numTrees=4, maxDepth=4, featuresCols=COLS, numWorkers=2, collectiveTimeout=20
+        numTrees=4, maxDepth=4, featuresCols=COLS, numWorkers=2, collectiveTimeout=10
     )
     start = time.monotonic()
     try:

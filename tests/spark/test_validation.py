@@ -158,3 +158,21 @@ def test_feature_columns_named_with_dots_and_backticks_are_read_as_named(spark):
     bad = df.withColumn("c`d", F.when(F.col("label") > 0, float("inf")).otherwise(F.col("`c``d`")))
     with pytest.raises(ConfigurationError, match=r"column 'c`d': \d+ rows"):
         BaggingClassifier(numModels=2, featuresCols=["a.b", "c`d"]).fit(bad)
+
+
+def test_executors_starting_another_python_are_named_before_a_fit_fails_on_it(spark, monkeypatch):
+    import sys
+
+    from sparkml_dist import _spark_env
+    from sparkml_dist.errors import missing_module_hint
+
+    if _spark_env.is_connect(spark):  # Connect: the server starts the executors; nothing to tell here
+        assert _spark_env.executor_python_warning(spark) is None
+        return
+    assert _spark_env.executor_python_warning(spark) is None  # the suite starts them with its own
+    monkeypatch.setenv("PYSPARK_PYTHON", "/usr/bin/python3")
+    monkeypatch.setattr(_spark_env, "conf_of", lambda s: lambda key, default=None: default)
+    said = _spark_env.executor_python_warning(spark)
+    assert said and "/usr/bin/python3" in said and sys.executable in said and "PYSPARK_PYTHON=" in said
+    hint = missing_module_hint("ModuleNotFoundError: No module named 'pyarrow'", "/usr/bin/python3")
+    assert "the executors ran /usr/bin/python3, which cannot import 'pyarrow'" in hint
