@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 from dataclasses import dataclass
@@ -273,3 +274,40 @@ def check_executor_python(spark) -> None:
         import logging
 
         logging.getLogger("sparkml_dist").warning(why)
+
+
+# Spark's own loggers that print a barrier task's failure (a JVM stack trace carrying the rank's
+# report) on the driver's console: the runner reports that failure itself, once and in words.
+_TASK_FAILURE_LOGGERS = (
+    "org.apache.spark.executor.Executor",  # local masters: executors run in the driver's JVM
+    "org.apache.spark.scheduler.TaskSetManager",
+    "org.apache.spark.scheduler.TaskSchedulerImpl",
+)
+
+
+@contextlib.contextmanager
+def quiet_task_failures(spark):
+    """Inside: the loggers above print nothing (classic Spark; nothing to do over Connect or
+    without a session); their levels are restored on the way out."""
+    jvm = (
+        getattr(getattr(spark, "sparkContext", None), "_jvm", None)
+        if spark is not None and not is_connect(spark)
+        else None
+    )
+    if jvm is None:
+        yield
+        return
+    try:
+        log4j = jvm.org.apache.logging.log4j
+        before = {name: log4j.LogManager.getLogger(name).getLevel() for name in _TASK_FAILURE_LOGGERS}
+        for name in _TASK_FAILURE_LOGGERS:
+            log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
+    except Exception:  # noqa: BLE001 - another logging backend: Spark's lines stay
+        yield
+        return
+    try:
+        yield
+    finally:
+        for name, level in before.items():
+            with contextlib.suppress(Exception):
+                log4j.core.config.Configurator.setLevel(name, level)

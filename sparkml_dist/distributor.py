@@ -108,7 +108,19 @@ class TorchDistributor:
 
     def run(self, train_object: Union[Callable, str], *args: Any, **kwargs: Any) -> Optional[Any]:
         """Run a function (``train_object(*args, **kwargs)``; rank 0's return value) or a script
-        (``train_object`` a path, ``args`` its command-line arguments; returns None) on every rank."""
+        (``train_object`` a path, ``args`` its command-line arguments; returns None) on every rank.
+        Errors name ``num_processes``, this API's name for the runner's ``np``."""
+        from .errors import SparkMLDistError
+
+        try:
+            return self._run(train_object, *args, **kwargs)
+        except SparkMLDistError as exc:
+            renamed = in_callers_names(exc)
+            if renamed is exc:
+                raise
+            raise renamed from None
+
+    def _run(self, train_object: Union[Callable, str], *args: Any, **kwargs: Any) -> Optional[Any]:
         runner = self._runner(self._session())
         if isinstance(train_object, str):
             if kwargs:
@@ -136,3 +148,19 @@ class TorchDistributor:
             f"TorchDistributor(num_processes={self.num_processes}, local_mode={self.local_mode}, "
             f"use_gpu={self.use_gpu})"
         )
+
+
+_NP = __import__("re").compile(r"\b(np)\b(?!\.)")
+
+
+def in_callers_names(exc: BaseException) -> BaseException:
+    """``exc`` with the runner's ``np`` called ``num_processes``, as this API's caller knows it (the
+    same error class and attributes; ``exc`` itself when it does not mention ``np``)."""
+    import copy
+
+    text = exc.args[0] if exc.args and isinstance(exc.args[0], str) else ""
+    if not _NP.search(text):
+        return exc
+    renamed = copy.copy(exc)
+    renamed.args = (_NP.sub("num_processes", text), *exc.args[1:])
+    return renamed

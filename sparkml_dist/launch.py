@@ -6,7 +6,9 @@
   record batches and a frozen spec of plain values; it yields chunk batches built with
   :mod:`sparkml_dist.collection` (``encode`` / ``encode_error``);
 * the job runs under a unique job tag; Ctrl-C (KeyboardInterrupt) on the driver interrupts exactly
-  that job, so two runs in one session never cancel each other;
+  that job, so two runs in one session never cancel each other; a job with a description is a
+  phase of the user's call: one progress line when it starts and its time when it ends
+  (:func:`sparkml_dist.progress.phase`);
 * ``barrier=True`` gang-schedules the tasks (all start together or none);
 * ``profile`` attaches a stage-level ResourceProfile (e.g. a GPU per task).
 
@@ -96,7 +98,7 @@ class JobTag:
                 before = sc.getLocalProperty("spark.job.description")
                 sc.setJobDescription(self.description)
         try:
-            with own_interrupts():
+            with own_interrupts(), self._phase():
                 yield self.tag
         except BaseException:
             self.cancel()
@@ -109,6 +111,14 @@ class JobTag:
                     self.spark.sparkContext.removeJobTag(self.tag)
                     if self.description:
                         self.spark.sparkContext.setJobDescription(before)
+
+    def _phase(self):
+        """A described job is a phase of the user's call: one progress line, and its time."""
+        from . import progress
+
+        if not self.description:
+            return contextlib.nullcontext()
+        return progress.phase(self.description.replace("sparkml_dist: ", "", 1))
 
     def cancel(self) -> None:
         with contextlib.suppress(Exception):

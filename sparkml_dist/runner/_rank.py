@@ -114,10 +114,20 @@ def main() -> int:
     return 0
 
 
+def print_user_traceback(exc: BaseException) -> None:
+    """``exc``'s traceback on stderr from the user's function down: the runner's own frames (this
+    module's) are left out, so the first frame shown is the user's file and line."""
+    import traceback
+
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    traceback.print_exception(type(exc), exc, tb if tb is not None else exc.__traceback__)
+
+
 def run() -> None:
     """Process entry point: ``main()``, then a fast exit that still runs ``atexit`` handlers."""
     import atexit
-    import traceback
 
     try:
         code = main()
@@ -127,8 +137,8 @@ def run() -> None:
             print(stop.code, file=sys.stderr)
         if CTRL is not None:  # the task says "exited with code n before returning a result"
             CTRL.send(protocol.EVENT_EXIT, code=code)
-    except BaseException:  # the rank failed: its traceback is what the driver reports
-        traceback.print_exc()
+    except BaseException as exc:  # the rank failed: its traceback is what the driver reports
+        print_user_traceback(exc)
         code = 1
     try:
         atexit._run_exitfuncs()

@@ -50,6 +50,8 @@ class Monitor:
         self.finished: set = set()
         self.failures: List[dict] = []
         self._first_failure_at: Optional[float] = None
+        self._held: Dict[Any, List[str]] = {}  # rank -> the traceback it is printing, held back
+        self._in_block: set = set()
 
     @property
     def failure(self) -> Optional[dict]:
@@ -80,7 +82,7 @@ class Monitor:
         kind, rank = msg.get("type"), msg.get("rank")
         if kind == protocol.FRAME_LINE:
             with self._lock:
-                self._sink(f"[rank {rank}] {msg.get('text', '')}\n")
+                self._line(rank, msg.get("stream"), str(msg.get("text", "")))
         elif kind == protocol.FRAME_RENDEZVOUS:
             self.reached.add(rank)
             if isinstance(msg.get("host"), str):
@@ -92,6 +94,32 @@ class Monitor:
         elif kind == protocol.FRAME_METRICS and rank == 0 and isinstance(msg.get("metrics"), dict):
             step = msg.get("step")
             self.on_metrics(msg["metrics"], step if isinstance(step, int) else None)
+
+    def _line(self, rank: Any, stream: Optional[str], text: str) -> None:
+        """A streamed line.  A traceback a rank prints is held back: if the rank goes on printing, it
+        was a handled error and is shown then; if the run fails, the error shows the root cause's
+        (:meth:`end`) and a peer's secondary "connection closed" traceback never reaches the screen."""
+        if stream == "stderr" and text.startswith("Traceback (most recent call last)"):
+            self._in_block.add(rank)
+        if rank in self._in_block:
+            self._held.setdefault(rank, []).append(text)
+            if text and not text[0].isspace() and not text.startswith(("Traceback", "During handling")):
+                self._in_block.discard(rank)  # the exception's own line ends the block
+            return
+        for held in self._held.pop(rank, []):
+            self._sink(f"[rank {rank}] {held}\n")
+        self._sink(f"[rank {rank}] {text}\n")
+
+    def end(self, ok: bool) -> None:
+        """The attempt ended: held tracebacks are shown after a success, dropped after a failure
+        (its error carries the root cause's traceback)."""
+        with self._lock:
+            held, self._held = self._held, {}
+            self._in_block.clear()
+            if ok:
+                for rank, lines in held.items():
+                    for text in lines:
+                        self._sink(f"[rank {rank}] {text}\n")
 
     def root_cause(self) -> dict:
         """The failure that caused the others: not a lost-peer symptom, then the earliest."""

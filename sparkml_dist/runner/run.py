@@ -19,7 +19,7 @@ import time
 import uuid
 from typing import Any, Callable, List, Tuple
 
-from .. import _spark_env, collection, tracking
+from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel_server import listen
 from ..errors import WorkerError
@@ -71,7 +71,11 @@ class Run:
             "with_data": self.df is not None,
         }
         started = time.perf_counter()
-        with tracking.job_run("BarrierRunner", r.mlflow, settings) as self.track:
+        where = "local processes" if r.np < 0 else "barrier tasks"
+        with (
+            tracking.job_run("BarrierRunner", r.mlflow, settings) as self.track,
+            progress.phase(f"running {self.world} ranks of {settings['function']} on {where}"),
+        ):
             try:
                 return self._attempts()
             finally:
@@ -185,15 +189,19 @@ class Run:
         host = _spark_env.driver_host(self.spark)
         server = listen(secret, monitor.on_message, host)
         quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
+        ok = False
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
-            table = self.launcher.launch(r, data_df, spec, monitor, deadline)
+            with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
+                table = self.launcher.launch(r, data_df, spec, monitor, deadline)
             ranks = range(self.world) if self.return_all else [0]
             results = collection.decode(table, ranks, what="rank")
             quiet.check()
+            ok = True
         finally:
             quiet.cancel()
             server.close()
+            monitor.end(ok)
         if self.return_all:
             return [results[(k, 0)] for k in range(self.world)]
         return results[(0, 0)]

@@ -216,4 +216,13 @@ class BarrierRunner:
 
     # ------------------------------------------------------------------ running
     def _run(self, df, main, args, kwargs, return_all: bool, replicas=None, streams=None):
-        return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()
+        from ..errors import SparkMLDistError
+
+        try:
+            return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()
+        except SparkMLDistError as exc:
+            if log.isEnabledFor(logging.DEBUG):
+                raise
+            # the error is the whole story (the rank's own traceback rides in it): the runner's
+            # frames stay out of the user's traceback (logging.DEBUG keeps them)
+            raise exc.with_traceback(None) from None

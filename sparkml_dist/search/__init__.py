@@ -152,14 +152,18 @@ class ParallelSearchCV(BaseSearchCV):
             raise ConfigurationError(f"{which}: {exc}") from None
         if not candidates:
             raise ConfigurationError("the parameter grid is empty: no candidate to evaluate")
-        valid = set(self.estimator.get_params(deep=True))
-        for cand in candidates:
-            unknown = sorted(set(cand) - valid)
-            if unknown:
+        from sklearn.base import clone
+
+        for cand in candidates:  # as fit will set them: a step swapped in, then its own parameters
+            try:
+                clone(self.estimator).set_params(**clone(cand, safe=False))
+            except ValueError as exc:
+                valid = sorted(self.estimator.get_params(deep=True))
                 raise ConfigurationError(
-                    f"{type(self.estimator).__name__} has no parameter(s) {unknown}; valid parameters "
-                    f"are {sorted(valid)}. Fix the names in param_grid/param_distributions."
-                )
+                    f"param_grid/param_distributions: the candidate {cand!r} cannot be set on "
+                    f"{type(self.estimator).__name__}: {exc} Valid parameters (of the estimator as given; "
+                    f"a step swapped in brings its own) are {valid}."
+                ) from None
         return candidates
 
     def _run_search(self, evaluate_candidates):  # BaseSearchCV's hook; fit below does the work
@@ -268,7 +272,7 @@ class ParallelSearchCV(BaseSearchCV):
                 search_task,
                 spec,
                 expected_groups=range(n_units),
-                description="sparkml_dist-search",
+                description=f"sparkml_dist: fitting {n_units} (candidate, fold) pairs",
                 what="fit",
                 profile=profile,
             )

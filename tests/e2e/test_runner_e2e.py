@@ -153,3 +153,19 @@ def test_the_gpu_check_says_what_it_skipped_without_a_gpu():
     proc = _py("scripts/gpu_check.py", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "no GPU: skipped 6 checks" in proc.stdout
+
+
+def test_a_users_error_in_a_rank_is_a_short_console_ending_with_their_file_and_line():
+    """Spark's task-failure traces, the peer's secondary "connection closed" traceback and the
+    runner's own frames stay off the console: at most 40 lines, the WorkerError last, naming the
+    user's file and line."""
+    script = os.path.join(ROOT, "tests", "e2e", "quiet_failure", "run.py")
+    proc = _py(script, os.path.join(ROOT, "conf", "spark-local.yaml"))
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    assert proc.returncode == 1 and len(lines) <= 40, "\n".join(lines)
+    user_file = os.path.join(ROOT, "tests", "e2e", "quiet_failure", "user_train.py")
+    assert (
+        lines[-1] == "ValueError: my bug in rank 1" and f'File "{user_file}", line 11, in train' in lines[-3]
+    )
+    assert not any("SPARKML_DIST_RANK_FAILURE" in ln or "Connection closed by peer" in ln for ln in lines)
+    assert any(ln.startswith("sparkml_dist.errors.WorkerError: rank 1 exited with code 1") for ln in lines)

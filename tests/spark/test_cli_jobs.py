@@ -66,6 +66,8 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(spark, tmp_path):
 def test_demo_job(spark):
     report = jobs.demo(spark)
     assert report["members"] == 8 and report["metrics"]["auc"] > 0.95
+    assert "trained 8 bagged decision trees" in report["what_happened"]  # what it did, what to try next
+    assert report["try_next"][0].startswith(f"sparkml-dist predict --model {report['model_path']}")
 
 
 @masters("local")  # the jobs run Spark as any fit does: tested there on every master

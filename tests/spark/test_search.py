@@ -131,3 +131,27 @@ def test_a_progress_bar_counts_the_fits(spark, iris, capsys):
         X, y
     )
     assert "fits" not in capsys.readouterr().err
+
+
+def test_a_grid_that_swaps_a_pipelines_final_step_matches_grid_search_cv(spark, iris):
+    """Estimators as values and the chosen step's own parameters (a list of dicts), as
+    GridSearchCV 1.9 takes them: the same candidates, results, keys and best parameters."""
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = iris
+    pipe = Pipeline([("scale", StandardScaler()), ("clf", LogisticRegression(max_iter=500))])
+    grid = [
+        {"clf": [DecisionTreeClassifier(random_state=0)], "clf__max_depth": [2, 4]},
+        {"clf": [LogisticRegression(max_iter=500)], "clf__C": [0.1, 1.0]},
+    ]
+    ours = ParallelSearchCV(pipe, grid, cv=3).fit(X, y)
+    ref = GridSearchCV(pipe, grid, cv=3).fit(X, y)
+    assert set(ours.cv_results_) == set(ref.cv_results_) and "param_clf__max_depth" in ours.cv_results_
+    assert [type(p["clf"]).__name__ for p in ours.cv_results_["params"]] == [
+        type(p["clf"]).__name__ for p in ref.cv_results_["params"]
+    ]
+    np.testing.assert_allclose(ours.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"])
+    assert ours.best_index_ == ref.best_index_ and repr(ours.best_params_) == repr(ref.best_params_)
+    with pytest.raises(ConfigurationError, match="cannot be set on Pipeline.*clf__no_such"):
+        ParallelSearchCV(pipe, {"clf__no_such": [1]}, cv=3).fit(X, y)

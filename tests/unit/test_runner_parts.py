@@ -3,6 +3,7 @@
 import hmac
 import os
 import pickle
+import re
 import socket
 import struct
 import threading
@@ -547,3 +548,34 @@ def test_a_full_disk_while_spilling_reaches_the_driver_with_its_cause(tmp_path):
         assert os.listdir(Member.workdir) == ["shard.arrow"]  # closed: the disk can be unmounted
     finally:
         subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_the_torch_distributor_drop_in_names_num_processes_not_np():
+    from sparkml_dist import InsufficientResourcesError
+    from sparkml_dist.distributor import TorchDistributor
+
+    with pytest.raises(InsufficientResourcesError, match=r"Lower num_processes") as err:
+        TorchDistributor(num_processes=2, local_mode=True, use_gpu=True).run(print)
+    assert not re.search(r"\bnp\b", str(err.value))
+
+
+def test_a_traceback_a_rank_prints_is_held_shown_if_the_rank_goes_on_dropped_if_the_run_fails():
+    from sparkml_dist.runner import failures, protocol
+
+    shown = []
+    m = failures.Monitor(2, shown.append)
+    tb = ["Traceback (most recent call last):", '  File "x.py", line 1, in f', "ValueError: handled"]
+    for text in tb:
+        m.on_message({"type": protocol.FRAME_LINE, "rank": 0, "stream": "stderr", "text": text})
+    assert shown == []  # held
+    m.on_message({"type": protocol.FRAME_LINE, "rank": 0, "stream": "stdout", "text": "step 5"})
+    assert shown == [f"[rank 0] {t}\n" for t in tb + ["step 5"]]  # the rank went on: it was handled
+    shown.clear()
+    for text in tb:
+        m.on_message({"type": protocol.FRAME_LINE, "rank": 1, "stream": "stderr", "text": text})
+    m.end(ok=False)
+    assert shown == []  # the run failed: the error carries the root cause's traceback instead
+    for text in tb:
+        m.on_message({"type": protocol.FRAME_LINE, "rank": 1, "stream": "stderr", "text": text})
+    m.end(ok=True)
+    assert len(shown) == 3
