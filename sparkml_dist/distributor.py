@@ -52,8 +52,13 @@ class TorchDistributor:
     """
 
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True, **options: Any):
-        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-            raise ConfigurationError(f"num_processes has to be a positive integer, got {num_processes!r}")
+        auto = num_processes == "auto"  # every GPU (use_gpu), else every task slot / driver core
+        if not auto and (
+            not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1
+        ):
+            raise ConfigurationError(
+                f"num_processes has to be a positive integer or 'auto', got {num_processes!r}"
+            )
         for reserved in ("np", "backend", "nodes"):
             if reserved in options:
                 raise ConfigurationError(
@@ -65,8 +70,13 @@ class TorchDistributor:
         self.use_gpu = bool(use_gpu)
         self._options = options
 
-    def _ranks(self, spark) -> int:
-        """pyspark's rules for how many ranks run, given the GPUs."""
+    def _ranks(self, spark) -> Any:
+        """pyspark's rules for how many ranks run, given the GPUs; ``"auto"``: every GPU with
+        ``use_gpu``, else every driver core (local mode) or task slot (the runner counts those)."""
+        if self.num_processes == "auto":
+            if not self.local_mode:
+                return "auto"
+            return len(local_gpus(spark)[0]) if self.use_gpu else (os.cpu_count() or 1)
         if not self.use_gpu:
             return self.num_processes
         if self.local_mode:
@@ -96,7 +106,9 @@ class TorchDistributor:
         # pyspark's node rules: local mode is one torchrun node; on a cluster each task is a node
         # (LOCAL_RANK 0 and GROUP_RANK = the task's number with one process per task)
         options["nodes"] = "host" if self.local_mode else "task"
-        return BarrierRunner(-n if self.local_mode else n, use_gpu=self.use_gpu, **options)
+        return BarrierRunner(
+            n if n == "auto" else (-n if self.local_mode else n), use_gpu=self.use_gpu, **options
+        )
 
     def _session(self):
         spark = self._options.get("spark")

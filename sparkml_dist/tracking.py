@@ -187,6 +187,31 @@ class JobRun(NullRun):
             log.warning("MLflow: could not log the model to run %s: %s", self.run_id, exc)
 
 
+# what the ranks need to log into the job's MLflow run themselves: where the server is and how to
+# reach it (Databricks' and MLflow's own variables, when set on the driver)
+_RANK_MLFLOW_VARS = (
+    "MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+    "MLFLOW_TRACKING_INSECURE_TLS", "MLFLOW_EXPERIMENT_ID", "DATABRICKS_HOST", "DATABRICKS_TOKEN",
+)  # fmt: skip
+
+
+def rank_env(run: Any) -> tuple:
+    """``((name, value), ...)`` for the ranks of a job logging to MLflow run ``run``: its tracking
+    URI, the credentials' variables the driver has, and ``MLFLOW_RUN_ID`` (``mlflow.log_*`` in a
+    rank then lands in the job's run); nothing when the job does not log."""
+    run_id = getattr(run, "run_id", None)
+    if run_id is None:
+        return ()
+    import os
+
+    mlflow = _mlflow(required=False)
+    out = {k: os.environ[k] for k in _RANK_MLFLOW_VARS if os.environ.get(k)}
+    if mlflow is not None:
+        out["MLFLOW_TRACKING_URI"] = mlflow.get_tracking_uri()
+    out["MLFLOW_RUN_ID"] = run_id
+    return tuple(out.items())
+
+
 def stage_params(stage) -> Dict[str, Any]:
     """A pyspark.ml stage's parameters (the estimator as its repr)."""
     return {p.name: (repr(v) if p.name == "estimator" else v) for p, v in stage.extractParamMap().items()}

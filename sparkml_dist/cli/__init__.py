@@ -63,8 +63,17 @@ def _run_script(spark, args) -> int:
         args.script, *[[p for p in (v or "").split(",") if p] for v in (args.py_files, args.archives)]
     )
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
+    env = {}
+    for item in getattr(args, "env", []) or []:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            from sparkml_dist.errors import ConfigurationError
+
+            raise ConfigurationError(f"--env {item!r}: write it as NAME=VALUE")
+        env[name] = value
     runner = BarrierRunner(
         args.np,
+        env=env or None,
         backend=args.backend,
         log_ranks=args.log_ranks,
         start_timeout=args.start_timeout,
@@ -112,9 +121,17 @@ def _parser() -> argparse.ArgumentParser:
         if name == "run":
             p.add_argument(
                 "--np",
-                type=int,
+                type=lambda v: v if v == "auto" else int(v),
                 required=True,
-                help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark)",
+                help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark), auto: every GPU "
+                "(--use-gpu) or task slot",
+            )
+            p.add_argument(
+                "--env",
+                action="append",
+                default=[],
+                metavar="NAME=VALUE",
+                help="an environment variable for every rank (repeat it for several)",
             )
             p.add_argument(
                 "--backend",
@@ -183,7 +200,7 @@ def _command(args) -> int:
 def _with_session(args, job: Optional[dict], base: Optional[str]) -> int:
     from sparkml_dist.session import get_session
 
-    if args.command == "run" and args.np < 0:  # local processes: no Spark session at all
+    if args.command == "run" and args.np != "auto" and args.np < 0:  # local processes: no Spark session
         return _run_script(None, args)
     conf_file = args.spark_conf
     if (

@@ -51,6 +51,72 @@ def check_arguments(
         )
 
 
+def all_slots(spark, param: str = "np=0") -> int:
+    """Every task slot: a local master's, else those of the executors registered now."""
+    slots = _spark_env.master_slots(_spark_env.master_of(spark), _spark_env.conf_of(spark))
+    if slots is None:
+        slots = _spark_env.registered_slots(spark)
+    if slots is None:  # Spark Connect to a cluster
+        raise ConfigurationError(
+            f"{param} (every task slot) cannot count this cluster's task slots from here; pass a number"
+        )
+    return slots
+
+
+def auto_np(spark, use_gpu: bool, gpus_per_rank: int = 1) -> int:
+    """``np="auto"``: one rank per GPU with ``use_gpu`` (the driver's on a local master, the tasks'
+    on a cluster), else one per task slot."""
+    from .. import gpus as gpus_mod
+
+    master = _spark_env.master_of(spark)
+    if not use_gpu:
+        return all_slots(spark, 'np="auto"')
+    if _spark_env.is_local(master):
+        found, source = gpus_mod.local(spark)
+        n = len(found) // max(1, gpus_per_rank)
+        if n < 1:
+            raise InsufficientResourcesError(
+                f'np="auto" with use_gpu=True: this machine shows {len(found)} GPU(s) ({source}); '
+                "set use_gpu=False, or a number of ranks"
+            )
+        return n
+    per_task = float(_spark_env.conf_of(spark)("spark.task.resource.gpu.amount", "1") or 1)
+    return max(1, int(all_slots(spark, 'np="auto"') * max(per_task, 1.0)) // max(1, gpus_per_rank))
+
+
+RESERVED_ENV = (
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "TF_CONFIG",
+)  # fmt: skip
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "KEY", "CREDENTIAL", "AUTH")
+
+
+def looks_secret(name: str) -> bool:
+    """A variable whose value is never logged or printed."""
+    return any(w in name.upper() for w in _SECRET_WORDS)
+
+
+def check_env(env: Any) -> tuple:
+    """``env=``: a mapping of names to string values for every rank, each attempt; the names the
+    runner sets itself (ranks, rendezvous, GPUs, its own ``SPARKML_DIST_*``) refused by name."""
+    if env is None:
+        return ()
+    if not isinstance(env, dict) or not all(isinstance(k, str) and k for k in env):
+        raise ConfigurationError(f"env must be a dict of variable names to values, got {type(env).__name__}")
+    reserved = sorted(k for k in env if k in RESERVED_ENV or k.startswith("SPARKML_DIST_"))
+    if reserved:
+        raise ConfigurationError(
+            f"env={{...}} sets {reserved}, which the runner sets itself for each rank (its place in "
+            "the run, the rendezvous, its GPUs); leave them out"
+        )
+    bad = [k for k, v in env.items() if not isinstance(v, (str, int, float, bool))]
+    if bad:
+        raise ConfigurationError(f"env: the values of {bad} must be strings (or numbers)")
+    return tuple((k, str(v)) for k, v in env.items())
+
+
 def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:
     """``min_np``: None, or 1 <= min_np <= np for Spark tasks (np > 0) with restarts to use it."""
     if min_np is None:

@@ -142,12 +142,12 @@ class Run:
 
     def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark
-        env = ()
+        env = r.env + tracking.rank_env(self.track)
         if r.checkpoint_dir:
             from .protocol import CHECKPOINT_DIR_ENV
 
             d = r.checkpoint_dir
-            env = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
+            env += ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
         return TaskSpec(
             run_id=run_id,
             world_size=self.world,

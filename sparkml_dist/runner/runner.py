@@ -44,6 +44,8 @@ class BarrierRunner:
     Args:
         np: ranks. ``np > 0``: that many Spark barrier tasks. ``np < 0``: ``-np`` local processes
             on the driver, no Spark tasks (for debugging; same function, same result).
+            ``"auto"``: one rank per GPU with ``use_gpu`` (the driver's on a local master, the
+            tasks' on a cluster), else one per task slot.
         backend: "torch" (torch.distributed: gloo on CPU, NCCL on GPU) or "horovod" (the
             function calls ``hvd.init()``; Horovod's Gloo rendezvous is served by rank 0's
             process, no mpirun or ssh; needs Horovod, see ``make horovod``).
@@ -109,6 +111,12 @@ class BarrierRunner:
             one machine; each sees the machine's assigned GPUs in local-rank order, so
             ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` picks its own) or ``"task"``
             (pyspark TorchDistributor's rule: each Spark task is a node, whose ranks see its GPUs).
+        env: environment variables for every rank, on every attempt (``{"NCCL_SOCKET_IFNAME": "eth0"}``,
+            a cloud credential the function needs); the names the runner sets itself (``RANK``,
+            ``MASTER_ADDR``, ``CUDA_VISIBLE_DEVICES``, ...) are refused by name, and values whose
+            names look secret are never logged. An active MLflow run's tracking URI, credentials and
+            run id reach the ranks the same way, so ``mlflow.log_metric`` in a rank lands in the
+            job's run.
         min_np: elastic restarts (with ``max_restarts``): after a failure, the next attempt starts
             with as many ranks as the cluster holds slots for now, between ``min_np`` and ``np``,
             instead of waiting for ``np`` (a lost host no longer blocks the run); a later restart
@@ -142,7 +150,14 @@ class BarrierRunner:
         clean_work_dir: bool = False,
         gpus_per_rank: int = 1,
         min_np: Optional[int] = None,
+        env: Optional[dict] = None,
     ) -> None:
+        if np == "auto":  # every GPU with use_gpu, else every task slot
+            from .. import _spark_env
+
+            session = spark or _spark_env.active_session('BarrierRunner(np="auto")', "pass spark=...")
+            np = admission.auto_np(session, use_gpu, gpus_per_rank if isinstance(gpus_per_rank, int) else 1)
+        self.env = admission.check_env(env)
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )

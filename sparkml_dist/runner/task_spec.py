@@ -8,7 +8,7 @@ handed to the threads of local processes), read by :mod:`sparkml_dist.runner._ta
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
 from .. import parquet_split
@@ -72,7 +72,7 @@ class TaskSpec:
     collective_timeout: float
     return_all: bool
     max_result_bytes: int
-    env: Tuple[Tuple[str, str], ...] = ()
+    env: Tuple[Tuple[str, str], ...] = field(default=(), repr=False)  # values may be secrets: never shown
     data: Data = None  # where the ranks' shards come from: None (no data), SparkRows, ParquetSlices
     local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
     ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU

@@ -258,3 +258,11 @@ def test_vector_columns_reach_the_ranks_as_arrays_and_a_too_wide_one_is_refused(
     wide = HashingTF(numFeatures=1 << 18, inputCol="words", outputCol="tf").transform(words)
     with pytest.raises(ConfigurationError, match=r"column 'tf' holds vectors of 262144 entries.*numFeatures"):
         BarrierRunner(2, spark=spark).run_with_data(wide, h.shard_matrix, "tf")
+
+
+def test_np_auto_takes_every_task_slot(spark):
+    from sparkml_dist import _spark_env
+
+    runner = BarrierRunner("auto", spark=spark)
+    slots = _spark_env.master_slots(_spark_env.master_of(spark), _spark_env.conf_of(spark))
+    assert runner.world_size == (slots or _spark_env.registered_slots(spark)) and runner.np > 0

@@ -140,3 +140,12 @@ def test_autolog_records_our_estimator_params_in_its_own_run(tracking, data):
     auto = auto[auto["tags.mlflow.autologging"] == "pyspark.ml"]
     assert len(auto) == 1
     assert auto.iloc[0]["params.sampling"] == "bootstrap" and auto.iloc[0]["metrics.models"] == 2.0
+
+
+def test_mlflow_calls_inside_a_rank_land_in_the_jobs_run(spark, tracking):
+    """The tracking URI and the job's run id reach the ranks: a plain mlflow.log_metric in a rank
+    logs into the BarrierRunner's run, with no glue in the function."""
+    run_id = BarrierRunner(2, mlflow=True, start_timeout=120).run(th.mlflow_from_rank_zero)
+    found = runs(tracking, "BarrierRunner")
+    found = found[found.run_id == run_id]
+    assert len(found) == 1 and found.iloc[0]["metrics.logged_by_mlflow_in_the_rank"] == 7.0

@@ -83,3 +83,17 @@ def log_from_ranks():
     for step in range(3):
         ctx.log_metrics(step, loss=1.0 / (step + 1) + 100 * ctx.rank, rank=ctx.rank)
     return ctx.rank
+
+
+def mlflow_from_rank_zero():
+    """Rank 0 logs with MLflow's own API, as a user's training code does (no run opened here)."""
+    import os
+
+    from sparkml_dist.runner import context
+
+    run_id = os.environ.get("MLFLOW_RUN_ID")  # read first: MLflow takes it out once it used it
+    if context().rank == 0:
+        import mlflow
+
+        mlflow.log_metric("logged_by_mlflow_in_the_rank", 7.0)
+    return run_id

@@ -253,3 +253,20 @@ def test_the_runner_holds_configuration_only():
         if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"
     ]
     assert assigned == []
+
+
+def test_env_reaches_every_rank_on_every_attempt_and_the_runners_own_names_are_refused(tmp_path):
+    from sparkml_dist.runner.task_spec import TaskSpec
+
+    env = {"NCCL_SOCKET_IFNAME": "eth0", "MY_API_TOKEN": "s3cr3t-value"}
+    out = BarrierRunner(-2, env=env, max_restarts=1, timeout=120).run(
+        h.env_on_every_attempt, list(env), str(tmp_path / "failed-once"), return_all=True
+    )
+    assert (tmp_path / "failed-once").exists() and out == [env, env]  # the second attempt had it too
+    for bad in ({"RANK": "3"}, {"MASTER_ADDR": "x"}, {"SPARKML_DIST_WORKDIR": "/tmp"}):
+        with pytest.raises(
+            ConfigurationError, match=r"env=\{\.\.\.\} sets \['\w+'\], which the runner sets itself"
+        ):
+            BarrierRunner(-2, env=bad)
+    spec = TaskSpec.__dataclass_fields__["env"]
+    assert spec.repr is False  # a secret value never shows in a spec's repr or a log line
