@@ -41,7 +41,7 @@ _COMMON_PEER_LOST = (
 
 def collective_timeout() -> timedelta:
     """The run's collective timeout, inside a rank process."""
-    return timedelta(seconds=float(os.environ.get(protocol.TIMEOUT_ENV, "1800")))
+    return timedelta(seconds=float(os.environ.get(protocol.TIMEOUT_ENV, "600")))
 
 
 def report_first_call(owners: Sequence[Any], name: str, on_call: Callable[[], None]) -> None:

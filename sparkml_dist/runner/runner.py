@@ -37,6 +37,8 @@ from .sample_order import check_streams
 
 log = logging.getLogger(__name__)
 
+DEFAULT_COLLECTIVE_TIMEOUT = 600.0  # seconds: NCCL's own default; torch's gloo default is 1800
+
 
 class BarrierRunner:
     """Run a training function on ``np`` ranks, each in its own process, gang-scheduled by Spark.
@@ -67,8 +69,11 @@ class BarrierRunner:
             rank (a stuck fetch, a lost executor); None waits forever. Progress, not total time:
             a large shard that keeps arriving never hits it.
         timeout: wall-clock seconds for the whole run (restarts included); None waits forever.
-        collective_timeout: seconds a collective may block (``init_process_group`` default);
-            defaults to ``timeout`` or torch's 30 minutes.
+        collective_timeout: seconds a collective may block (``init_process_group`` default):
+            a rank that stops answering fails the run after this long instead of hanging its
+            peers. Default 600 (10 minutes, NCCL's own default; torch's gloo default is 30), or
+            ``timeout`` when that is shorter; raise it for steps that legitimately keep some ranks
+            waiting longer (a long evaluation on rank 0 while the others wait at a barrier).
         allow_unencrypted: run on a cluster configured for encryption even though collective
             traffic between ranks is not encrypted.
         allow_unauthenticated: run on a cluster with ``spark.authenticate=true`` even though the
@@ -172,7 +177,9 @@ class BarrierRunner:
         self.start_timeout = start_timeout
         self.data_timeout = data_timeout
         self.timeout = timeout
-        self.collective_timeout = collective_timeout or timeout or 1800.0
+        self.collective_timeout = collective_timeout or min(
+            timeout or DEFAULT_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT
+        )
         self.allow_unencrypted = allow_unencrypted
         self.allow_unauthenticated = allow_unauthenticated
         self.read_files = bool(read_files)
