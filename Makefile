@@ -9,7 +9,7 @@ DEV_STAMP  := $(VENV)/.dev-installed
 BASE_STAMP := $(VENV)/.base-installed
 HVD_STAMP  := $(VENV)/.horovod-installed
 
-.PHONY: demo horovod lint test test-fast test-unit test-local test-notebooks test-connect test-cluster test-standalone test-hosts test-matrix bench clean gpu-check notebooks figures docs
+.PHONY: demo horovod lint test test-oldest test-fast test-unit test-local test-notebooks test-connect test-cluster test-standalone test-hosts test-matrix bench clean gpu-check notebooks figures docs
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,7 +44,7 @@ lint: $(DEV_STAMP)
 # Each test lists the masters it runs on (tests/conftest.py: @masters(...), a default per folder);
 # a pass deselects the others' tests. `make test` prints the matrix, then each pass and its wall time
 # (CI's limit is 90 minutes).
-PASSES := lint test-local test-notebooks test-connect test-cluster test-standalone test-hosts
+PASSES := lint test-local test-notebooks test-connect test-cluster test-oldest test-standalone test-hosts
 test: $(HVD_STAMP)
 	@$(MAKE) --no-print-directory test-matrix
 	@total=$$(date +%s); for pass in $(PASSES); do \
@@ -75,6 +75,19 @@ test-connect: $(HVD_STAMP)
 
 test-cluster: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="local-cluster[2,1,1024]" $(PYTEST) tests/spark
+
+# the oldest supported pyspark (4.0: Databricks' long-term-support runtime), on local[2]: the tests
+# marked "oldest" (a fit, a run with data, predict_batch, saved models, ...) must give the same
+# results as on 4.3. Its own venv holds pyspark 4.0 and reads everything else from $(VENV).
+OLDEST := .venv-pyspark40
+$(OLDEST)/.installed: $(DEV_STAMP)
+	$(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install -q --no-deps "pyspark==4.0.5" "py4j==0.10.9.9"
+	$(OLDEST)/bin/python -c "import site; open(site.getsitepackages()[0] + '/zz_dev.pth', 'w').write('$$($(BIN)/python -c 'import site; print(site.getsitepackages()[0])')\n$(CURDIR)\n')"
+	touch $@
+
+test-oldest: $(OLDEST)/.installed
+	SPARKML_DIST_TEST_MASTER="local[2]" SPARKML_DIST_TEST_PASS=oldest $(OLDEST)/bin/python -m pytest -q -p no:cacheprovider --durations=15 tests/spark
 
 # a standalone master + two worker JVMs on loopback: the fault tests that need real workers
 test-standalone: $(HVD_STAMP)

@@ -299,7 +299,13 @@ def quiet_task_failures(spark):
         return
     try:
         log4j = jvm.org.apache.logging.log4j
-        before = {name: log4j.LogManager.getLogger(name).getLevel() for name in _TASK_FAILURE_LOGGERS}
+        context = log4j.LogManager.getContext(False)
+        configured = context.getConfiguration().getLoggers()
+        # a logger configured by name keeps its level; one that was not goes back to inheriting
+        before = {
+            name: log4j.LogManager.getLogger(name).getLevel() if configured.containsKey(name) else None
+            for name in _TASK_FAILURE_LOGGERS
+        }
         for name in _TASK_FAILURE_LOGGERS:
             log4j.core.config.Configurator.setLevel(name, log4j.Level.OFF)
     except Exception:  # noqa: BLE001 - another logging backend: Spark's lines stay
@@ -308,6 +314,11 @@ def quiet_task_failures(spark):
     try:
         yield
     finally:
-        for name, level in before.items():
-            with contextlib.suppress(Exception):
-                log4j.core.config.Configurator.setLevel(name, level)
+        with contextlib.suppress(Exception):
+            config = context.getConfiguration()
+            for name, level in before.items():
+                if level is None:
+                    config.removeLogger(name)
+                else:
+                    log4j.core.config.Configurator.setLevel(name, level)
+            context.updateLoggers()

@@ -249,7 +249,7 @@ def plan_models(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optio
             "use an estimator that takes one (XGBoost: XGBClassifier/XGBRegressor), or set "
             f"{param}=False"
         )
-    from .. import _spark_env
+    from . import _spark_env
 
     if _spark_env.is_local(_spark_env.master_of(spark)):
         gpus, _ = local(spark)

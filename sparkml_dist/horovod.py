@@ -88,7 +88,7 @@ class HorovodRunner:
         """The BarrierRunner of one run; ``spark`` is the session (None only for np < 0)."""
         from .runner import BarrierRunner
 
-        np_ = self.num_processor or self._all_slots(spark)
+        np_ = self.num_processor or _all_slots(spark)
         options = dict(self._options)
         if "use_gpu" not in options:
             options["use_gpu"] = np_ > 0 and _spark_env.schedules_gpus(_spark_env.conf_of(spark))
@@ -104,18 +104,6 @@ class HorovodRunner:
                 "HorovodRunner(np > 0)", "pass spark=..., or use np < 0 to run processes on the driver"
             )
         )
-
-    @staticmethod
-    def _all_slots(spark) -> int:
-        """np=0: the slots a local master has, else those of the executors registered now."""
-        slots = _spark_env.master_slots(_spark_env.master_of(spark), _spark_env.conf_of(spark))
-        if slots is None:
-            slots = _spark_env.registered_slots(spark)
-        if slots is None:  # Spark Connect to a cluster
-            raise ConfigurationError(
-                "np=0 (every task slot) cannot count this cluster's task slots from here; pass np explicitly"
-            )
-        return slots
 
     def run(self, main: Callable, **kwargs) -> Any:
         """Run ``main(**kwargs)`` on every rank; returns rank 0's return value.
@@ -133,3 +121,10 @@ class HorovodRunner:
 
     def __repr__(self) -> str:
         return f"HorovodRunner(np={self.num_processor}, driver_log_verbosity={self.driver_log_verbosity!r})"
+
+
+def _all_slots(spark) -> int:
+    """np=0: every task slot (the runner's own count)."""
+    from .runner.elastic import all_slots
+
+    return all_slots(spark, "np=0")

@@ -37,6 +37,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
+from . import spark_compat
 from .errors import ConfigurationError
 from .group_rows import GROUP_COL, KEY_COL, order_rows  # noqa: F401 - the split's columns
 
@@ -147,7 +148,7 @@ def assign_groups(df, spec: SplitSpec, key_cols: Sequence[str]):
 
     keyed = row_keys(df, spec.seed, key_cols)
     exploded = keyed.withColumn(GROUP_COL, F.explode(F.expr(membership_sql(spec))))
-    return exploded.repartitionById(spec.num_groups, GROUP_COL)
+    return spark_compat.repartition_by_id(exploded, spec.num_groups, GROUP_COL)
 
 
 # --------------------------------------------------------------------------- drawn on the driver
@@ -305,7 +306,7 @@ def deal(df, spec: SplitSpec, key_cols: Sequence[str], extra_aggs: Optional[Mapp
     k = spec.num_groups
     rows = {g: keep // k + (1 if g < keep % k else 0) for g in range(k) if keep // k or g < keep % k}
     stats = GroupStats(num_groups=k, rows=rows, extras=extras)
-    return dealt.drop(bucket, "__sd_pos").repartitionById(k, GROUP_COL), stats
+    return spark_compat.repartition_by_id(dealt.drop(bucket, "__sd_pos"), k, GROUP_COL), stats
 
 
 def assign_keys(df, key_col: str, key_table, num_parts: int):
@@ -320,9 +321,9 @@ def assign_keys(df, key_col: str, key_table, num_parts: int):
 
     joined = df.join(F.broadcast(key_table), on=key_col, how="inner")
     part = "__sd_part"
+    placed = joined.withColumn(part, F.pmod(F.col(GROUP_COL), F.lit(int(num_parts))))
     return (
-        joined.withColumn(part, F.pmod(F.col(GROUP_COL), F.lit(int(num_parts))))
-        .repartitionById(int(num_parts), part)
+        spark_compat.repartition_by_id(placed, int(num_parts), part)
         .drop(part)
         .sortWithinPartitions(GROUP_COL)
     )

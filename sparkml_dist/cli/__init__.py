@@ -85,6 +85,42 @@ def _run_script(spark, args) -> int:
     return 0
 
 
+def _run_arguments(p: argparse.ArgumentParser) -> None:
+    """The arguments of ``sparkml-dist run``."""
+    p.add_argument(
+        "--np",
+        type=lambda v: v if v == "auto" else int(v),
+        required=True,
+        help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark), auto: every GPU "
+        "(--use-gpu) or task slot",
+    )
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an environment variable for every rank (repeat it for several)",
+    )
+    p.add_argument(
+        "--backend",
+        choices=("torch", "horovod"),
+        default="torch",
+        help="torch: a torchrun-style script; horovod: a horovodrun-style script",
+    )
+    p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
+    p.add_argument("--start-timeout", type=float, default=180.0)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--use-gpu", action="store_true")
+    p.add_argument("--py-files", default=None, help=".py/.zip/.egg/.whl files for sys.path (comma list)")
+    p.add_argument(
+        "--archives",
+        default=None,
+        help="archives unpacked in each rank's directory (file#name, comma list)",
+    )
+    p.add_argument("script", help="the training script (read here, shipped to the ranks)")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
+
+
 def _parser() -> argparse.ArgumentParser:
     from sparkml_dist import __version__
 
@@ -119,40 +155,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "predict":
             cli_predict.add_arguments(p)
         if name == "run":
-            p.add_argument(
-                "--np",
-                type=lambda v: v if v == "auto" else int(v),
-                required=True,
-                help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark), auto: every GPU "
-                "(--use-gpu) or task slot",
-            )
-            p.add_argument(
-                "--env",
-                action="append",
-                default=[],
-                metavar="NAME=VALUE",
-                help="an environment variable for every rank (repeat it for several)",
-            )
-            p.add_argument(
-                "--backend",
-                choices=("torch", "horovod"),
-                default="torch",
-                help="torch: a torchrun-style script; horovod: a horovodrun-style script",
-            )
-            p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
-            p.add_argument("--start-timeout", type=float, default=180.0)
-            p.add_argument("--timeout", type=float, default=None)
-            p.add_argument("--use-gpu", action="store_true")
-            p.add_argument(
-                "--py-files", default=None, help=".py/.zip/.egg/.whl files for sys.path (comma list)"
-            )
-            p.add_argument(
-                "--archives",
-                default=None,
-                help="archives unpacked in each rank's directory (file#name, comma list)",
-            )
-            p.add_argument("script", help="the training script (read here, shipped to the ranks)")
-            p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
+            _run_arguments(p)
     return parser
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 from pyspark.ml import Model
 from pyspark.sql import functions as F
 
-from .. import serialization
+from .. import serialization, spark_compat
 from ..errors import ConfigurationError
 from . import _member_scoring, validation
 from .aggregation import mean_prediction, probabilities, vote
@@ -121,7 +121,7 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
         def predict(features: pa.Array) -> pa.Array:
             return _member_scoring.predict_arrow(features, spec)
 
-        udf = F.arrow_udf(predict, out_type)
+        udf = spark_compat.arrow_udf(predict, out_type)
         tmp = "__sd_prediction"
         out = dataset.withColumn(tmp, udf(feats))
         outputs = {self.getPredictionCol(): F.col(f"{tmp}.prediction")}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Dict, Optional, Sequence, Tuple
 
-from .. import launch, partitioning
+from .. import launch, partitioning, spark_compat
 from ..errors import ConfigurationError
 from . import _member_scoring
 from .member_records import FEATURES, LABEL
@@ -59,7 +59,7 @@ def score(model, prepared, spec: partitioning.SplitSpec, key_cols: Sequence[str]
     from pyspark.sql import functions as F
 
     pspec = model._predict_spec()
-    udf = F.arrow_udf(
+    udf = spark_compat.arrow_udf(
         lambda feats, groups: _member_scoring.oob_arrow(feats, groups, pspec),
         "struct<prediction: double, score: double, has_oob: boolean>",
     )

@@ -73,15 +73,9 @@ class _RankTask:
         return self.cancel is not None and self.cancel.is_set()
 
     def fail(self, message: str, code: Optional[int] = None, phase: str = "run") -> RankFailure:
-        detail = {
-            "rank": self.rank,
-            "exit_code": code,
-            "phase": phase,
-            "message": message,
-            "tail": self.process.lines() if self.process else [],
-            "failed_at": time.time(),
-            "python": sys.executable,  # the rank's interpreter too
-        }
+        tail = self.process.lines() if self.process else []
+        detail = dict(rank=self.rank, exit_code=code, phase=phase, message=message, tail=tail)
+        detail.update(failed_at=time.time(), python=sys.executable)  # the rank's interpreter too
         if not self.silent:
             self._report(protocol.FRAME_FAILED, **detail)
         return RankFailure(detail)

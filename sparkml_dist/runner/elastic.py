@@ -16,7 +16,7 @@ import time
 from typing import Callable, Optional
 
 from .. import _spark_env
-from ..errors import InsufficientResourcesError
+from ..errors import ConfigurationError, InsufficientResourcesError
 
 SETTLE_S = 3.0  # the driver hears of a lost executor a moment after its ranks fail: look this long
 
@@ -57,3 +57,36 @@ def restart_world(
     if world != np_:
         say(f"[sparkml_dist] the cluster holds {world} of np={np_} ranks now: restarting with {world}\n")
     return world
+
+
+def all_slots(spark, param: str = "np=0") -> int:
+    """Every task slot: a local master's, else those of the executors registered now."""
+    slots = _spark_env.master_slots(_spark_env.master_of(spark), _spark_env.conf_of(spark))
+    if slots is None:
+        slots = _spark_env.registered_slots(spark)
+    if slots is None:  # Spark Connect to a cluster
+        raise ConfigurationError(
+            f"{param} (every task slot) cannot count this cluster's task slots from here; pass a number"
+        )
+    return slots
+
+
+def auto_np(spark, use_gpu: bool, gpus_per_rank: int = 1) -> int:
+    """``np="auto"``: one rank per GPU with ``use_gpu`` (the driver's on a local master, the tasks'
+    on a cluster), else one per task slot."""
+    from .. import gpus as gpus_mod
+
+    master = _spark_env.master_of(spark)
+    if not use_gpu:
+        return all_slots(spark, 'np="auto"')
+    if _spark_env.is_local(master):
+        found, source = gpus_mod.local(spark)
+        n = len(found) // max(1, gpus_per_rank)
+        if n < 1:
+            raise InsufficientResourcesError(
+                f'np="auto" with use_gpu=True: this machine shows {len(found)} GPU(s) ({source}); '
+                "set use_gpu=False, or a number of ranks"
+            )
+        return n
+    per_task = float(_spark_env.conf_of(spark)("spark.task.resource.gpu.amount", "1") or 1)
+    return max(1, int(all_slots(spark, 'np="auto"') * max(per_task, 1.0)) // max(1, gpus_per_rank))

@@ -31,13 +31,23 @@ import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import arg_checks
-from . import admission, backends
+from . import admission, backends, elastic, rank_env
 from .run import Run
 from .sample_order import check_streams
 
 log = logging.getLogger(__name__)
 
 DEFAULT_COLLECTIVE_TIMEOUT = 600.0  # seconds: NCCL's own default; torch's gloo default is 1800
+
+
+def _resolved_np(np, spark, use_gpu: bool, gpus_per_rank) -> Any:
+    """``np="auto"``: every GPU with ``use_gpu``, else every task slot; any other value as given."""
+    if np != "auto":
+        return np
+    from .. import _spark_env
+
+    session = spark or _spark_env.active_session('BarrierRunner(np="auto")', "pass spark=...")
+    return elastic.auto_np(session, use_gpu, gpus_per_rank if isinstance(gpus_per_rank, int) else 1)
 
 
 class BarrierRunner:
@@ -157,12 +167,8 @@ class BarrierRunner:
         min_np: Optional[int] = None,
         env: Optional[dict] = None,
     ) -> None:
-        if np == "auto":  # every GPU with use_gpu, else every task slot
-            from .. import _spark_env
-
-            session = spark or _spark_env.active_session('BarrierRunner(np="auto")', "pass spark=...")
-            np = admission.auto_np(session, use_gpu, gpus_per_rank if isinstance(gpus_per_rank, int) else 1)
-        self.env = admission.check_env(env)
+        np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
+        self.env = rank_env.check_env(env)
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
@@ -177,14 +183,9 @@ class BarrierRunner:
         self.start_timeout = start_timeout
         self.data_timeout = data_timeout
         self.timeout = timeout
-        self.collective_timeout = collective_timeout or min(
-            timeout or DEFAULT_COLLECTIVE_TIMEOUT, DEFAULT_COLLECTIVE_TIMEOUT
-        )
-        self.allow_unencrypted = allow_unencrypted
-        self.allow_unauthenticated = allow_unauthenticated
-        self.read_files = bool(read_files)
-        self.model_bytes = model_bytes
-        self.checkpoint_dir = checkpoint_dir
+        self.collective_timeout = collective_timeout or min(timeout or 600.0, DEFAULT_COLLECTIVE_TIMEOUT)
+        self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
+        self.read_files, self.model_bytes, self.checkpoint_dir = bool(read_files), model_bytes, checkpoint_dir
         self.log_dir = os.path.abspath(log_dir) if log_dir else None
         self.max_restarts = max_restarts
         self.spark = spark
@@ -193,8 +194,7 @@ class BarrierRunner:
         self.mlflow = mlflow
         self.nodes = admission.check_nodes(nodes)
         self.gpus_per_rank = admission.check_gpus_per_rank(gpus_per_rank, self.use_gpu)
-        self.work_dir = work_dir
-        self.clean_work_dir = bool(clean_work_dir)
+        self.work_dir, self.clean_work_dir = work_dir, bool(clean_work_dir)
 
     # ------------------------------------------------------------------ public API
     def run(self, main: Callable, *args, return_all: bool = False, **kwargs):

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 from typing import Optional, Tuple
 
-from .. import parquet_split, partitioning
+from .. import parquet_split, partitioning, spark_compat
 from ..errors import ConfigurationError
 from .sample_order import check_streams
 from .task_spec import ParquetSlices, SparkRows, Streams
@@ -141,5 +141,5 @@ def spark_shards(
     else:
         task = F.explode(F.element_at(F.array(*[F.array(*[F.lit(t) for t in ts]) for ts in readers]), g + 1))
     placed = grouped.select(*cols, partitioning.KEY_COL, partitioning.GROUP_COL, task.alias(TASK_COL))
-    out = placed.repartitionById(tasks, F.col(TASK_COL)).sortWithinPartitions(*order)
+    out = spark_compat.repartition_by_id(placed, tasks, TASK_COL).sortWithinPartitions(*order)
     return SparkRows(layout_), out.select(*cols, partitioning.GROUP_COL)

@@ -51,7 +51,7 @@ def _scored(model, df):
     return out["prediction"].to_numpy(), np.stack(out["probability"].map(lambda v: v.toArray()))
 
 
-@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+@masters("local", "connect", "cluster", "oldest")  # what separate executor JVMs can change
 def test_fit_transform_matches_local_predict_and_learns(cols_df, data3):
     X, y = data3
     model = BaggingClassifier(
@@ -233,7 +233,7 @@ def test_failing_member_raises_worker_error_naming_the_group(spark, data3):
     assert "Traceback" in info.value.worker_traceback
 
 
-@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+@masters("local", "connect", "cluster", "oldest")  # what separate executor JVMs can change
 def test_save_load_roundtrip(tmp_path, vec_df, data3):
     X, _ = data3
     est = BaggingClassifier(estimator=DecisionTreeClassifier(max_depth=4), numModels=3, voting="hard", seed=9)

@@ -35,7 +35,7 @@ def trainer(**kw):
     return GroupedTrainer(**args)
 
 
-@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+@masters("local", "connect", "cluster", "oldest")  # what separate executor JVMs can change
 def test_one_model_per_key_equals_local_fits_and_transform_uses_them(spark, sales):
     df = spark.createDataFrame(sales).repartition(3)
     model = trainer().fit(df)

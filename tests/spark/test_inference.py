@@ -45,7 +45,7 @@ class LogisticPredictor:
         return predict
 
 
-@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+@masters("local", "connect", "cluster", "oldest")  # what separate executor JVMs can change
 def test_scores_equal_local_prediction_and_the_function_is_made_once_per_worker(spark, tmp_path):
     X, y = _data()
     local = LogisticRegression().fit(X, y)
@@ -181,7 +181,7 @@ def _row_sums():
     return lambda v: v.sum(axis=1)
 
 
-@masters("local", "connect")
+@masters("local", "connect", "oldest")
 def test_a_model_that_knows_its_feature_names_gets_the_columns_by_name(spark):
     """The columns given in another order than the model was fitted on: matched by name (503 of
     1,000 right before, without a word); a missing or unknown name refused before any job."""

@@ -24,7 +24,7 @@ def _frame(spark, n, seed, regression=False):
     return spark.createDataFrame(pdf), pdf
 
 
-@masters("local", "connect")
+@masters("local", "connect", "oldest")
 def test_one_member_scores_exactly_the_rows_it_left_out(spark):
     df, pdf = _frame(spark, 600, seed=0)
     model = BaggingClassifier(

@@ -124,3 +124,19 @@ def test_balanced_groups_keep_an_exact_share(spark):
     assert kept == 250 and len(ids) == len(set(ids)) == 250
     assert sorted(group_stats(grouped, 3).counts()) == [83, 83, 84]
     assert min(ids) < 100 and max(ids) > 900  # a draw over all rows, not the first ones
+
+
+@masters("local", "connect", "oldest")
+def test_the_pyspark_40_placement_puts_group_g_in_partition_g_as_repartition_by_id_does(spark):
+    """pyspark 4.0 has no repartitionById: a hash repartition on a key that hashes to each partition
+    (Spark's own Murmur3, computed here) gives the same placement."""
+    from pyspark.sql import functions as F
+
+    from sparkml_dist import spark_compat
+
+    values = list(range(-5, 3000, 41)) + [2**40 + 3, -(2**50)]
+    hashed = spark.createDataFrame([(v,) for v in values], "v bigint").selectExpr("hash(v)").collect()
+    assert [r[0] for r in hashed] == [spark_compat._murmur3_long(v) for v in values]
+    df = spark.range(0, 700).withColumn("g", (F.col("id") * 7 % 13).cast("int"))
+    placed = spark_compat.repartition_by_hash_key(df, 13, "g").select("g", F.spark_partition_id().alias("p"))
+    assert {(r.g, r.p) for r in placed.distinct().collect()} == {(g, g) for g in range(13)}

@@ -27,7 +27,7 @@ def fit_logistic(data, key):
     return model, {"train_acc": model.score(data[["x1", "x2"]], data["label"]), "n": len(data)}
 
 
-@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+@masters("local", "connect", "cluster", "oldest")  # what separate executor JVMs can change
 def test_a_function_per_key_equals_fitting_each_key_locally(spark):
     pdf = _stores()
     result = train_per_group(spark.createDataFrame(pdf).repartition(4), fit_logistic, group_col="store")

@@ -108,7 +108,7 @@ def _count_rows(data, key):
     return DecisionTreeClassifier(max_depth=1).fit(data[["x1"]], data["label"]), {"n": len(data)}
 
 
-@masters("local")  # keys travel through the driver the same way on every master
+@masters("local", "oldest")  # keys travel through the driver the same way on every master
 def test_keys_that_do_not_survive_python_never_lose_rows(spark):
     from pyspark.sql import functions as F
 

@@ -23,7 +23,7 @@ def numbers(spark):
     return spark.range(0, 1000).select(F.col("id").cast("double").alias("x"))
 
 
-@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+@masters("local", "connect", "cluster", "oldest")  # what separate executor JVMs can change
 @pytest.mark.parametrize("layout", ["1 partition", "3 partitions", "7 partitions", "skewed + empty"])
 def test_every_row_reaches_exactly_one_rank_and_steps_are_equal(numbers, layout):
     if layout == "skewed + empty":

@@ -13,7 +13,7 @@ from tests.conftest import ROOT, masters
 SAVED = os.path.join(ROOT, "tests", "fixtures", "saved")
 
 
-@masters("local", "connect")  # the driver reads the files; transform runs as for any model
+@masters("local", "connect", "oldest")  # the driver reads the files; transform runs as for any model
 @pytest.mark.parametrize("name", ["bagging_classifier", "bagging_regressor", "grouped", "grouped_regressor"])
 def test_a_model_saved_by_an_earlier_release_predicts_as_it_did(spark, name):
     test = spark.createDataFrame(pd.read_csv(os.path.join(SAVED, "test_rows.csv")))
