@@ -159,10 +159,12 @@ class ParallelSearchCV(BaseSearchCV):
                 clone(self.estimator).set_params(**clone(cand, safe=False))
             except ValueError as exc:
                 valid = sorted(self.estimator.get_params(deep=True))
+                unknown = sorted(k for k in cand if k not in valid)
+                why = f"has no parameter(s) {unknown}" if unknown else f"refuses it ({exc})"
                 raise ConfigurationError(
-                    f"param_grid/param_distributions: the candidate {cand!r} cannot be set on "
-                    f"{type(self.estimator).__name__}: {exc} Valid parameters (of the estimator as given; "
-                    f"a step swapped in brings its own) are {valid}."
+                    f"param_grid/param_distributions: the candidate {cand!r} cannot be set: "
+                    f"{type(self.estimator).__name__} {why}. Valid parameters (of the estimator as "
+                    f"given; a step swapped in brings its own) are {valid}."
                 ) from None
         return candidates
 

@@ -154,6 +154,6 @@ def test_a_grid_that_swaps_a_pipelines_final_step_matches_grid_search_cv(spark, 
     np.testing.assert_allclose(ours.cv_results_["mean_test_score"], ref.cv_results_["mean_test_score"])
     assert ours.best_index_ == ref.best_index_ and repr(ours.best_params_) == repr(ref.best_params_)
     with pytest.raises(
-        ConfigurationError, match=r"candidate \{'clf__no_such': 1\} cannot be set on Pipeline"
+        ConfigurationError, match=r"candidate \{'clf__no_such': 1\} cannot be set: Pipeline has no parameter"
     ):
         ParallelSearchCV(pipe, {"clf__no_such": [1]}, cv=3).fit(X, y)
