@@ -7,7 +7,8 @@ Python.  In about ten minutes on one GPU it runs, and prints one table of:
 2. DDP with NCCL through the runner vs ``torchrun`` on the same script (samples/s ratio);
 3. FSDP2 on ``cuda`` (equal to one process, 1e-4) and a 2-stage pipeline on ``cuda`` (2 GPUs);
 4. a 1,000,000 x 50 shard to the GPU (``shard().to_torch(device=...)`` vs numpy + ``.to()``);
-5. the drop-in ``TorchDistributor`` with an unchanged ``torch.cuda.set_device(LOCAL_RANK)``.
+5. the drop-in ``TorchDistributor`` with an unchanged ``torch.cuda.set_device(LOCAL_RANK)``;
+6. Horovod's Keras program on ``sparkml_dist.keras`` (Keras 3, torch backend) on ``cuda``, NCCL.
 
 On a machine without CUDA it says so ("no GPU: skipped N checks") and exits 0 without pretending;
 on a GPU machine a failed check exits 1.  Record the table in the README (date, GPU, torch).
@@ -38,6 +39,7 @@ CHECKS = (
     "2-stage pipeline on cuda equals one process",
     "shard to GPU: to_torch vs numpy + .to()",
     "TorchDistributor drop-in, set_device(LOCAL_RANK)",
+    "Keras 3 via sparkml_dist.keras on cuda, NCCL",
 )
 
 
@@ -122,6 +124,25 @@ def _drop_in(n: int) -> str:
     return f"{n} rank(s) on {n} distinct GPU(s), all-reduce {out['sum']:.0f}"
 
 
+def _keras(n: int) -> str:
+    import importlib.util
+
+    from sparkml_dist.runner import BarrierRunner
+    from tests.support import gpu_helpers as g
+
+    if importlib.util.find_spec("keras") is None:
+        return "SKIP: Keras 3 is not installed here (pip install 'sparkml_dist[keras]')"
+    out = BarrierRunner(-n, use_gpu=True, log_ranks="none", timeout=600).run(g.keras_on_gpu, return_all=True)
+    for o in out:
+        if not o["device"].startswith("cuda") or o["backend"] != "nccl" or o["keras"] != "torch":
+            raise RuntimeError(f"not Keras on torch on a GPU with NCCL: {o}")
+        if not o["loss"][-1] < o["loss"][0]:
+            raise RuntimeError(f"the loss did not fall: {o['loss']}")
+    if any(o["weights"] != out[0]["weights"] for o in out):
+        raise RuntimeError("the ranks ended with different weights")
+    return f"{n} rank(s) on {out[0]['device']}, loss {out[0]['loss'][0]:.3f} -> {out[0]['loss'][-1]:.3f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, default=200)
@@ -142,6 +163,7 @@ def main(argv=None) -> int:
         lambda: _pipeline(n),
         lambda: _feed(),
         lambda: _drop_in(n),
+        lambda: _keras(n),
     )
     rows, failed = [], 0
     started = time.monotonic()

@@ -22,7 +22,9 @@ Each rank is a process of a Spark barrier task, launched by
 :class:`sparkml_dist.runner.BarrierRunner` with ``backend="horovod"``: Horovod's Gloo rendezvous is
 served by rank 0's process, so there is no mpirun, no ssh and no second cluster manager. Horovod
 itself must be installed on the driver and executors (``make horovod``: Horovod 0.28.1 built with
-PyTorch and Gloo). Beyond sparkdl's API: :meth:`HorovodRunner.run_with_data` gives each rank its
+PyTorch and Gloo). A Keras program that imports :mod:`sparkml_dist.keras` as ``hvd`` (Horovod's
+Keras API on Keras 3, which Horovod cannot build against) runs on ``backend="torch"`` instead, and
+needs no Horovod. Beyond sparkdl's API: :meth:`HorovodRunner.run_with_data` gives each rank its
 shard of a DataFrame, and keyword options pass to BarrierRunner (``timeout``, ``use_gpu``, ...).
 """
 
@@ -84,7 +86,7 @@ class HorovodRunner:
         self.driver_log_verbosity = driver_log_verbosity
         self._options = options
 
-    def _runner(self, spark):
+    def _runner(self, spark, main: Callable):
         """The BarrierRunner of one run; ``spark`` is the session (None only for np < 0)."""
         from .runner import BarrierRunner
 
@@ -93,7 +95,9 @@ class HorovodRunner:
         if "use_gpu" not in options:
             options["use_gpu"] = np_ > 0 and _spark_env.schedules_gpus(_spark_env.conf_of(spark))
         everything = self.driver_log_verbosity == "all" or np_ < 0
-        return BarrierRunner(np_, backend="horovod", log_ranks="all" if everything else "none", **options)
+        return BarrierRunner(
+            np_, backend=_backend(main), log_ranks="all" if everything else "none", **options
+        )
 
     @staticmethod
     def _active(spark):
@@ -113,14 +117,25 @@ class HorovodRunner:
         every other rank was stopped.
         """
         spark = None if self.num_processor < 0 else self._active(self._options.get("spark"))
-        return self._runner(spark).run(main, **kwargs)
+        return self._runner(spark, main).run(main, **kwargs)
 
     def run_with_data(self, df, main: Callable, **kwargs) -> Any:
         """As :meth:`run`, each rank reading its shard of ``df`` with ``sparkml_dist.runner.shard()``."""
-        return self._runner(df.sparkSession).run_with_data(df, main, **kwargs)
+        return self._runner(df.sparkSession, main).run_with_data(df, main, **kwargs)
 
     def __repr__(self) -> str:
         return f"HorovodRunner(np={self.num_processor}, driver_log_verbosity={self.driver_log_verbosity!r})"
+
+
+def _backend(main: Callable) -> str:
+    """Horovod's, unless ``main`` is a Keras program on :mod:`sparkml_dist.keras` that does not
+    import Horovod: that one runs on torch.distributed (no Horovod needed)."""
+    from . import serialization
+
+    modules = serialization.imported_modules(main)
+    keras = any(m == "sparkml_dist.keras" or m.startswith("sparkml_dist.keras.") for m in modules)
+    horovod = any(m.split(".")[0] == "horovod" for m in modules)
+    return "torch" if keras and not horovod else "horovod"
 
 
 def _all_slots(spark) -> int:

@@ -5,7 +5,8 @@ executors and back.  Bytes that come back through Spark (``collect``) were produ
 executor code under Spark's authentication, and are loaded with :func:`loads`.
 
 :func:`unpicklable_part` names what a function captures that cannot travel (for the errors of
-every feature that ships a user's function).
+every feature that ships a user's function); :func:`imported_modules` what it imports, read from
+its code without running it (which framework a training function needs).
 
 Bytes read from *files* (a model store, a saved model) may have been planted by someone else, and
 unpickling is code execution: they are never read here, but with :mod:`sparkml_dist.formats`
@@ -22,7 +23,7 @@ import sys
 import threading
 import types
 from collections import ChainMap, OrderedDict
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Set
 
 try:  # pyspark vendors cloudpickle; prefer a standalone install when present
     import cloudpickle as _cloudpickle  # type: ignore
@@ -73,6 +74,50 @@ def unpicklable_part(fn: Callable) -> str:
                 f"which cannot be pickled: {exc}. Create it inside the function instead."
             )
     return ""
+
+
+def imported_modules(fn: Callable, depth: int = 3) -> Set[str]:
+    """The modules ``fn`` imports in its body (``import a.b``, ``from a import b``: "a.b"), or uses
+    from its module's globals; also those of the functions of its own module it calls, ``depth``
+    calls deep. Read from the code objects: nothing is run or imported.
+    """
+    import dis
+
+    found: Set[str] = set()
+    seen: Set[int] = set()
+
+    def code_of(fn: Any):
+        return getattr(getattr(fn, "__func__", fn), "__code__", None)
+
+    def walk(code, env: dict, left: int) -> None:
+        if code is None or id(code) in seen:
+            return
+        seen.add(id(code))
+        module, last_const, from_import = None, None, False
+        for ins in dis.get_instructions(code):
+            if ins.opname == "LOAD_CONST":
+                last_const = ins.argval
+            elif ins.opname == "IMPORT_NAME":
+                module, from_import = str(ins.argval), last_const is not None  # the fromlist
+                found.add(module)
+            elif ins.opname == "IMPORT_FROM" and from_import:
+                found.add(f"{module}.{ins.argval}")
+            elif ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and ins.argval in env:
+                value = env[ins.argval]
+                if isinstance(value, types.ModuleType):
+                    found.add(value.__name__)
+                elif (
+                    left
+                    and code_of(value) is not None
+                    and getattr(value, "__module__", 0) == env.get("__name__")
+                ):
+                    walk(code_of(value), getattr(value, "__globals__", env), left - 1)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const, env, left)
+
+    walk(code_of(fn), getattr(fn, "__globals__", {}), depth)
+    return found
 
 
 def ship_by_value(module) -> None:

@@ -103,9 +103,10 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--backend",
-        choices=("torch", "horovod"),
+        choices=("torch", "horovod", "tensorflow", "jax"),
         default="torch",
-        help="torch: a torchrun-style script; horovod: a horovodrun-style script",
+        help="torch: a torchrun-style script; horovod: a horovodrun-style script; tensorflow: "
+        "TF_CONFIG for MultiWorkerMirroredStrategy; jax: jax.distributed initialized first",
     )
     p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
     p.add_argument("--start-timeout", type=float, default=180.0)

@@ -87,6 +87,8 @@ def main() -> int:
     backend = backends.get(os.environ.get(protocol.BACKEND_ENV, "torch"))
     store_fd = int(os.environ[protocol.STORE_FD_ENV]) if protocol.STORE_FD_ENV in os.environ else None
 
+    for name, value in backend.env_defaults.items():  # KERAS_BACKEND, ...: the environment's own win
+        os.environ.setdefault(name, value)
     state = backend.prepare(rank, world, store_fd)  # held for the life of this process
     message = protocol.read_start_message(sys.stdin.readline())
     if message is None:

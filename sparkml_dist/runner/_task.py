@@ -88,14 +88,15 @@ class _RankTask:
         """Start the rank process first: its interpreter and torch import (seconds) overlap with
         connecting the log channel, writing the shard and the gang exchange. Returns the store port.
 
-        Rank 0's process hosts the rendezvous (torch's TCPStore, or Horovod's HTTP store) on a
-        socket bound and listening now: its port is known before torch is imported, and peers that
-        connect early wait in the backlog.
+        Rank 0's process hosts the rendezvous (torch's TCPStore, Horovod's HTTP store, JAX's
+        coordinator; with TensorFlow every rank its own server) on a socket bound and listening
+        now: its port is known before torch is imported, and peers that connect early wait in the
+        backlog.
         """
         spec, listener, port = self.spec, None, 0
         env = spec.rank_env(self.rank, self.gpus)
         try:
-            if self.rank == 0:
+            if self.rank == 0 or self.backend.every_rank_listens:
                 listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
                 listener.bind((self.address, 0))  # the address the peers are given
                 listener.listen(1024)

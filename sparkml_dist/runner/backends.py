@@ -1,15 +1,17 @@
-"""The distributed backends a rank can run: torch.distributed and Horovod.  [anywhere]
+"""The distributed backends a rank can run: torch.distributed, Horovod, TensorFlow, JAX.  [anywhere]
 
-A :class:`Backend` says everything that differs between them, and nothing outside this module
-tests a backend's name:
+torch.distributed and Horovod are here; TensorFlow's and JAX's own contracts in
+:mod:`.framework_backends`. A :class:`~.backend_base.Backend` says everything that differs
+between them, and nothing outside these modules tests a backend's name:
 
 * driver: :meth:`~Backend.check_installed`, :attr:`~Backend.start_call` (named in errors) and
   :attr:`~Backend.peer_lost` (output that only says another rank went away);
-* barrier task: :meth:`~Backend.rank_env`, the rendezvous environment and the GPUs a rank sees;
+* barrier task: :meth:`~Backend.rank_env`, the rendezvous environment and the GPUs a rank sees,
+  and :attr:`~Backend.every_rank_listens` (each rank's task binds a port, not only rank 0's);
 * rank process: :meth:`~Backend.prepare` (imports, and rank 0's rendezvous store, before the start
   message) and :meth:`~Backend.join` (after it: serve what needs the placements, and watch for
   what counts as reaching the rendezvous: a connection to the store for torch, ``hvd.init()``
-  for Horovod).
+  for Horovod), after :attr:`~Backend.env_defaults` (``KERAS_BACKEND``, ...) unless already set.
 
 Example::
 
@@ -19,82 +21,17 @@ Example::
 
 from __future__ import annotations
 
-import functools
 import os
-from datetime import timedelta
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from .. import arg_checks, network
 from ..errors import ConfigurationError
 from ..gpus import gpu_env
 from . import protocol, rendezvous
+from .backend_base import COMMON_PEER_LOST, Backend, collective_timeout, report_first_call
+from .framework_backends import JaxBackend, TensorFlowBackend, refuse_multi_worker_strategy
 
-# what a rank prints when it only noticed that a peer failed or left: a symptom, not a cause
-_COMMON_PEER_LOST = (
-    "Connection closed by peer",
-    "Connection reset by peer",
-    "Broken pipe",
-    "NCCL communicator was aborted",
-    "ProcessGroupNCCL is aborted",
-)
-
-
-def collective_timeout() -> timedelta:
-    """The run's collective timeout, inside a rank process."""
-    return timedelta(seconds=float(os.environ.get(protocol.TIMEOUT_ENV, "600")))
-
-
-def report_first_call(owners: Sequence[Any], name: str, on_call: Callable[[], None]) -> None:
-    """Replace function ``name`` on each of ``owners`` (modules) by one that calls ``on_call()`` first.
-
-    The attribute is looked up at call time, so it works however the function imported it.
-    """
-    original = getattr(owners[0], name)
-    if getattr(original, "_sparkml_dist_hook", False):
-        return
-
-    @functools.wraps(original)
-    def hooked(*args, **kwargs):
-        on_call()
-        return original(*args, **kwargs)
-
-    hooked._sparkml_dist_hook = True  # type: ignore[attr-defined]
-    for owner in owners:
-        setattr(owner, name, hooked)
-
-
-class Backend:
-    """What differs between distributed backends (see the module docstring)."""
-
-    name = ""
-    start_call = ""  # the call that joins the rendezvous, as errors name it
-    peer_lost: Tuple[str, ...] = _COMMON_PEER_LOST
-
-    def check_installed(self) -> None:
-        """Driver: raise ConfigurationError when the backend cannot run here."""
-
-    def rank_env(
-        self,
-        rank: int,
-        peers: Sequence[dict],
-        gpus: Optional[List[str]],
-        collective_timeout: float,
-        nodes: str = "host",
-        ranks_per_task: int = 1,
-    ) -> Tuple[Dict[str, str], Dict[str, Any]]:
-        """Task: (rank ``rank``'s rendezvous environment, extra fields of its start message);
-        ``nodes``: what LOCAL_RANK counts (:func:`rendezvous.node_keys`)."""
-        raise NotImplementedError
-
-    def prepare(self, rank: int, world: int, store_fd: Optional[int]) -> Any:
-        """Rank process, before the start message; returns state held for the process's life."""
-        raise NotImplementedError
-
-    def join(
-        self, state: Any, rank: int, message: dict, store_fd: Optional[int], reached: Callable[[], None]
-    ) -> Any:
-        """Rank process, after the start message: make ``reached()`` run when the rank joins."""
-        raise NotImplementedError
+__all__ = ["Backend", "BACKENDS", "collective_timeout", "get", "horovod_env", "horovod_slots"]
 
 
 class TorchBackend(Backend):
@@ -102,6 +39,8 @@ class TorchBackend(Backend):
 
     name = "torch"
     start_call = "init_process_group"
+    extra = "torch"
+    env_defaults = {"KERAS_BACKEND": "torch"}  # Keras 3 programs (sparkml_dist.keras) run on torch
 
     def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1):
         keys = rendezvous.node_keys([p["host"] for p in peers], nodes, ranks_per_task)
@@ -124,6 +63,7 @@ class TorchBackend(Backend):
         within = float(os.environ.get(protocol.START_TIMEOUT_ENV) or 0) or None
         store_watch.watch(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), reached, within)
         report_first_call([dist], "init_process_group", reached)
+        refuse_multi_worker_strategy(self.name)
         return state
 
 
@@ -151,7 +91,8 @@ class HorovodBackend(Backend):
 
     name = "horovod"
     start_call = "hvd.init()"
-    peer_lost = _COMMON_PEER_LOST + ("Horovod has been shut down",)
+    extra = "horovod"
+    peer_lost = COMMON_PEER_LOST + ("Horovod has been shut down",)
 
     def check_installed(self) -> None:
         import importlib.util
@@ -186,6 +127,7 @@ class HorovodBackend(Backend):
         if rank == 0:  # served before any rank can call hvd.init(): peers wait in the backlog
             server = _horovod.serve_rendezvous(store_fd, message["slots"])
         report_first_call([hvd.mpi_ops, hvd], "init", reached)
+        refuse_multi_worker_strategy(self.name)
         return hvd, server
 
 
@@ -253,7 +195,9 @@ def horovod_env(
     return env
 
 
-BACKENDS: Dict[str, Backend] = {b.name: b for b in (TorchBackend(), HorovodBackend())}
+BACKENDS: Dict[str, Backend] = {
+    b.name: b for b in (TorchBackend(), HorovodBackend(), TensorFlowBackend(), JaxBackend())
+}
 
 
 def get(name: str) -> Backend:

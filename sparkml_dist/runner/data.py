@@ -234,8 +234,10 @@ class Shard:
         names = self._names(columns)
         if transform is None:
             self._numeric(names)
-        import torch
+        if device is not None:  # torch only for tensors on a device: a transform may give numpy
+            import torch
 
+            device = torch.device(device)
         return ShardLoader(
             self._source,
             self.sizes,
@@ -248,13 +250,29 @@ class Shard:
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
-            device=None if device is None else torch.device(device),
-            pin_memory=bool(pin_memory) and device is not None and torch.device(device).type == "cuda",
+            device=device,
+            pin_memory=bool(pin_memory) and device is not None and device.type == "cuda",
             transform=transform,
             num_workers=num_workers,
             window_rows=window_rows,
             read_ahead=read_ahead,
         )
+
+    def to_keras(self, batch_size: int, x: Columns, y: Columns = None, shuffle=True, seed=0, drop_last=False):
+        """A ``keras.utils.PyDataset`` for ``model.fit``: (x, y) batches, the same number on every
+        rank (see :mod:`.framework_data`)."""
+        from .framework_data import keras_data
+
+        return keras_data(self, batch_size, x, y, shuffle, seed, drop_last)
+
+    def to_tf_dataset(
+        self, batch_size: int, x: Columns, y: Columns = None, shuffle=True, seed=0, drop_last=False
+    ):
+        """A ``tf.data.Dataset`` of (x, y) batches, auto-sharding off: this rank's rows only
+        (see :mod:`.framework_data`)."""
+        from .framework_data import tf_dataset
+
+        return tf_dataset(self, batch_size, x, y, shuffle, seed, drop_last)
 
     def batches(self, batch_size: Optional[int] = None, columns: Columns = None, **options) -> ShardLoader:
         """As :meth:`dataloader` without shuffling unless asked: the rows in stream order."""

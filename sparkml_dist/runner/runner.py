@@ -239,8 +239,10 @@ class BarrierRunner:
     # ------------------------------------------------------------------ running
     def _run(self, df, main, args, kwargs, return_all: bool, replicas=None, streams=None):
         from ..errors import SparkMLDistError
+        from . import frameworks
 
         try:
+            frameworks.check(main, self.backend)  # a missing framework, a program for another backend
             return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()
         except SparkMLDistError as exc:
             if log.isEnabledFor(logging.DEBUG):

@@ -36,6 +36,17 @@ def test_an_unchanged_horovodrun_script_runs(spark, capsys):
 
 
 @masters("local")
+def test_an_unchanged_multi_worker_strategy_script_runs(spark, capsys):
+    script = os.path.join(ROOT, "examples", "tf_train.py")
+    assert _run(spark, script, "--epochs", "3", backend="tensorflow", log_ranks="0") == 0
+    out = capsys.readouterr().out
+    final, first = (
+        float(v) for v in re.search(r"final loss ([\d.]+) \(first ([\d.]+)\) on 2 workers", out).groups()
+    )
+    assert final < first
+
+
+@masters("local")
 def test_the_pipeline_parallel_example_runs_on_barrier_tasks(spark, capsys):
     script = os.path.join(ROOT, "examples", "pipeline_train.py")
     assert _run(spark, script, "--steps", "40", "--schedule", "simple", "--balance", "memory") == 0

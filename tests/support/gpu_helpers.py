@@ -83,3 +83,39 @@ def one_process_on_its_gpus(seconds):
     x = torch.ones(1024, device="cuda:0")
     time.sleep(seconds)
     return {"sum": x.sum().item(), "gpus": torch.cuda.device_count()}
+
+
+def keras_on_gpu(steps=40):
+    """Horovod's Keras program on sparkml_dist.keras, on this rank's GPU: NCCL averages the
+    gradients (the group made first, so a world of one runs its collectives too)."""
+    import keras
+    import numpy as np
+    import torch.distributed as dist
+
+    import sparkml_dist.keras as hvd
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()  # NCCL with use_gpu
+    hvd.init()
+    rng = np.random.default_rng(hvd.rank())
+    x = rng.normal(size=(steps * 32, 16)).astype("float32")
+    y = (x @ np.linspace(-1, 1, 16)).astype("float32")
+    model = keras.Sequential(
+        [keras.Input((16,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)]
+    )
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.SGD(0.02)), loss="mse")
+    history = model.fit(
+        x,
+        y,
+        batch_size=32,
+        epochs=3,
+        verbose=0,
+        callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)],
+    )
+    return {
+        "device": str(model.trainable_variables[0].value.device),
+        "backend": dist.get_backend(),
+        "keras": keras.backend.backend(),
+        "loss": history.history["loss"],
+        "weights": [float(np.sum(w)) for w in model.get_weights()],
+    }

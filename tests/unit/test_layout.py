@@ -196,7 +196,10 @@ def test_the_checker_finds_each_lie(tmp_path):
 # imports no room, and a room uses another room only through its package or its documented
 # modules (the runner's context, protocol and checkpoint; an ensemble's persistence).
 ROOMS = ("ensemble", "runner", "tune", "parallel", "search")
-FRONT_DOORS = ("cli", "horovod", "distributor", "inference", "mlflow_flavor", "__main__")
+FRONT_DOORS = (
+    "cli", "horovod", "distributor", "tensorflow_distributor", "keras", "inference", "mlflow_flavor",
+    "__main__",
+)  # fmt: skip
 PUBLIC_MODULES = ("runner.context", "runner.protocol", "runner.checkpoint", "ensemble.persistence")
 
 
@@ -228,7 +231,7 @@ def back_arrows(root: pathlib.Path, package: str) -> List[str]:
 def test_no_arrow_runs_back_up_and_the_top_floor_stays_small():
     assert back_arrows(ROOT, "sparkml_dist") == []
     top = sorted(p.name for p in (ROOT / "sparkml_dist").glob("*.py"))
-    assert len(top) <= 28, top
+    assert len(top) <= 29, top  # 28 + the MirroredStrategyRunner drop-in, a door like TorchDistributor's
 
 
 def test_the_rooms_checker_finds_each_back_arrow(tmp_path):

@@ -1,0 +1,135 @@
+"""backend="tensorflow" and backend="jax": their rank environments (pure), and real TensorFlow and
+JAX programs run by the runner's ranks as local processes (np < 0); the Spark modes are in
+tests/spark/test_frameworks.py."""
+
+import json
+import sys
+
+import pytest
+
+from sparkml_dist import WorkerError
+from sparkml_dist.errors import ConfigurationError
+from sparkml_dist.runner import BarrierRunner, backends
+from sparkml_dist.runner.backend_base import after_import
+from sparkml_dist.tensorflow_distributor import MirroredStrategyRunner
+from tests.support import framework_helpers as fh
+
+PEERS = [
+    {"host": "10.0.0.1", "port": 4001, "gpus": None},
+    {"host": "10.0.0.2", "port": 4002, "gpus": None},
+    {"host": "10.0.0.1", "port": 4003, "gpus": None},
+]
+
+
+def test_each_rank_gets_a_tf_config_naming_every_worker_and_itself():
+    tf = backends.get("tensorflow")
+    assert tf.every_rank_listens  # every worker serves its own address
+    for rank in range(3):
+        env, extra = tf.rank_env(rank, PEERS, None, 600)
+        config = json.loads(env["TF_CONFIG"])
+        assert config["cluster"] == {"worker": ["10.0.0.1:4001", "10.0.0.2:4002", "10.0.0.1:4003"]}
+        assert config["task"] == {"type": "worker", "index": rank} and extra == {}
+        assert env["RANK"] == str(rank) and env["WORLD_SIZE"] == "3"
+        assert "MASTER_ADDR" not in env  # torch's store is not there to join
+    assert json.loads(tf.rank_env(2, PEERS, None, 600)[0]["TF_CONFIG"])  # LOCAL_RANK by host:
+    assert tf.rank_env(2, PEERS, None, 600)[0]["LOCAL_RANK"] == "1"
+    v6 = [{"host": "fd00::1", "port": 5, "gpus": None}]
+    assert json.loads(tf.rank_env(0, v6, None, 600)[0]["TF_CONFIG"])["cluster"]["worker"] == ["[fd00::1]:5"]
+    assert tf.env_defaults["TF_USE_LEGACY_KERAS"] == "1"
+
+
+def test_jax_ranks_get_rank_zero_as_coordinator_and_keras_distribution_variables():
+    jax = backends.get("jax")
+    assert not jax.every_rank_listens
+    env, _ = jax.rank_env(1, PEERS, None, 600)
+    assert env["KERAS_DISTRIBUTION_JOB_ADDRESSES"] == "10.0.0.1:4001"
+    assert env["KERAS_DISTRIBUTION_NUM_PROCESSES"] == "3" and env["KERAS_DISTRIBUTION_PROCESS_ID"] == "1"
+    assert jax.env_defaults == {"KERAS_BACKEND": "jax"}
+    assert backends.get("torch").env_defaults == {"KERAS_BACKEND": "torch"}
+
+
+def test_after_import_runs_once_the_module_is_imported(tmp_path, monkeypatch):
+    (tmp_path / "late_module_x.py").write_text("VALUE = 41\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+    after_import("late_module_x", lambda m: seen.append(m.VALUE + 1))
+    assert seen == []  # not imported by the hook itself
+    import late_module_x  # noqa: F401
+
+    assert seen == [42]
+    after_import("late_module_x", lambda m: seen.append("now"))  # already imported: at once
+    assert seen == [42, "now"]
+    monkeypatch.delitem(sys.modules, "late_module_x")
+
+
+def test_a_missing_framework_is_named_on_the_driver_with_its_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # Python's own way to make it unimportable
+    with pytest.raises(ConfigurationError, match=r"sparkml_dist\[tensorflow\]"):
+        BarrierRunner(-2, backend="tensorflow")
+    with pytest.raises(ConfigurationError, match=r"tf_fit imports tensorflow.*sparkml_dist\[tensorflow\]"):
+        BarrierRunner(-2).run(fh.tf_fit)
+
+
+@pytest.mark.slow
+def test_multi_worker_mirrored_strategy_trains_the_same_weights_on_both_workers():
+    out = BarrierRunner(-2, backend="tensorflow", timeout=300).run(fh.tf_fit, return_all=True)
+    for o in out:
+        assert o["workers"] == 2 and o["replicas"] == 2 and o["sum"] == 3.0
+        assert o["keras"] == "tf_keras"  # tf.keras is Keras 2 (TF_USE_LEGACY_KERAS=1)
+    assert out[0]["weights"] == out[1]["weights"]
+
+
+@pytest.mark.slow
+def test_a_failing_tensorflow_rank_is_named_and_a_restart_recovers(tmp_path):
+    with pytest.raises(WorkerError) as info:
+        BarrierRunner(-2, backend="tensorflow", timeout=300).run(fh.tf_fit, fail_rank=1)
+    assert info.value.rank == 1 and "bad batch on rank 1" in str(info.value)
+    assert "tf_fit" in str(info.value)  # the traceback reaches the user's frame
+    marker = str(tmp_path / "failed-once")
+    out = BarrierRunner(-2, backend="tensorflow", timeout=300, max_restarts=1).run(
+        fh.tf_fit, fail_rank=1, marker=marker
+    )
+    assert out["workers"] == 2  # the second attempt trained
+
+
+@pytest.mark.slow
+def test_keras3_fit_under_the_strategy_is_refused_with_the_fix():
+    with pytest.raises(WorkerError) as info:
+        BarrierRunner(-2, backend="tensorflow", timeout=300).run(fh.keras3_on_tensorflow)
+    text = str(info.value)
+    assert "TF_USE_LEGACY_KERAS=1" in text and "tf.keras" in text and "PerReplica" in text
+
+
+@pytest.mark.slow
+def test_a_multi_worker_strategy_on_the_torch_backend_is_refused_not_run_alone():
+    with pytest.raises(WorkerError) as info:
+        BarrierRunner(-2, timeout=300).run(fh.tf_strategy_under_torch)
+    assert "backend='tensorflow'" in str(info.value) and "cluster of one" in str(info.value)
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_runner_opens_the_strategy_scope_for_the_function():
+    runner = MirroredStrategyRunner(num_slots=2, local_mode=True, use_gpu=False, timeout=300)
+    out = runner.run(fh.tf_in_runner_strategy, epochs=1)
+    assert out["strategy"] == "CollectiveAllReduceStrategy" and out["replicas"] == 2
+    with pytest.raises(ConfigurationError, match="num_slots"):
+        MirroredStrategyRunner(num_slots=0)
+    with pytest.raises(ConfigurationError, match="gpu_resource_name"):
+        MirroredStrategyRunner(num_slots=2, gpu_resource_name="tpu")
+
+
+@pytest.mark.slow
+def test_jax_distributed_is_initialized_before_the_function():
+    out = BarrierRunner(-2, backend="jax", timeout=300).run(fh.jax_collectives, return_all=True)
+    for rank, o in enumerate(out):
+        assert o["count"] == 2 and o["index"] == rank and o["devices"] == 2
+        assert o["psum"] == 3.0 and o["gathered"] == [1.0, 2.0]
+        assert "already initialized this rank as process" in o["again"]
+
+
+@pytest.mark.slow
+def test_keras_data_parallel_on_jax_ends_with_the_same_weights_on_every_process():
+    out = BarrierRunner(-2, backend="jax", timeout=300).run(fh.jax_keras_data_parallel, return_all=True)
+    assert out[0]["backend"] == "jax" and out[0]["devices"] == 2
+    assert out[0]["weights"] == out[1]["weights"]
+    assert out[0]["loss"] == out[1]["loss"]
