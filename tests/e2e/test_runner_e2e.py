@@ -152,7 +152,7 @@ def test_set_device_local_rank_picks_each_ranks_own_gpu(tmp_path, where):
 def test_the_gpu_check_says_what_it_skipped_without_a_gpu():
     proc = _py("scripts/gpu_check.py", timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "no GPU: skipped 6 checks" in proc.stdout
+    assert "no GPU: skipped 7 checks" in proc.stdout
 
 
 def test_a_users_error_in_a_rank_is_a_short_console_ending_with_their_file_and_line():

@@ -308,3 +308,29 @@ def jax_keras_data_parallel(epochs=2, on_data=False):
         "weights": weights_of(model),
         "loss": history.history["loss"],
     }
+
+
+def keras_load_model(path):
+    """A model saved with its Adam state, loaded by hvd.load_model: the optimizer distributed, its
+    state kept; the same file loads as a plain Keras model too."""
+    import keras
+
+    import sparkml_dist.keras as hvd
+    from sparkml_dist.keras._optimizer import _Averaging
+
+    hvd.init()
+    model = _keras_model(keras, 0)
+    model.compile(optimizer=hvd.DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    x, y = rank_data(hvd.rank())
+    model.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)
+    model.save(path)
+    before = [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables]
+    loaded = hvd.load_model(path)
+    after = [keras.ops.convert_to_numpy(v) for v in loaded.optimizer.variables]
+    loaded.fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # and it trains on
+    return {
+        "class": type(loaded.optimizer).__name__,
+        "distributed": isinstance(loaded.optimizer, _Averaging),
+        "state": len(before) > 2 and all(np.array_equal(a, b) for a, b in zip(before, after)),
+        "plain": isinstance(keras.saving.load_model(path).optimizer, _Averaging),
+    }

@@ -86,3 +86,8 @@ def test_the_gpu_checks_keras_program_runs_here_on_the_cpu():
     out = BarrierRunner(-2, timeout=300).run(g.keras_on_gpu, steps=10, return_all=True)
     assert [o["device"] for o in out] == ["cpu", "cpu"] and out[0]["backend"] == "gloo"
     assert out[0]["weights"] == out[1]["weights"] and out[0]["loss"][-1] < out[0]["loss"][0]
+
+
+def test_load_model_keeps_the_optimizer_state_and_distributes_it(tmp_path):
+    out = BarrierRunner(-1, timeout=300).run(fh.keras_load_model, str(tmp_path / "m.keras"))
+    assert out == {"class": "Adam", "distributed": True, "state": True, "plain": False}
