@@ -9,7 +9,8 @@ and message it exchanges with the task is in :mod:`sparkml_dist.runner.protocol`
 3. read the start message (the rendezvous environment) from stdin and join: the backend reports
    reaching the rendezvous when the function connects to the store (any c10d path) or calls
    ``init_process_group`` (or ``hvd.init``);
-4. map the shard, load ``(main, args, kwargs)``, call it, write the result for the task;
+4. map the shard, load ``(main, args, kwargs)``, call it (watched: a rank that stops moving says
+   where, :mod:`.stall_watch`), write the result for the task;
 5. run the ``atexit`` handlers and leave with ``os._exit`` (as ``multiprocessing`` children do):
    tearing down an interpreter that holds torch and a process group costs ~0.7 s otherwise.
 """
@@ -104,6 +105,9 @@ def main() -> int:
     with open(fn_path, "rb") as fh:
         fn, args, kwargs, want_result = serialization.loads(fh.read())
     os.unlink(fn_path)
+    from . import stall_watch
+
+    stall_watch.watch(threading.get_ident(), send_log)  # a rank that stops moving says where it is
     result = fn(*args, **kwargs)
     if want_result:
         blob = serialization.dumps(result)

@@ -391,3 +391,18 @@ def env_on_every_attempt(names, marker):
         open(marker, "w").close()
         raise RuntimeError("first attempt fails")
     return {n: os.environ.get(n) for n in names}
+
+
+def stall_in_a_barrier(late_rank=1, late_by=4.0):
+    """Every rank but ``late_rank`` waits in a barrier while ``late_rank`` is still busy."""
+    import time
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    if dist.get_rank() == late_rank:
+        time.sleep(late_by)
+    dist.barrier()
+    return dist.get_rank()

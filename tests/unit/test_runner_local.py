@@ -270,3 +270,18 @@ def test_env_reaches_every_rank_on_every_attempt_and_the_runners_own_names_are_r
             BarrierRunner(-2, env=bad)
     spec = TaskSpec.__dataclass_fields__["env"]
     assert spec.repr is False  # a secret value never shows in a spec's repr or a log line
+
+
+def test_a_rank_that_stops_moving_says_where_it_waits():
+    lines = []
+    out = BarrierRunner(-2, collective_timeout=8, log_ranks="none", log_sink=lines.append).run(
+        h.stall_in_a_barrier, return_all=True
+    )
+    assert out == [0, 1]
+    text = "".join(lines)
+    # after a quarter of collective_timeout without moving: rank 0 waits in the barrier for rank 1,
+    # which is still in its own code (the sleep): the line names each one's place
+    waiting = [line for line in text.splitlines() if line.startswith("[rank 0] at the same line for")]
+    assert waiting and "in stall_in_a_barrier, inside barrier (torch/distributed/" in waiting[0], text
+    busy = [line for line in text.splitlines() if line.startswith("[rank 1] at the same line for")]
+    assert busy and "inside" not in busy[0] and "runner_helpers.py:" in busy[0], text
