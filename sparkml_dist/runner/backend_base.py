@@ -29,6 +29,9 @@ COMMON_PEER_LOST = (
     "Broken pipe",
     "NCCL communicator was aborted",
     "ProcessGroupNCCL is aborted",
+    # a collective that timed out waiting for a peer (gloo send/recv, NCCL watchdog): the peer is the story
+    "Timed out waiting",
+    "Watchdog caught collective operation timeout",
 )
 
 

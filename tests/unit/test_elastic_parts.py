@@ -82,6 +82,19 @@ def test_the_error_names_a_host_none_of_whose_ranks_said_a_word():
     assert "no word" not in str(m.worker_error())  # a host that reported is not silent
 
 
+def test_a_collective_that_timed_out_waiting_for_a_cut_off_host_names_that_host():
+    m = failures.Monitor(4, lambda s: None)
+    for rank, host in enumerate(["10.0.0.2", "10.0.0.3", "10.0.0.2", "10.0.0.3"]):
+        m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": rank, "host": host})
+    timed_out = [
+        "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:129] "
+        "Timed out waiting 15000ms for send operation to complete"
+    ]
+    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": timed_out})
+    m.add_failure({"rank": 2, "message": "rank 2 exited with code 1", "phase": "run", "tail": timed_out})
+    assert "no word from ranks 1, 3 on 10.0.0.3" in str(m.worker_error())
+
+
 def test_a_rank_that_failed_by_itself_before_the_rendezvous_blames_no_healthy_host():
     m = failures.Monitor(2, lambda s: None)
     m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": 0, "host": "10.0.0.2"})  # healthy, waiting
