@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 import numpy as np
 import pyarrow as pa
 
-from . import arrow_numpy
+from . import feature_arrays
 
 KEEP = 8  # predict functions a worker keeps: the most recently used ones
 _MADE: "OrderedDict[Tuple[str, Tuple[str, ...]], Callable]" = OrderedDict()  # (key, GPUs) -> function
@@ -121,8 +121,8 @@ def _output(values: Any, field: pa.Field, n: int) -> pa.Array:
 def _column(arr: pa.Array, name: str) -> np.ndarray:
     """A batch's column as the predict function gets it: numbers in their own type ((b,) or
     (b, d), without a copy where Arrow allows), binary and strings as objects."""
-    if arrow_numpy.is_numeric(arr.type):
-        return arrow_numpy.chunk_numpy(arr, name)
+    if feature_arrays.is_numeric(arr.type):
+        return feature_arrays.chunk_numpy(arr, name)
     return arr.to_numpy(zero_copy_only=False)
 
 

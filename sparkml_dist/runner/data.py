@@ -30,7 +30,7 @@ from typing import Callable, Iterator, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from .. import arg_checks, arrow_numpy
+from .. import arg_checks, feature_arrays
 from ..errors import ConfigurationError
 from .loader import ShardLoader
 from .protocol import SHARD_ENV
@@ -160,11 +160,11 @@ class Shard:
         types = []
         for c in names:
             t = self._type(c)
-            while arrow_numpy.is_list(t):
+            while feature_arrays.is_list(t):
                 t = t.value_type
             types.append(t.to_pandas_dtype())
         target = dtype or np.result_type(*types)
-        return arrow_numpy.fill(self._chunks(), names, self.num_rows, [target], stack=True)[0]
+        return feature_arrays.fill(self._chunks(), names, self.num_rows, [target], stack=True)[0]
 
     def to_torch(self, columns: Columns = None, dtype=None, device=None):
         """A tensor of the columns: floating data as ``dtype`` (default float32), integers as int64.
@@ -178,15 +178,15 @@ class Shard:
         names = self._names(columns)
         self._check_fits(names, "to_torch()")
         self._numeric(names)
-        target = np.result_type(*[arrow_numpy.torch_dtype(self._type(c), dtype) for c in names])
+        target = np.result_type(*[feature_arrays.torch_dtype(self._type(c), dtype) for c in names])
         tensor = torch.from_numpy(
-            arrow_numpy.fill(self._chunks(), names, self.num_rows, [target], stack=True)[0]
+            feature_arrays.fill(self._chunks(), names, self.num_rows, [target], stack=True)[0]
         )
         return tensor if device is None else tensor.to(device, non_blocking=True)
 
     def _numeric(self, names: List[str]) -> None:
         for c in names:
-            if not arrow_numpy.is_numeric(self._type(c)):
+            if not feature_arrays.is_numeric(self._type(c)):
                 raise ConfigurationError(
                     f"column {c!r} holds {self._type(c)} values, not numbers: decode it with "
                     f"shard().dataloader(..., transform=fn), where fn gets the batch's {c!r} values "
@@ -244,7 +244,7 @@ class Shard:
             self.data_rank,
             self.data_world,
             names,
-            [arrow_numpy.torch_dtype(self._type(c)) for c in names],
+            [feature_arrays.torch_dtype(self._type(c)) for c in names],
             batch_size=batch_size,
             global_batch_size=global_batch_size,
             shuffle=shuffle,

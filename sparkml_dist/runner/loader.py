@@ -28,7 +28,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from .. import arrow_numpy
+from .. import feature_arrays
 from ..errors import ConfigurationError
 from .sample_order import Plan, StreamOrder
 
@@ -61,7 +61,7 @@ class _Stream:
 
         table = pa.concat_tables([src.read(self.stream, int(i)) for i in self.order.windows[w]])
         perm = self.order.permutation(w)
-        return {n: arrow_numpy.values(table.column(n), n, dt)[perm] for n, dt in zip(names, dtypes)}
+        return {n: feature_arrays.values(table.column(n), n, dt)[perm] for n, dt in zip(names, dtypes)}
 
     def _window(self, w: int) -> Dict[str, np.ndarray]:
         pool = self.loader._pool

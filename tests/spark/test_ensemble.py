@@ -276,38 +276,6 @@ def test_an_overwrite_that_fails_leaves_the_old_model_whole(tmp_path, vec_df, da
     assert np.array_equal(BaggingClassificationModel.load(path).predict_proba(X), new.predict_proba(X))
 
 
-def test_pipeline_with_vector_assembler_saved_and_cross_validated(tmp_path, cols_df):
-    from pyspark.ml import Pipeline, PipelineModel
-    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
-    from pyspark.ml.feature import VectorAssembler
-    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-
-    bag = BaggingClassifier.forest(numTrees=2, maxDepth=5)  # the forest preset: a BaggingClassifier
-    pipe = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag])
-    fitted = pipe.fit(cols_df)
-    path = str(tmp_path / "pipe")
-    fitted.write().overwrite().save(path)
-    reloaded = PipelineModel.load(path)
-    a = reloaded.transform(cols_df).select("prediction").toPandas()["prediction"]
-    b = fitted.transform(cols_df).select("prediction").toPandas()["prediction"]
-    assert a.tolist() == b.tolist()
-    Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), bag]).write().overwrite().save(
-        str(tmp_path / "unfitted")
-    )
-    assert isinstance(Pipeline.load(str(tmp_path / "unfitted")).getStages()[1], BaggingClassifier)
-
-    grid = ParamGridBuilder().addGrid(bag.numModels, [1, 3]).build()
-    cv = CrossValidator(
-        estimator=pipe,
-        estimatorParamMaps=grid,
-        numFolds=2,
-        seed=1,
-        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"),
-    )
-    cv_model = cv.fit(cols_df)
-    assert len(cv_model.avgMetrics) == 2 and all(0.5 < m <= 1 for m in cv_model.avgMetrics)
-
-
 @masters("cluster")  # local[N] never retries a task
 def test_task_lost_on_first_attempt_gives_the_same_members(spark, tmp_path):
     """a Python worker dies mid-fit; the retried task yields the same members."""

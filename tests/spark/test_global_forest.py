@@ -63,28 +63,6 @@ def test_multiclass_vectors_and_a_regressor(spark):
     assert isinstance(reg, BaggingRegressionModel) and r2_score(yr, reg.predict(Xr)) > 0.6
 
 
-@masters("local")  # Connect runs the fit, transform and save above; this is pyspark.ml's own machinery
-def test_pipeline_and_cross_validation_with_the_unfitted_stage_saved(spark, binary, tmp_path):
-    from pyspark.ml import Pipeline
-    from pyspark.ml.evaluation import BinaryClassificationEvaluator
-    from pyspark.ml.feature import VectorAssembler
-    from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
-
-    _, _, df = binary
-    df = df.withColumn("label", (df["label"] == 4.0).cast("double"))  # the evaluator's 0/1 labels
-    forest = GlobalForestClassifier(numTrees=4, maxDepth=4, numWorkers=2)
-    pipe = Pipeline(stages=[VectorAssembler(inputCols=COLS, outputCol="features"), forest])
-    grid = ParamGridBuilder().addGrid(forest.maxDepth, [2, 6]).build()
-    cv = CrossValidator(
-        estimator=pipe, estimatorParamMaps=grid, numFolds=2, seed=1, evaluator=BinaryClassificationEvaluator()
-    )
-    metrics = cv.fit(df).avgMetrics
-    assert len(metrics) == 2 and 0.99 > metrics[1] > metrics[0] > 0.7
-    forest.write().overwrite().save(str(tmp_path / "unfitted"))
-    back = GlobalForestClassifier.load(str(tmp_path / "unfitted"))
-    assert (back.getOrDefault(back.numTrees), back.getOrDefault(back.maxDepth)) == (4, 4)
-
-
 def test_bad_input_is_refused_by_name_before_the_barrier_job(spark, binary):
     _, _, df = binary
     with pytest.raises(ConfigurationError, match="subsamplingRate must be in"):

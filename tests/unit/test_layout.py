@@ -231,7 +231,7 @@ def back_arrows(root: pathlib.Path, package: str) -> List[str]:
 def test_no_arrow_runs_back_up_and_the_top_floor_stays_small():
     assert back_arrows(ROOT, "sparkml_dist") == []
     top = sorted(p.name for p in (ROOT / "sparkml_dist").glob("*.py"))
-    assert len(top) <= 29, top  # 28 + the MirroredStrategyRunner drop-in, a door like TorchDistributor's
+    assert len(top) <= 28, top
 
 
 def test_the_rooms_checker_finds_each_back_arrow(tmp_path):
