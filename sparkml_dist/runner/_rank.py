@@ -109,6 +109,7 @@ def main() -> int:
 
     stall_watch.watch(threading.get_ident(), send_log)  # a rank that stops moving says where it is
     result = fn(*args, **kwargs)
+    _finish_checkpoints()
     if want_result:
         blob = serialization.dumps(result)
         tmp = os.path.join(workdir, protocol.RESULT_FILE + ".tmp")
@@ -118,6 +119,13 @@ def main() -> int:
     ctrl.send(protocol.EVENT_DONE)
     del state
     return 0
+
+
+def _finish_checkpoints() -> None:
+    """Wait for a checkpoint still being written in the background (``save(blocking=False)``)."""
+    module = sys.modules.get("sparkml_dist.runner.checkpoint")
+    if module is not None:
+        module.finish()
 
 
 def print_user_traceback(exc: BaseException) -> None:
@@ -146,6 +154,7 @@ def run() -> None:
     except BaseException as exc:  # the rank failed: its traceback is what the driver reports
         print_user_traceback(exc)
         code = 1
+        _finish_checkpoints()  # a consistent copy being written is the restart's starting point
     try:
         atexit._run_exitfuncs()
     finally:

@@ -37,6 +37,19 @@ step, global batch, streams: a few integers under :data:`LOADERS_KEY`), and :fun
 back to the loaders (those made later get theirs when they are made), so the next ``iter(loader)``
 continues at the first batch the saved run had not yet trained on: a restart mid-epoch sees every
 sample of the epoch exactly once overall, on the same or another world size (same global batch).
+
+**Saving off the training path.**  ``save(state, step, blocking=False)`` blocks rank 0 only while
+the state is copied to host memory (tensors cloned storage by storage, so views and tied weights
+stay shared and the file is byte for byte what a blocking save writes); a background thread then
+serializes, writes and commits it (``LATEST`` last, as above).  Two writes never overlap: the next
+``save`` waits for the previous one first.  :func:`wait` waits for the write in flight and raises
+its failure; the end of the function waits too (a failed last write is reported as a warning: the
+run's result stands).  A write that fails or is killed midway leaves the previous checkpoint the
+latest.  The copy costs the state's size in host memory while the write is in flight::
+
+    if checkpoint.due(step):
+        checkpoint.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step}, step,
+                        blocking=False)      # back to training after a memory copy
 """
 
 from __future__ import annotations
@@ -47,11 +60,13 @@ import json
 import os
 import posixpath
 import re
+import sys
 import uuid
 from typing import Any, Optional
 
 from .. import arg_checks
 from ..errors import CollectionError, ConfigurationError
+from .background_save import BackgroundWrite, to_host
 from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 
 LATEST = "LATEST"
@@ -92,32 +107,63 @@ def _put(fs, path: str, data: bytes) -> None:
     fs.move(tmp, path)
 
 
-def save(state: Any, step: int, *, keep: int = 2, directory: Optional[str] = None) -> Optional[str]:
+def save(
+    state: Any, step: int, *, keep: int = 2, directory: Optional[str] = None, blocking: bool = True
+) -> Optional[str]:
     """Rank 0 writes ``state`` as the checkpoint of ``step``; other ranks return None at once.
 
-    Returns the file written.  ``keep`` older checkpoints stay (0: only the latest).
+    Returns the file written (with ``blocking=False``: the file being written; :func:`wait` for
+    it).  ``keep`` older checkpoints stay (0: only the latest).  ``blocking=False`` copies the
+    state to host memory and writes it in the background (see the module docstring).
     """
-    import torch
-
     arg_checks.integer("step", step, 0)
+    arg_checks.integer("keep", keep, 0)
     if _rank() != 0:
         return None
+    wait()  # never two writes at once; a failed background write is raised here
     from . import loader
 
     places = loader.positions()
     if places and isinstance(state, dict):
         state = {**state, LOADERS_KEY: places}
     fs, root = _location(directory)
+    name = f"step-{step:012d}.pt"
+    if blocking:
+        _write(fs, root, name, step, state, keep)
+    else:
+        _background.start(step, to_host(state), lambda copy: _write(fs, root, name, step, copy, keep))
+    return posixpath.join(root, name)
+
+
+def _write(fs, root: str, name: str, step: int, state: Any, keep: int) -> None:
+    import torch
+
     fs.create_dir(root, recursive=True)
     buf = io.BytesIO()
     torch.save(state, buf)
-    blob = buf.getvalue()
-    name = f"step-{step:012d}.pt"
+    blob = buf.getbuffer()
     _put(fs, posixpath.join(root, name), blob)
     meta = {"step": step, "file": name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
     _put(fs, posixpath.join(root, LATEST), json.dumps(meta).encode())
     _prune(fs, root, name, keep)
-    return posixpath.join(root, name)
+
+
+_background = BackgroundWrite()  # the one background write of this process (rank 0)
+
+
+def wait() -> Optional[int]:
+    """Wait for the background write in flight (``save(..., blocking=False)``); its step, or None
+    when there was none.  Raises :class:`~sparkml_dist.errors.CollectionError` when it failed."""
+    return _background.wait()
+
+
+def finish() -> None:
+    """End of the training function (called by the runner): wait for the last background write;
+    a failure is reported on stderr, and the run's result stands."""
+    try:
+        wait()
+    except CollectionError as exc:
+        print(f"sparkml_dist: warning: {exc}", file=sys.stderr, flush=True)
 
 
 def _prune(fs, root: str, current: str, keep: int) -> None:

@@ -93,7 +93,9 @@ def shard_in_order(column="x"):
     return {"rank": context().rank, "values": shard().table.column(column).to_pylist()}
 
 
-def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=None, crash_how="exit"):
+def train_with_checkpoints(
+    steps=12, every=3, crash_at=None, crash_once_marker=None, crash_how="exit", blocking=True
+):
     """A deterministic DDP regression: data of step s is drawn from seed (s, rank), so a run resumed
     from a checkpoint ends with exactly the weights of an uninterrupted run. Rank 1 exits with code
     3 at ``crash_at`` (only the first time, when ``crash_once_marker`` names a file to create), or
@@ -126,8 +128,9 @@ def train_with_checkpoints(steps=12, every=3, crash_at=None, crash_once_marker=N
         loss.backward()
         opt.step()
         if step % every == every - 1:
-            checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
-            dist.barrier()  # the checkpoint is on disk before anyone goes on
+            state = {"model": net.state_dict(), "opt": opt.state_dict(), "step": step}
+            checkpoint.save(state, step, blocking=blocking)
+            dist.barrier()  # a blocking save is on disk before anyone goes on
         steps_to_crash = crash_at if isinstance(crash_at, (list, tuple)) else [crash_at]
         if (
             step in steps_to_crash

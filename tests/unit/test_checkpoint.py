@@ -162,3 +162,142 @@ def test_a_torch_whose_weights_only_loads_run_code_is_refused_naming_the_fix():
     checkpoint._check_torch("2.13.0")
     with pytest.raises(ConfigurationError, match=r"torch 2\.5\.1.*CVE-2025-32434.*2\.6 or later"):
         checkpoint._check_torch("2.5.1")
+
+
+def _tied_state():
+    """A real model's state (an OrderedDict with _metadata, a tied weight) and an optimizer's."""
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(50, 8)
+    head = torch.nn.Linear(8, 50, bias=False)
+    head.weight = emb.weight  # tied: one storage under two names
+    model = torch.nn.Sequential(emb, torch.nn.ReLU(), head)
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.arange(10)).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_a_background_save_copies_then_writes_the_same_file_off_the_training_path(tmp_path, monkeypatch):
+    import threading
+
+    monkeypatch.setenv("RANK", "0")
+    model, opt = _tied_state()
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": 4, "note": ["a", 1.5]}
+    checkpoint.save(state, 4, directory=str(tmp_path / "sync"))
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+
+    gate, puts = threading.Event(), []
+    real_put = checkpoint._put
+
+    def held_put(fs, path, data):  # the write waits until the test lets it go
+        assert gate.wait(30), "the write was never released"
+        puts.append(os.path.basename(path))
+        real_put(fs, path, data)
+
+    monkeypatch.setattr(checkpoint, "_put", held_put)
+    written = checkpoint.save(state, 4, directory=str(tmp_path / "async"), blocking=False)
+    # save returned while its write is held: the training path did not wait for the write
+    assert written.endswith("step-000000000004.pt") and puts == [] and not gate.is_set()
+    with torch.no_grad():  # training goes on and changes the live tensors
+        for p in model.parameters():
+            p.add_(1.0)
+    gate.set()
+    assert checkpoint.wait() == 4 and puts == ["step-000000000004.pt", "LATEST"]
+    assert checkpoint.wait() is None  # nothing in flight any more
+    sync = (tmp_path / "sync" / "step-000000000004.pt").read_bytes()
+    assert (tmp_path / "async" / "step-000000000004.pt").read_bytes() == sync  # byte for byte
+    back = checkpoint.load(str(tmp_path / "async"))
+    assert all(torch.equal(back["model"][k], v) for k, v in expected.items())
+    assert back["model"]["0.weight"].untyped_storage().data_ptr() == (
+        back["model"]["2.weight"].untyped_storage().data_ptr()
+    )  # still tied after the copy
+    assert back["note"] == ["a", 1.5] and back["step"] == 4
+
+
+def test_background_writes_never_overlap_and_a_failed_one_leaves_the_previous_latest(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    monkeypatch.setenv("RANK", "0")
+    d = str(tmp_path)
+    active, most = [0], [0]
+    lock = threading.Lock()
+    real_put = checkpoint._put
+
+    def counted_put(fs, path, data):
+        with lock:
+            active[0] += 1
+            most[0] = max(most[0], active[0])
+        try:
+            time.sleep(0.2)
+            if "step-000000000003" in path:
+                raise OSError(28, "No space left on device")
+            real_put(fs, path, data)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    monkeypatch.setattr(checkpoint, "_put", counted_put)
+    checkpoint.save({"w": torch.full((1000,), 1.0)}, 1, directory=d, blocking=False)
+    checkpoint.save({"w": torch.full((1000,), 2.0)}, 2, directory=d, blocking=False)  # waits for 1
+    checkpoint.save({"w": torch.full((1000,), 3.0)}, 3, directory=d, blocking=False)
+    with pytest.raises(CollectionError) as err:
+        checkpoint.wait()
+    assert "checkpoint of step 3 was not written" in str(err.value)
+    assert "No space left on device" in str(err.value) and "LATEST still names" in str(err.value)
+    assert most[0] == 1  # one write at a time
+    assert checkpoint.latest_step(d) == 2 and torch.equal(checkpoint.load(d)["w"], torch.full((1000,), 2.0))
+    checkpoint.save({"w": torch.full((1000,), 4.0)}, 4, directory=d, blocking=False)
+    checkpoint.finish()  # the end of a run: nothing raised, the write done
+    assert checkpoint.latest_step(d) == 4
+
+
+KILLED_MIDWAY = """
+import os, signal, sys, torch
+from sparkml_dist.runner import checkpoint
+d = sys.argv[1]
+checkpoint.save({"w": torch.zeros(1000)}, 1, directory=d)
+real_put = checkpoint._put
+def half_then_killed(fs, path, data):
+    with open(path + ".tmp-killed", "wb") as fh:
+        fh.write(bytes(data[: len(data) // 2]))
+        fh.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+checkpoint._put = half_then_killed
+checkpoint.save({"w": torch.ones(1000)}, 2, directory=d, blocking=False)
+checkpoint.wait()
+"""
+
+
+def test_a_background_write_killed_midway_leaves_the_previous_checkpoint_the_latest(tmp_path):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RANK": "0"}
+    proc = subprocess.run([sys.executable, "-c", KILLED_MIDWAY, str(tmp_path)], env=env, timeout=120)
+    assert proc.returncode == -9  # killed for real, mid-write
+    assert (tmp_path / "step-000000000002.pt.tmp-killed").exists()
+    state = checkpoint.load(str(tmp_path))
+    assert checkpoint.latest_step(str(tmp_path)) == 1 and torch.equal(state["w"], torch.zeros(1000))
+
+
+def test_background_checkpoints_resume_exactly_and_the_run_waits_for_the_last_write(tmp_path):
+    clean = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "clean")).run(
+        h.train_with_checkpoints
+    )
+    d = str(tmp_path / "bg")
+    runner = BarrierRunner(-2, timeout=180, checkpoint_dir=d, max_restarts=1)
+    resumed = runner.run(
+        h.train_with_checkpoints, crash_at=7, crash_once_marker=str(tmp_path / "crashed"), blocking=False
+    )
+    assert resumed["resumed_from"] > 0  # the restart started from a background checkpoint
+    assert torch.equal(resumed["weight"], clean["weight"]) and torch.equal(resumed["bias"], clean["bias"])
+    assert checkpoint.latest_step(d) == 11  # the save of the last step, in flight at the end, was waited for
+
+
+def test_save_refuses_a_bad_keep_or_step_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(ConfigurationError, match="keep"):
+        checkpoint.save({"w": torch.ones(1)}, 1, directory=str(tmp_path), keep=-1, blocking=False)
+    with pytest.raises(ConfigurationError, match="step"):
+        checkpoint.save({"w": torch.ones(1)}, -1, directory=str(tmp_path), blocking=False)
