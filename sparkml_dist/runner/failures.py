@@ -52,6 +52,7 @@ class Monitor:
         self._first_failure_at: Optional[float] = None
         self._held: Dict[Any, List[str]] = {}  # rank -> the traceback it is printing, held back
         self._in_block: set = set()
+        self.stuck: Optional[str] = None  # the latest "stuck collective" line (stall_watch), for the error
 
     @property
     def failure(self) -> Optional[dict]:
@@ -99,6 +100,8 @@ class Monitor:
         """A streamed line.  A traceback a rank prints is held back: if the rank goes on printing, it
         was a handled error and is shown then; if the run fails, the error shows the root cause's
         (:meth:`end`) and a peer's secondary "connection closed" traceback never reaches the screen."""
+        if stream == "log" and text.startswith(protocol.STUCK_MARK):
+            self.stuck = text[len(protocol.STUCK_MARK) :]
         if stream == "stderr" and text.startswith("Traceback (most recent call last)"):
             self._in_block.add(rank)
         if rank in self._in_block:
@@ -146,6 +149,8 @@ class Monitor:
             message += f" (ranks {sorted(self.finished)} had already finished)"
         if not d or protocol.is_symptom(d, self.backend.peer_lost):
             message += self._silent_hosts()  # only a rank that lost its peers points at a host
+        if self.stuck:
+            message += f" (before it, the stuck collective: {self.stuck})"
         message += extra
         tail = "\n".join(d.get("tail") or [])
         message += missing_module_hint(tail, d.get("python"))

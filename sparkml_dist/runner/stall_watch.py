@@ -1,18 +1,26 @@
 """A rank that stops making progress says where it stands: the heartbeat of a stalled run.  [rank]
 
 While the function runs, a thread samples the main thread's innermost Python frame every few
-seconds. When it has not moved for a while — 60 s, or a quarter of ``collective_timeout`` when
+seconds. When it has not moved for a while — 50 s, or a quarter of ``collective_timeout`` when
 that is shorter — the rank sends the driver one line (shown whatever ``log_ranks`` says), then
 again at twice, four times ... that long, until it moves::
 
-    [rank 0] at the same line for 60 s: train.py:42 in step, inside all_reduce (torch/distributed/...)
+    [rank 1] at the same line for 50 s: train.py:42 in step, inside load (data.py:7)
 
-A rank waiting in a collective for a peer sits on the collective's line; the peer that does not say
-so (or is stuck elsewhere) is the one to look at. A long call that is working (one large XGBoost
-round, a slow read) is reported the same way, as where the rank is. A collective that never
-completes still ends at ``collective_timeout`` with the rank's error. Sampling costs nothing in
-the training loop: no hook runs in it. ``SPARKML_DIST_STALL_REPORT`` (seconds; 0 turns it off)
-overrides the delay.
+**A stuck collective, named.**  Under torch.distributed the same thread also keeps this rank's
+status in the run's rendezvous store (a few bytes, at most once per sample: the process group's
+collective sequence number, the ``torch.distributed`` call it is in, if any, and its place).  A
+rank stalled inside a collective reads every rank's status, and the lowest such rank sends one
+line for all of them: the collective's kind and number, how long it has waited, the ranks in it
+and each rank that is not, with where that one is::
+
+    [rank 0] stuck collective: all_reduce #17 has waited 50 s: ranks 0, 2-3 in it; not in it: rank 1
+    (after collective #16, at train.py:42 in step)
+
+The driver keeps the latest such line and adds it to the run's error when ``collective_timeout``
+ends it.  A long call that is working (one large XGBoost round, a slow read) is reported as where
+the rank is.  Sampling costs nothing in the training loop: no hook runs in it.
+``SPARKML_DIST_STALL_REPORT`` (seconds; 0 turns it off) overrides the delay.
 
 Example::
 
@@ -21,16 +29,19 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Optional
 
 from . import protocol
 
 STALL_ENV = "SPARKML_DIST_STALL_REPORT"
-DEFAULT_AFTER = 60.0
+DEFAULT_AFTER = 50.0  # + one sample (<= 5 s): a stuck collective is named within a minute
+STATUS_KEY = "sparkml_dist/stall/"  # + rank: that rank's status in the rendezvous store
+MAX_LISTED = 8  # ranks not in a stuck collective named one by one; the rest counted
 
 
 def delay() -> float:
@@ -59,21 +70,120 @@ def watch(
 
 def _loop(thread_id: int, send: Callable[[str], object], after: float) -> None:
     poll = max(0.2, min(5.0, after / 4))
-    place, since, report_at = None, time.monotonic(), after
+    place, since, report_at, published = None, time.monotonic(), after, None
     while True:
         time.sleep(poll)
         frame = sys._current_frames().get(thread_id)
         if frame is None:
             return  # the thread ended
+        group = _torch_group()
+        status = None
+        if group is not None:
+            status = {"seq": group[1]._get_sequence_number_for_group(), "op": collective(frame)}
+            status["where"] = where(frame)
+            if status != published:
+                published = status if _publish(group, status) else published
         now = (id(frame), frame.f_lasti)
         if now != place:
             place, since, report_at = now, time.monotonic(), after
             continue
         stalled = time.monotonic() - since
         if stalled >= report_at:
-            send(f"at the same line for {stalled:.0f} s: {where(frame)}")
             report_at *= 2
+            if status is not None and status["op"]:
+                line = stuck_line(group, status, stalled)
+                if line is not None:  # None: a lower rank in the same collective says it for all
+                    send(protocol.STUCK_MARK + line)
+            else:
+                send(f"at the same line for {stalled:.0f} s: {status['where'] if status else where(frame)}")
         del frame
+
+
+def _torch_group():
+    """(store, process group, rank, world size) of this process's default group, or None."""
+    dist = sys.modules.get("torch.distributed")  # never imports torch into a rank that has none
+    try:
+        if dist is None or not dist.is_available() or not dist.is_initialized():
+            return None
+        c10d = dist.distributed_c10d
+        return c10d._get_default_store(), c10d._get_default_group(), dist.get_rank(), dist.get_world_size()
+    except Exception:  # a group being torn down, a backend without a sequence: no status
+        return None
+
+
+def _publish(group, status: dict) -> bool:
+    try:
+        group[0].set(f"{STATUS_KEY}{group[2]}", json.dumps(status))
+        return True
+    except Exception:  # the store is gone (rank 0 ended): the line report still works
+        return False
+
+
+def collective(frame) -> str:
+    """The ``torch.distributed`` collective the frame is inside (``all_reduce``, ``barrier``), or ''."""
+    name, f = "", frame
+    while f is not None:
+        if f.f_code.co_filename.replace(os.sep, "/").endswith("torch/distributed/distributed_c10d.py"):
+            name = f.f_code.co_name  # the outermost one: the call the user's code made
+        f = f.f_back
+    return name
+
+
+def _statuses(group, mine: dict) -> Dict[int, dict]:
+    store, _, rank, world = group
+    out = {rank: mine}
+    for r in range(world):
+        key = f"{STATUS_KEY}{r}"
+        try:
+            if r != rank and store.check([key]):
+                found = json.loads(store.get(key).decode())
+                if isinstance(found, dict) and isinstance(found.get("seq"), int):
+                    out[r] = {
+                        "seq": found["seq"],
+                        "op": str(found.get("op", "")),
+                        "where": str(found.get("where", "")),
+                    }
+        except Exception:  # unreadable or not ours: that rank has no status
+            continue
+    return out
+
+
+def stuck_line(group, mine: dict, stalled: float) -> Optional[str]:
+    """The line naming who is in the collective this rank is stuck in and who is not; None when a
+    lower rank in the same collective will send it."""
+    statuses = _statuses(group, mine)
+    inside = sorted(r for r, s in statuses.items() if (s["op"], s["seq"]) == (mine["op"], mine["seq"]))
+    if inside[0] != group[2]:
+        return None
+    line = f"{mine['op']} #{mine['seq']} has waited {stalled:.0f} s: {ranks(inside)} in it"
+    missing = [r for r in range(group[3]) if r not in inside]
+    if not missing:
+        return (
+            line + "; every rank is in it and it does not complete (a link between hosts, or a rank's peer?)"
+        )
+    named = []
+    for r in missing[:MAX_LISTED]:
+        s = statuses.get(r)
+        if s is None:
+            named.append(f"rank {r} (no status yet)")
+        elif s["op"]:
+            named.append(f"rank {r} (in {s['op']} #{s['seq']}, at {s['where']})")
+        else:
+            named.append(f"rank {r} (after collective #{s['seq']}, at {s['where']})")
+    more = f" and {len(missing) - MAX_LISTED} more" if len(missing) > MAX_LISTED else ""
+    return f"{line}; not in it: " + ", ".join(named) + more
+
+
+def ranks(numbers: List[int]) -> str:
+    """``[0, 2, 3, 4]`` -> ``'ranks 0, 2-4'``; one -> ``'rank 0'``."""
+    runs: List[List[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    text = ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return ("rank " if len(numbers) == 1 else "ranks ") + text
 
 
 def _library(path: str) -> bool:

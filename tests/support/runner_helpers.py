@@ -409,3 +409,22 @@ def stall_in_a_barrier(late_rank=1, late_by=4.0):
         time.sleep(late_by)
     dist.barrier()
     return dist.get_rank()
+
+
+def skip_an_all_reduce(skipper=1, hold=60.0):
+    """Every rank takes one all-reduce; then ``skipper`` never enters the second (it sleeps)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    if dist.get_rank() == skipper:
+        time.sleep(hold)
+        return -1
+    dist.all_reduce(t)
+    return dist.get_rank()

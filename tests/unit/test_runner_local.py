@@ -280,8 +280,27 @@ def test_a_rank_that_stops_moving_says_where_it_waits():
     assert out == [0, 1]
     text = "".join(lines)
     # after a quarter of collective_timeout without moving: rank 0 waits in the barrier for rank 1,
-    # which is still in its own code (the sleep): the line names each one's place
-    waiting = [line for line in text.splitlines() if line.startswith("[rank 0] at the same line for")]
-    assert waiting and "in stall_in_a_barrier, inside barrier (torch/distributed/" in waiting[0], text
+    # which is still in its own code (the sleep): rank 0 names the barrier and who is not in it,
+    # rank 1 says where it is
+    stuck = [line for line in text.splitlines() if line.startswith("[rank 0] stuck collective: barrier #")]
+    assert stuck and "rank 0 in it; not in it: rank 1 (after collective #" in stuck[0], text
+    assert "runner_helpers.py:" in stuck[0] and "in stall_in_a_barrier)" in stuck[0], text
     busy = [line for line in text.splitlines() if line.startswith("[rank 1] at the same line for")]
     assert busy and "inside" not in busy[0] and "runner_helpers.py:" in busy[0], text
+
+
+def test_a_rank_that_skips_an_all_reduce_is_named_on_the_console_and_in_the_error():
+    lines = []
+    runner = BarrierRunner(-3, collective_timeout=8, log_ranks="none", log_sink=lines.append, timeout=120)
+    with pytest.raises(WorkerError) as err:
+        runner.run(h.skip_an_all_reduce, skipper=1)
+    text = "".join(lines)
+    stuck = [line for line in text.splitlines() if "stuck collective:" in line]
+    # one line for the collective, from the lowest rank in it, naming the rank that never came
+    assert stuck and stuck[0].startswith("[rank 0] stuck collective: all_reduce #"), text
+    assert "ranks 0, 2 in it; not in it: rank 1 (after collective #" in stuck[0], text
+    assert "in skip_an_all_reduce)" in stuck[0] and not any(ln.startswith("[rank 2] stuck") for ln in stuck)
+    seq = int(stuck[0].split("all_reduce #", 1)[1].split(" ", 1)[0])
+    assert f"(after collective #{seq - 1}," in stuck[0]
+    assert f"the stuck collective: all_reduce #{seq} has waited" in str(err.value)
+    assert "not in it: rank 1" in str(err.value)

@@ -579,3 +579,29 @@ def test_a_traceback_a_rank_prints_is_held_shown_if_the_rank_goes_on_dropped_if_
         m.on_message({"type": protocol.FRAME_LINE, "rank": 1, "stream": "stderr", "text": text})
     m.end(ok=True)
     assert len(shown) == 3
+
+
+def test_the_stuck_line_names_the_ranks_in_the_collective_and_each_one_missing():
+    import json
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import stall_watch
+
+    store = dist.HashStore()  # the rendezvous store's interface, in memory
+    world = 12
+    for r in (1, 2):  # in the same all_reduce as rank 0
+        store.set(
+            f"{stall_watch.STATUS_KEY}{r}", json.dumps({"seq": 5, "op": "all_reduce", "where": "t.py:9"})
+        )
+    store.set(f"{stall_watch.STATUS_KEY}3", json.dumps({"seq": 4, "op": "", "where": "t.py:7 in load"}))
+    store.set(f"{stall_watch.STATUS_KEY}4", json.dumps({"seq": 6, "op": "barrier", "where": "t.py:12"}))
+    store.set(f"{stall_watch.STATUS_KEY}5", b"\x80not json")  # unreadable: that rank has no status
+    mine = {"seq": 5, "op": "all_reduce", "where": "t.py:9 in step"}
+    line = stall_watch.stuck_line((store, None, 0, world), mine, 61.2)
+    assert line.startswith("all_reduce #5 has waited 61 s: ranks 0-2 in it; not in it: ")
+    assert "rank 3 (after collective #4, at t.py:7 in load)" in line
+    assert "rank 4 (in barrier #6, at t.py:12)" in line and "rank 5 (no status yet)" in line
+    assert line.endswith("rank 10 (no status yet) and 1 more")  # 9 missing: 8 named, 1 counted
+    assert stall_watch.stuck_line((store, None, 2, world), {**mine}, 61.2) is None  # rank 0 says it
+    assert stall_watch.ranks([7]) == "rank 7" and stall_watch.ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
