@@ -81,8 +81,8 @@ def _loop(thread_id: int, send: Callable[[str], object], after: float) -> None:
         if group is not None:
             status = {"seq": group[1]._get_sequence_number_for_group(), "op": collective(frame)}
             status["where"] = where(frame)
-            if status != published:
-                published = status if _publish(group, status) else published
+            if status != published and published is not False:  # False: the store went away
+                published = status if _publish(group, status) else False
         now = (id(frame), frame.f_lasti)
         if now != place:
             place, since, report_at = now, time.monotonic(), after
