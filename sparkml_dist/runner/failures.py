@@ -219,6 +219,9 @@ def translate(exc: BaseException, monitor: Monitor) -> BaseException:
     )
 
 
+KILLED_FROM_OUTSIDE = (-9, -15)  # exit codes of a process killed by SIGKILL / SIGTERM
+
+
 def signature(exc: WorkerError) -> tuple:
     """What makes two failures 'the same': rank, exit code and the last line the rank printed."""
     lines = [ln.strip() for ln in (exc.worker_traceback or "").splitlines() if ln.strip()]
@@ -238,7 +241,10 @@ def restart_verdict(failures: List[WorkerError], max_restarts: int) -> str:
     if len(failures) > max_restarts:
         return f"max_restarts={max_restarts} used up"
     lost = any(getattr(f, "lost_host", None) for f in failures[-2:])
-    if len(failures) >= 2 and not lost and signature(failures[-1]) == signature(failures[-2]):
+    # killed from outside (the OOM killer, a preemption, an operator: SIGKILL, SIGTERM) at whatever
+    # point it was: no bug of the function either, however alike two such deaths look
+    killed = any(getattr(f, "exit_code", None) in KILLED_FROM_OUTSIDE for f in failures[-2:])
+    if len(failures) >= 2 and not (lost or killed) and signature(failures[-1]) == signature(failures[-2]):
         return "the same failure repeated identically (a bug in the function, not a lost machine)"
     return ""
 

@@ -92,7 +92,8 @@ class BarrierRunner:
         max_restarts: after a rank, task or executor fails, start the run again (a new barrier job
             and rendezvous) up to this many times; the function resumes from the latest checkpoint
             if it loads one. A failure that repeats identically (same rank, exit code and last
-            line) stops early; the final error lists every attempt's cause.
+            line) stops early, unless a machine was lost or the rank was killed from outside
+            (SIGKILL, SIGTERM); the final error lists every attempt's cause.
         checkpoint_dir: where :mod:`sparkml_dist.runner.checkpoint` saves and loads (a local path or
             an s3://, gs://, hdfs:// URI reachable from every executor).
         model_bytes: memory one rank's model needs (e.g. ``sparkml_dist.plan.model_bytes(net,

@@ -140,3 +140,13 @@ def test_two_hosts_lost_one_after_the_other_are_not_the_same_bug_and_restarts_go
 
 def lost_peer():
     return ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"]
+
+
+def test_a_rank_killed_from_outside_twice_is_no_bug_and_restarts_go_on():
+    from sparkml_dist import WorkerError
+
+    killed = [WorkerError("rank 1 was killed by signal 9 (SIGKILL)", rank=1, exit_code=-9) for _ in range(2)]
+    assert failures.restart_verdict(killed, max_restarts=5) == ""  # the OOM killer, a preemption
+    assert "max_restarts=1 used up" in failures.restart_verdict(killed, max_restarts=1)
+    crashed = [WorkerError("rank 1 exited with code 3", rank=1, exit_code=3) for _ in range(2)]
+    assert "repeated identically" in failures.restart_verdict(crashed, max_restarts=5)
