@@ -1,0 +1,203 @@
+"""What failures cost: time to N training steps undisturbed vs with a rank killed every tenth of the run.
+
+A fixed DDP job (2 ranks as local processes, gloo; an MLP on random batches, ``--steps`` steps,
+a checkpoint every ``--every`` steps written with ``checkpoint.save(..., blocking=False)``) runs
+undisturbed, then with failures injected for real: every tenth of the undisturbed run's length
+the benchmark SIGKILLs the process of rank ``--victim`` (its pid read from the file the rank wrote
+at its start, checked to be a live rank process before the kill and gone after it), and the
+runner restarts (``max_restarts``) from the latest checkpoint.  It prints time-to-N-steps of both,
+the ratio, and where the difference went: the steps trained twice (done after the latest
+checkpoint, lost with the rank) and the time from each kill to the first step of the next attempt
+(the restart: new processes, rendezvous, loading the checkpoint).
+
+    python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1]
+
+The rank-killed case only: an executor killed and a host killed (with ``min_np``) run through the
+same restart path on a cluster and are tested in the standalone and several-hosts passes, not
+timed here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+
+def train(steps: int, every: int, run_dir: str, width: int = 2048) -> int:
+    """The job on every rank: resumes from the latest checkpoint, logs each step (rank 0) and its pid."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import checkpoint, init_process_group
+
+    init_process_group()
+    rank = dist.get_rank()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    state = checkpoint.load()
+    start = 0
+    if state is not None:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start = state["step"] + 1
+    with open(os.path.join(run_dir, f"pid-{rank}.tmp"), "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(os.path.join(run_dir, f"pid-{rank}.tmp"), os.path.join(run_dir, f"pid-{rank}"))
+    log = open(os.path.join(run_dir, "steps.jsonl"), "a", buffering=1) if rank == 0 else None
+    if log:
+        log.write(json.dumps({"start": start, "t": time.time()}) + "\n")
+    g = torch.Generator().manual_seed(rank)
+    for step in range(start, steps):
+        X = torch.randn(256, 64, generator=g)
+        loss = model(X).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if log:
+            log.write(json.dumps({"step": step, "t": time.time()}) + "\n")
+        if checkpoint.due(step, every):
+            checkpoint.save(
+                {"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step, blocking=False
+            )
+    return steps
+
+
+def _rank_process(pid: int):
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+        return proc if "sparkml_dist.runner._rank" in " ".join(proc.cmdline()) else None
+    except (psutil.Error, OSError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def injector(run_dir: str, victim: int, interval: float, stop: threading.Event, kills: list) -> None:
+    """Every ``interval`` s, SIGKILL the victim rank's live process; record (time, pid)."""
+
+    next_at = time.time() + interval
+    while not stop.wait(0.05):
+        if time.time() < next_at:
+            continue
+        try:
+            pid = int(open(os.path.join(run_dir, f"pid-{victim}")).read())
+        except (OSError, ValueError):
+            continue
+        if kills and kills[-1][1] == pid:
+            continue  # the killed attempt's pid: wait for the restarted rank's
+        proc = _rank_process(pid)
+        if proc is None:
+            continue
+        os.kill(pid, signal.SIGKILL)
+        # gone, without reaping it: the rank is the runner's child, its exit status is the runner's
+        deadline = time.time() + 10
+        while _alive(pid):
+            if time.time() > deadline:
+                raise SystemExit(f"rank process {pid} did not die after SIGKILL")
+            time.sleep(0.01)
+        kills.append((time.time(), pid))
+        print(f"  killed rank {victim} (pid {pid})", flush=True)
+        next_at = time.time() + interval
+
+
+def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1) -> dict:
+    from sparkml_dist.runner import BarrierRunner
+
+    with tempfile.TemporaryDirectory(prefix="bench-failures-") as run_dir:
+        kills: list = []
+        stop = threading.Event()
+        if interval > 0:
+            threading.Thread(
+                target=injector, args=(run_dir, victim, interval, stop, kills), daemon=True
+            ).start()
+        runner = BarrierRunner(
+            -2, checkpoint_dir=os.path.join(run_dir, "ckpt"), max_restarts=100, log_ranks="none", timeout=3600
+        )
+        t0 = time.time()
+        try:
+            runner.run(train, steps, every, run_dir)
+        finally:
+            stop.set()
+        wall = time.time() - t0
+        events = [json.loads(line) for line in open(os.path.join(run_dir, "steps.jsonl"))]
+    starts = [e for e in events if "start" in e]
+    step_lines = [e for e in events if "step" in e]
+    trained = len(step_lines)
+    restart_s = 0.0
+    for (killed_at, _), nxt in zip(kills, starts[1:]):
+        first = next((e["t"] for e in step_lines if e["t"] > nxt["t"]), nxt["t"])
+        restart_s += first - killed_at
+    return {
+        "wall": wall,
+        "kills": len(kills),
+        "trained": trained,
+        "redone": trained - steps,
+        "restart_s": restart_s,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--steps", type=int, default=15000)
+    ap.add_argument("--every", type=int, default=250, help="steps between checkpoints")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--victim", type=int, default=1, help="the rank killed")
+    args = ap.parse_args()
+    os.environ["PYTHONPATH"] = (
+        HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    rows = []
+    for r in range(args.repeats):
+        clean = one_run(args.steps, args.every)
+        print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
+        failed = one_run(args.steps, args.every, interval=clean["wall"] / 10, victim=args.victim)
+        print(
+            f"round {r} with failures: {failed['wall']:.1f} s, {failed['kills']} ranks killed, "
+            f"{failed['redone']} steps trained twice, "
+            f"{failed['restart_s']:.1f} s from kills to the next first step",
+            flush=True,
+        )
+        rows.append((clean, failed))
+    clean, failed = rows[-1]
+    per_step = clean["wall"] / args.steps
+    print(
+        f"\n{args.steps} steps, a checkpoint every {args.every} (in the background), a rank killed every "
+        f"{clean['wall'] / 10:.1f} s (a tenth of the undisturbed run):"
+    )
+    print(
+        f"  undisturbed {clean['wall']:.1f} s; with {failed['kills']} failures {failed['wall']:.1f} s: "
+        f"{failed['wall'] / clean['wall']:.2f}x (target <= 1.3x)"
+    )
+    lost = failed["wall"] - clean["wall"]
+    print(
+        f"  time lost {lost:.1f} s: restarts {failed['restart_s']:.1f} s "
+        f"({failed['restart_s'] / max(1, failed['kills']):.1f} s each), "
+        f"work redone ~{failed['redone'] * per_step:.1f} s "
+        f"({failed['redone']} steps)"
+    )
+
+
+if __name__ == "__main__":
+    main()
