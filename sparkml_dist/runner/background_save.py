@@ -30,6 +30,8 @@ def to_host(state: Any) -> Any:
     storages: dict = {}
 
     def host(t):
+        if type(t) not in (torch.Tensor, torch.nn.Parameter):  # DTensor and other subclasses: as they are
+            return copy.deepcopy(t)
         if t.is_sparse or t.layout != torch.strided:  # sparse / quantized layouts: a plain copy
             return t.detach().to("cpu", copy=True)
         src = t.untyped_storage()
@@ -39,7 +41,9 @@ def to_host(state: Any) -> Any:
             dst = storages[key] = src.cpu() if src.device.type != "cpu" else src.clone()
         out = torch.empty(0, dtype=t.dtype)
         out.set_(dst, t.storage_offset(), t.size(), t.stride())
-        return out.requires_grad_(False)
+        if isinstance(t, torch.nn.Parameter):  # saved as a Parameter, as a blocking save would
+            return torch.nn.Parameter(out, requires_grad=t.requires_grad)
+        return out
 
     def walk(obj):
         if isinstance(obj, torch.Tensor):

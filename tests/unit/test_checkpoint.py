@@ -183,6 +183,7 @@ def test_a_background_save_copies_then_writes_the_same_file_off_the_training_pat
     monkeypatch.setenv("RANK", "0")
     model, opt = _tied_state()
     state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": 4, "note": ["a", 1.5]}
+    state["head"] = model[2].weight  # a Parameter itself, tied to the state's tensors
     checkpoint.save(state, 4, directory=str(tmp_path / "sync"))
     expected = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -212,6 +213,7 @@ def test_a_background_save_copies_then_writes_the_same_file_off_the_training_pat
         back["model"]["2.weight"].untyped_storage().data_ptr()
     )  # still tied after the copy
     assert back["note"] == ["a", 1.5] and back["step"] == 4
+    assert isinstance(back["head"], torch.nn.Parameter) and torch.equal(back["head"], expected["2.weight"])
 
 
 def test_background_writes_never_overlap_and_a_failed_one_leaves_the_previous_latest(tmp_path, monkeypatch):
