@@ -34,7 +34,7 @@ import os
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
 from . import protocol
 
@@ -79,8 +79,7 @@ def _loop(thread_id: int, send: Callable[[str], object], after: float) -> None:
         group = _torch_group()
         status = None
         if group is not None:
-            status = {"seq": group[1]._get_sequence_number_for_group(), "op": collective(frame)}
-            status["where"] = where(frame)
+            status = {"seq": group.seq, "op": collective(frame), "where": where(frame)}
             if status != published and published is not False:  # False: the store went away
                 published = status if _publish(group, status) else False
         now = (id(frame), frame.f_lasti)
@@ -99,21 +98,32 @@ def _loop(thread_id: int, send: Callable[[str], object], after: float) -> None:
         del frame
 
 
-def _torch_group():
-    """(store, process group, rank, world size) of this process's default group, or None."""
+class Group(NamedTuple):
+    """This rank in the default process group: the rendezvous store, rank, world size, and the
+    sequence number of the group's latest collective."""
+
+    store: Any
+    rank: int
+    world: int
+    seq: int
+
+
+def _torch_group() -> Optional[Group]:
+    """This process's default group, or None."""
     dist = sys.modules.get("torch.distributed")  # never imports torch into a rank that has none
     try:
         if dist is None or not dist.is_available() or not dist.is_initialized():
             return None
         c10d = dist.distributed_c10d
-        return c10d._get_default_store(), c10d._get_default_group(), dist.get_rank(), dist.get_world_size()
+        seq = c10d._get_default_group()._get_sequence_number_for_group()
+        return Group(c10d._get_default_store(), dist.get_rank(), dist.get_world_size(), int(seq))
     except Exception:  # a group being torn down, a backend without a sequence: no status
         return None
 
 
-def _publish(group, status: dict) -> bool:
+def _publish(group: Group, status: dict) -> bool:
     try:
-        group[0].set(f"{STATUS_KEY}{group[2]}", json.dumps(status))
+        group.store.set(f"{STATUS_KEY}{group.rank}", json.dumps(status))
         return True
     except Exception:  # the store is gone (rank 0 ended): the line report still works
         return False
@@ -129,8 +139,8 @@ def collective(frame) -> str:
     return name
 
 
-def _statuses(group, mine: dict) -> Dict[int, dict]:
-    store, _, rank, world = group
+def _statuses(group: Group, mine: dict) -> Dict[int, dict]:
+    store, rank, world = group.store, group.rank, group.world
     out = {rank: mine}
     for r in range(world):
         key = f"{STATUS_KEY}{r}"
@@ -148,15 +158,15 @@ def _statuses(group, mine: dict) -> Dict[int, dict]:
     return out
 
 
-def stuck_line(group, mine: dict, stalled: float) -> Optional[str]:
+def stuck_line(group: Group, mine: dict, stalled: float) -> Optional[str]:
     """The line naming who is in the collective this rank is stuck in and who is not; None when a
     lower rank in the same collective will send it."""
     statuses = _statuses(group, mine)
     inside = sorted(r for r, s in statuses.items() if (s["op"], s["seq"]) == (mine["op"], mine["seq"]))
-    if inside[0] != group[2]:
+    if inside[0] != group.rank:
         return None
     line = f"{mine['op']} #{mine['seq']} has waited {stalled:.0f} s: {ranks(inside)} in it"
-    missing = [r for r in range(group[3]) if r not in inside]
+    missing = [r for r in range(group.world) if r not in inside]
     if not missing:
         return (
             line + "; every rank is in it and it does not complete (a link between hosts, or a rank's peer?)"

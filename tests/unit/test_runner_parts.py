@@ -598,10 +598,12 @@ def test_the_stuck_line_names_the_ranks_in_the_collective_and_each_one_missing()
     store.set(f"{stall_watch.STATUS_KEY}4", json.dumps({"seq": 6, "op": "barrier", "where": "t.py:12"}))
     store.set(f"{stall_watch.STATUS_KEY}5", b"\x80not json")  # unreadable: that rank has no status
     mine = {"seq": 5, "op": "all_reduce", "where": "t.py:9 in step"}
-    line = stall_watch.stuck_line((store, None, 0, world), mine, 61.2)
+    line = stall_watch.stuck_line(stall_watch.Group(store, 0, world, 5), mine, 61.2)
     assert line.startswith("all_reduce #5 has waited 61 s: ranks 0-2 in it; not in it: ")
     assert "rank 3 (after collective #4, at t.py:7 in load)" in line
     assert "rank 4 (in barrier #6, at t.py:12)" in line and "rank 5 (no status yet)" in line
     assert line.endswith("rank 10 (no status yet) and 1 more")  # 9 missing: 8 named, 1 counted
-    assert stall_watch.stuck_line((store, None, 2, world), {**mine}, 61.2) is None  # rank 0 says it
+    assert (
+        stall_watch.stuck_line(stall_watch.Group(store, 2, world, 5), {**mine}, 61.2) is None
+    )  # rank 0 says it
     assert stall_watch.ranks([7]) == "rank 7" and stall_watch.ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
