@@ -97,9 +97,12 @@ class _RankTask:
         env = spec.rank_env(self.rank, self.gpus)
         try:
             if self.rank == 0 or self.backend.every_rank_listens:
-                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                listener.bind((self.address, 0))  # the address the peers are given
-                listener.listen(1024)
+                if self.backend.framework_rebinds_port:  # closed, then bound again: no race for it
+                    listener = network.reserve_port(self.address)
+                else:
+                    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                    listener.bind((self.address, 0))  # the address the peers are given
+                    listener.listen(1024)
                 port = listener.getsockname()[1]
                 env[protocol.STORE_FD_ENV] = str(listener.fileno())
             self.process = RankProcess(

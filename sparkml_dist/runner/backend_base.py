@@ -68,6 +68,9 @@ class Backend:
     # every rank's task binds and listens on a port of its own (peers[r]["port"]), not only rank 0's:
     # for frameworks whose workers each serve their own address (TensorFlow's gRPC servers)
     every_rank_listens = False
+    # the rank closes the task's listening socket and the framework binds the port again (TensorFlow,
+    # JAX): the port is one no other process of the host can be handed meanwhile (network.reserve_port)
+    framework_rebinds_port = False
     # set in each rank process unless its environment (the executor's, or env=) already has them
     env_defaults: Dict[str, str] = {}
     extra = ""  # the package extra that installs the framework (named when it is missing)

@@ -14,9 +14,10 @@
   ``KERAS_DISTRIBUTION_*`` variables are set, so ``keras.distribution.DataParallel`` runs as is.
 
 Both close the task's listening socket just before the framework binds its port (TensorFlow's
-gRPC server, JAX's coordinator). Those servers listen on every interface of the host (neither
-framework offers a bind address for TF_CONFIG workers; JAX's coordinator is bound to the rank's
-own address): docs/security.md says so.
+gRPC server, JAX's coordinator); that port is one the kernel hands no other process meanwhile and
+that no socket holds on any address (``network.reserve_port``). TensorFlow's servers listen on
+every interface of the host (TF_CONFIG workers have no bind address; JAX's coordinator is bound
+to the rank's own address): docs/security.md says so.
 
 Example::
 
@@ -83,6 +84,7 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
     start_call = "tf.distribute.MultiWorkerMirroredStrategy()"
     every_rank_listens = True
+    framework_rebinds_port = True
     extra = "tensorflow"
     env_defaults = {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "1"}
     peer_lost = COMMON_PEER_LOST + (
@@ -170,6 +172,7 @@ class JaxBackend(Backend):
 
     name = "jax"
     start_call = "jax.distributed.initialize()"
+    framework_rebinds_port = True
     extra = "jax"
     env_defaults = {"KERAS_BACKEND": "jax"}
     peer_lost = COMMON_PEER_LOST + (

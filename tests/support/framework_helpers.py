@@ -4,6 +4,7 @@ Each imports its framework inside, as a user's function does, and returns plain 
 results compare exactly on the driver.
 """
 
+import json
 import os
 
 import numpy as np
@@ -188,6 +189,7 @@ def tf_fit(fail_rank=None, marker=None):
         "weights": weights_of(model),
         "sum": float(total),
         "keras": type(model).__module__.split(".")[0],
+        "ports": [int(w.rsplit(":", 1)[1]) for w in json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"]],
     }
 
 

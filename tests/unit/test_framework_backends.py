@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sparkml_dist import WorkerError
+from sparkml_dist import WorkerError, network
 from sparkml_dist.errors import ConfigurationError
 from sparkml_dist.runner import BarrierRunner, backends
 from sparkml_dist.runner.backend_base import after_import
@@ -76,6 +76,9 @@ def test_multi_worker_mirrored_strategy_trains_the_same_weights_on_both_workers(
     for o in out:
         assert o["workers"] == 2 and o["replicas"] == 2 and o["sum"] == 3.0
         assert o["keras"] == "tf_keras"  # tf.keras is Keras 2 (TF_USE_LEGACY_KERAS=1)
+        # each gRPC server bound a port no other process could be handed between the task's
+        # close and its bind (a CI run lost one: "Could not start gRPC server")
+        assert all(p in network.quiet_ports() for p in o["ports"]), o["ports"]
     assert out[0]["weights"] == out[1]["weights"]
 
 

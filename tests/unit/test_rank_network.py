@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sparkml_dist import ConfigurationError, channel, channel_server
+from sparkml_dist import ConfigurationError, channel, channel_server, network
 from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel_server import LogServer
 from sparkml_dist.runner import BarrierRunner, admission
@@ -129,3 +129,29 @@ def test_the_store_watch_matches_the_store_address_and_gives_up_after_start_time
         server.close()
     assert store_watch._address("0100007F") == "127.0.0.1"
     assert store_watch._address("0000000000000000FFFF00000100007F") == "127.0.0.1"
+
+
+def test_a_port_a_framework_binds_again_is_outside_the_ephemeral_range_and_free_everywhere(monkeypatch):
+    """TensorFlow's gRPC server binds [::]:port after the task closes its socket: the port must be
+    one no bind(0)/connect of another process can take meanwhile, and held on no other address."""
+    listener = network.reserve_port("127.0.0.1")
+    port = listener.getsockname()[1]
+    (low, high), _ = network._port_ranges()
+    assert listener.getsockname()[0] == "127.0.0.1" and not low <= port <= high
+    listener.close()
+    grpc_like = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # as TensorFlow binds it
+    grpc_like.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+    grpc_like.bind(("::", port))
+    grpc_like.close()
+    # a port held on another address of the host is skipped: the wildcard bind would fail on it
+    held = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    held.bind(("127.0.0.2", port))
+    monkeypatch.setattr(network, "quiet_ports", lambda: range(port, port + 1))
+    fallback = network.reserve_port("127.0.0.1", tries=8)
+    assert fallback.getsockname()[1] != port  # after the tries, any free port: never the held one
+    fallback.close()
+    monkeypatch.setattr(network, "quiet_ports", lambda: range(port, port + 2))
+    chosen = network.reserve_port("127.0.0.1", tries=64)
+    assert chosen.getsockname()[1] == port + 1
+    chosen.close()
+    held.close()
