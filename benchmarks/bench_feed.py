@@ -5,7 +5,10 @@ Each contender goes from a DataFrame of ``--rows`` x 50 float columns + a label 
 batches of ``--batch`` rows (tensors) on every rank, end to end (launch, moving the rows, the epoch):
 
 - ``ours_parquet``: a plain Parquet scan, each rank reading its own row ranges from the files;
-- ``ours_spark``: the same rows through Spark (``read_files=False``: any other DataFrame's path);
+- ``ours_spark``: the same rows dealt through Spark (``read_files=False``: the exact deal);
+- ``ours_computed`` / ``td_computed``: a computed DataFrame as a feature pipeline makes it (a join
+  with a dimension table, then ``VectorAssembler`` into one ``features`` vector column): ours writes
+  its rows once as Parquet and the ranks read them like a scan; TorchDistributor's loader as above;
 - ``torch_distributor``: pyspark's ``TorchDistributor._train_on_dataframe`` with its
   ``_get_spark_partition_data_loader`` (what a TorchDistributor user writes);
 - ``*_launch``: the same launches with no data, subtracted to give the feeding time alone.
@@ -41,7 +44,7 @@ def _mb(key: str) -> float:
     return 0.0
 
 
-def ours_epoch(batch, read_ahead=1):
+def ours_epoch(batch, read_ahead=1, columns=None):
     """One epoch of our streamed loader on this rank: rows, steady samples/s, peak RSS growth."""
     import torch  # noqa: F401 - imported before the baseline, as a training function would
 
@@ -51,7 +54,7 @@ def ours_epoch(batch, read_ahead=1):
     with open("/proc/self/clear_refs", "w") as fh:
         fh.write("5")  # VmHWM from here on
     rows, first = 0, None
-    for *_xs, y in shard().dataloader(batch, COLS + ["label"], seed=0, read_ahead=read_ahead):
+    for *_xs, y in shard().dataloader(batch, columns or COLS + ["label"], seed=0, read_ahead=read_ahead):
         if first is None:
             first = time.perf_counter()
         else:
@@ -68,9 +71,23 @@ def td_epoch(cols, rows_per_rank, batch):
 
     rows = 0
     for b in _get_spark_partition_data_loader(rows_per_rank, batch, num_workers=0):
-        X = torch.stack([torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b[:-1]], dim=1)
+        xs = [torch.as_tensor(np.asarray(c, dtype=np.float32)) for c in b[:-1]]
+        X = xs[0] if len(xs) == 1 else torch.stack(xs, dim=1)
         rows += len(X)
     return {"rows": rows}
+
+
+def computed(df, spark):
+    """A feature pipeline's output: a join with a dimension table, then VectorAssembler."""
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    dim = spark.range(100).select(F.col("id").cast("int").alias("bucket"), (F.col("id") / 100).alias("prior"))
+    joined = df.withColumn("bucket", F.floor((F.col("c0") + 1) * 50).cast("int")).join(
+        F.broadcast(dim), "bucket"
+    )
+    assembler = VectorAssembler(inputCols=COLS + ["prior"], outputCol="features")
+    return assembler.transform(joined).select("features", "label")
 
 
 def launch_only():
@@ -99,6 +116,7 @@ def main() -> None:
             (F.rand(99) > 0.5).cast("int").alias("label"),
         ).write.parquet(path)
     df = spark.read.parquet(path)
+    pipeline = computed(df, spark)
     quiet = dict(log_ranks="none", timeout=1800)
     td = lambda: TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)  # noqa: E731
     per_rank = args.rows // 2
@@ -112,6 +130,15 @@ def main() -> None:
         "torch_distributor": lambda: td()._train_on_dataframe(
             td_epoch, df.repartition(2), COLS + ["label"], per_rank, args.batch
         ),
+        "ours_computed": lambda: BarrierRunner(2, **quiet).run_with_data(
+            pipeline, ours_epoch, args.batch, columns=["features", "label"], return_all=True
+        ),
+        "ours_computed_exact": lambda: BarrierRunner(2, read_files=False, **quiet).run_with_data(
+            pipeline, ours_epoch, args.batch, columns=["features", "label"], return_all=True
+        ),
+        "td_computed": lambda: td()._train_on_dataframe(
+            td_epoch, pipeline.repartition(2), ["features", "label"], per_rank, args.batch
+        ),
         "ours_launch": lambda: BarrierRunner(2, **quiet).run(launch_only),
         "torch_distributor_launch": lambda: td().run(launch_only),
     }
@@ -119,19 +146,25 @@ def main() -> None:
         fn()  # warm-up: Python workers, page cache
     walls, last = interleaved(contenders, args.repeats)
     best = {k: min(v) for k, v in walls.items()}
-    feed = {
-        "ours_parquet": best["ours_parquet"] - best["ours_launch"],
-        "ours_spark": best["ours_spark"] - best["ours_launch"],
-        "torch_distributor": best["torch_distributor"] - best["torch_distributor_launch"],
-    }
+    launch = {"td": best["torch_distributor_launch"], "ours": best["ours_launch"]}
+    feed = {k: v - launch["td" if k.startswith(("td", "torch")) else "ours"] for k, v in best.items()}
     print(f"\n{args.rows:,} x 50 floats + label, batch {args.batch}, 2 ranks, best of {args.repeats}")
-    for name in ("ours_parquet", "ours_spark", "torch_distributor"):
-        print(f"  {name:18s} end to end {best[name]:7.2f} s   feeding alone {feed[name]:7.2f} s")
-    for name in ("ours_parquet", "ours_spark"):
-        td_best = best["torch_distributor"]
+    shown = ("ours_parquet", "ours_spark", "torch_distributor", "ours_computed", "ours_computed_exact")
+    for name in (*shown, "td_computed"):
+        print(f"  {name:19s} end to end {best[name]:7.2f} s   feeding alone {feed[name]:7.2f} s")
+    print(
+        f"  the exact deal (read_files=False) on the computed DataFrame: "
+        f"{best['ours_computed_exact'] / best['ours_computed']:.2f}x the staged path's time end to end"
+    )
+    peers = {
+        "ours_parquet": "torch_distributor",
+        "ours_spark": "torch_distributor",
+        "ours_computed": "td_computed",
+    }
+    for name, peer in peers.items():
         print(
-            f"  {name}/TorchDistributor: end to end {td_best / best[name]:.1f}x faster, "
-            f"feeding alone {feed['torch_distributor'] / max(feed[name], 1e-9):.1f}x faster"
+            f"  {name}/{peer}: end to end {best[peer] / best[name]:.1f}x faster, "
+            f"feeding alone {feed[peer] / max(feed[name], 1e-9):.1f}x faster"
         )
         ranks = last[name]
         steady = statistics.mean(r["steady_per_s"] for r in ranks)

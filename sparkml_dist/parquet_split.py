@@ -138,6 +138,20 @@ def _footer(uri: str):
     return meta
 
 
+def unreadable_column(df) -> Optional[str]:
+    """Why a column of ``df`` cannot be read from Parquet files as Spark delivers it, or None."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    try:
+        expected = to_arrow_schema(df.schema)
+    except Exception as exc:
+        return f"its schema has types Arrow does not map ({exc})"
+    for field in expected:
+        if _norm(field.type) is None:
+            return f"column {field.name!r} has type {field.type}, which is read through Spark"
+    return None
+
+
 def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
     """``(split, "")`` when ``df`` can be read from its Parquet files, else ``(None, why not)``."""
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -149,13 +163,10 @@ def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
         reason = f"its plan could not be inspected ({type(exc).__name__})"
     if reason:
         return None, reason
-    try:
-        expected = to_arrow_schema(df.schema)
-    except Exception as exc:
-        return None, f"its schema has types Arrow does not map ({exc})"
-    for field in expected:
-        if _norm(field.type) is None:
-            return None, f"column {field.name!r} has type {field.type}, which is read through Spark"
+    reason = unreadable_column(df)
+    if reason:
+        return None, reason
+    expected = to_arrow_schema(df.schema)
     uris = sorted(df.inputFiles())
     if not uris:
         return None, "it lists no input files"

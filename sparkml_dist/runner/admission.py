@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from typing import Any, Callable, Optional
 
@@ -49,6 +50,18 @@ def check_arguments(
             f"log_dir must be a directory path every executor can write (a local or mounted "
             f"path such as /dbfs/logs/run1), got {log_dir!r}"
         )
+
+
+def check_staging_dir(staging_dir: Any) -> Optional[str]:
+    """A directory path or URI (``s3://...``); a relative local path made absolute for the ranks."""
+    if staging_dir is None:
+        return None
+    if not isinstance(staging_dir, str) or not staging_dir.strip():
+        raise ConfigurationError(
+            f"staging_dir must be a directory path or URI every executor writes and the driver reads "
+            f"(e.g. /dbfs/tmp/staging or s3://bucket/staging), got {staging_dir!r}"
+        )
+    return staging_dir if "://" in staging_dir else os.path.abspath(staging_dir)
 
 
 def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:

@@ -17,13 +17,13 @@ import os
 import threading
 import time
 import uuid
-from typing import Any, Callable, List, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel_server import listen
 from ..errors import WorkerError
-from . import admission, elastic, failures, launchers, sharding
+from . import admission, elastic, failures, launchers, sharding, staging
 from .launchers import Deadline
 from .task_spec import TaskSpec
 
@@ -57,6 +57,7 @@ class Run:
         self.world = runner.world_size  # this attempt's ranks: fewer after an elastic restart (min_np)
         self.attempt = 0
         self.track: Any = tracking.NullRun()  # rank 0's metrics land there
+        self._staged: Optional[staging.Staged] = None  # the rows as Parquet files, for this run
 
     def execute(self):
         """The whole run, restarts included, inside its MLflow run (when tracking is on)."""
@@ -79,6 +80,8 @@ class Run:
             try:
                 return self._attempts()
             finally:
+                if self._staged is not None:
+                    self._staged.remove()
                 self.track.log_metrics(
                     {"wall_seconds": time.perf_counter() - started, "attempts": self.attempt}
                 )
@@ -133,12 +136,33 @@ class Run:
         if df is None:
             return None, None
         with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
-            files = None
             if r.read_files:
-                files = sharding.file_split(df, self.world, self.replicas, self.streams)
-            if files is not None:
-                return files, None
+                files, why = sharding.file_split(self._staged.df if self._staged else df, *self._cut)
+                if files is None and self._staged is None:
+                    files = self._stage(why)
+                if files is not None:
+                    return files, None
             return sharding.spark_shards(df, self.world, r.seed, self.per_task, self.replicas, self.streams)
+
+    @property
+    def _cut(self):
+        return self.world, self.replicas, self.streams
+
+    def _stage(self, not_files: str):
+        """Not a plain Parquet scan: the rows written once as Parquet and read from there (once
+        per run: restarts and resizes re-cut the same files), or None for the exact deal."""
+        where, why = staging.root(self.spark, self.runner.staging_dir, self.runner.np < 0)
+        why = why or staging.why_not(self.df, bool(self.runner.checkpoint_dir or self.streams))
+        if why:
+            log.info("run_with_data: the rows are dealt through Spark (%s; %s)", not_files, why)
+            return None
+        self._staged = staging.stage(self.df, where)
+        files, why = sharding.file_split(self._staged.df, *self._cut)
+        if files is None:  # the staged files cannot be read from here (a remote Connect server's)
+            log.info("run_with_data: the staged rows are dealt through Spark: %s", why)
+            self._staged.remove()
+            self._staged = None
+        return files
 
     def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark

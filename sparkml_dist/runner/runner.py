@@ -101,11 +101,20 @@ class BarrierRunner:
             Python memory, or with ``use_gpu`` in one GPU (``torch.cuda.mem_get_info`` for ranks
             on this machine, ``spark.sparkml_dist.gpu.memory`` for executors), is refused before
             launching (see :mod:`sparkml_dist.plan`).
-        read_files: when ``df`` given to :meth:`run_with_data` is a plain scan of Parquet files
-            (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), each
-            task reads its rows straight from the files with pyarrow (contiguous, balanced row
-            ranges in file order; see :mod:`sparkml_dist.parquet_split`) instead of Spark
-            converting and shuffling them. False always moves rows through Spark (dealt to ranks).
+        read_files: the ranks read :meth:`run_with_data`'s rows from Parquet files with pyarrow
+            (contiguous row ranges whose sizes differ by at most one row, in file order; see
+            :mod:`sparkml_dist.parquet_split`): a plain Parquet scan's own files
+            (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), any
+            other DataFrame's rows written once as Parquet under ``staging_dir`` (one Spark job, no
+            shuffle; see :mod:`sparkml_dist.runner.staging`). False deals the rows through Spark
+            by a hash of their content (a counting job, two shuffles): the same shards whatever
+            the input's partitioning, and the DataFrame is never written.
+        staging_dir: where a DataFrame that is not a plain Parquet scan is written for the ranks
+            (removed after the run): default ``spark.sparkml_dist.stagingDir``, else this
+            machine's temporary directory when every rank runs here (``local[N]``,
+            ``local-cluster``, ``np < 0``); on another cluster with neither, rows are dealt
+            through Spark. A path every executor writes and the driver reads (``s3://``,
+            ``hdfs://``, a shared mount such as ``/dbfs/tmp``).
         spark: the SparkSession (default: the active one).
         log_sink: where streamed lines go (default ``sys.stdout.write``: the notebook cell).
         log_dir: also write every rank's whole output (streamed or not) there, one file per rank
@@ -157,6 +166,7 @@ class BarrierRunner:
         checkpoint_dir: Optional[str] = None,
         model_bytes: Optional[int] = None,
         read_files: bool = True,
+        staging_dir: Optional[str] = None,
         spark=None,
         log_sink: Optional[Callable[[str], Any]] = None,
         log_dir: Optional[str] = None,
@@ -187,6 +197,7 @@ class BarrierRunner:
         self.collective_timeout = collective_timeout or min(timeout or 600.0, DEFAULT_COLLECTIVE_TIMEOUT)
         self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
         self.read_files, self.model_bytes, self.checkpoint_dir = bool(read_files), model_bytes, checkpoint_dir
+        self.staging_dir = admission.check_staging_dir(staging_dir)
         self.log_dir = os.path.abspath(log_dir) if log_dir else None
         self.max_restarts = max_restarts
         self.spark = spark

@@ -6,8 +6,10 @@ The rows are cut into ``S`` *streams* (``streams=``, default the number of data 
 
 * a plain Parquet scan is read straight from its files by the ranks themselves
   (:func:`sparkml_dist.parquet_split.split_files`: ``S`` contiguous row ranges whose sizes differ by
-  at most one row): no Spark job moves the rows, no local copy is made;
-* anything else moves through Spark: rows are dealt to streams by the shared partitioning layer
+  at most one row): no Spark job moves the rows, no local copy is made; any other DataFrame is
+  first written once as Parquet files (:mod:`sparkml_dist.runner.staging`) and read the same way;
+* with ``read_files=False`` (or no staging directory on a cluster) the rows move through Spark:
+  they are dealt to streams by the shared partitioning layer
   (:func:`sparkml_dist.partitioning.balanced_groups`: sizes differ by at most one row whatever the
   rows, duplicates included; the same rows and seed give the same streams however the input is
   partitioned), each task's partition holding its ranks' streams in the order of the rows' keys,
@@ -49,12 +51,11 @@ def layout(world: int, replicas: Optional[int], streams: Optional[int]) -> Tuple
 
 
 def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional[int] = None):
-    """The streams of ``df``'s Parquet files, or None to move the rows through Spark."""
+    """``(the streams of df's Parquet files, "")``, or ``(None, why df is not read from files)``."""
     data_world, per, count = layout(world, replicas, streams)
     split, why = parquet_split.split_files(df, count)
     if split is None:
-        log.info("run_with_data: the rows go through Spark, not straight from files: %s", why)
-        return None
+        return None, why
     if split.num_rows < count:
         raise _too_few_rows(split.num_rows, count, streams is not None)
     log.info(
@@ -64,7 +65,7 @@ def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional
         count,
         len({s.uri for part in split.parts for s in part}),
     )
-    return ParquetSlices(split, Streams(tuple(split.rows), data_world, per))
+    return ParquetSlices(split, Streams(tuple(split.rows), data_world, per)), ""
 
 
 MAX_DENSE_VECTOR = 1 << 16  # entries of a vector column the ranks get as a dense array, per row

@@ -428,3 +428,31 @@ def skip_an_all_reduce(skipper=1, hold=60.0):
         return -1
     dist.all_reduce(t)
     return dist.get_rank()
+
+
+def staged_shard(stage_dir, batch_size=16):
+    """This rank's ids and feature rows, its batches per epoch, and the run directories under
+    ``stage_dir`` while the rank runs (the staged copy of the rows, if any)."""
+    import os
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import context, init_process_group, shard
+
+    init_process_group()
+    s = shard()
+    steps = sum(1 for _ in s.dataloader(batch_size, ["id"], shuffle=True, seed=3))
+    ids = s.to_numpy(["id"]).reshape(-1).astype(int).tolist()
+    features = s.to_numpy(["features"]).tolist()
+    hashed = s.to_numpy(["tf"])
+    dist.barrier()
+    runs = sorted(os.listdir(stage_dir)) if os.path.isdir(stage_dir) else []
+    return {
+        "rank": context().rank,
+        "ids": ids,
+        "features": features,
+        "tf_width": int(hashed.shape[1]),
+        "tf_sums": hashed.sum(axis=1).tolist(),
+        "steps": steps,
+        "staged": runs,
+    }
