@@ -96,7 +96,7 @@ def stage(df, root_dir: str) -> Staged:
                 "the rows through Spark"
             ) from None
     log.info("run_with_data: writing the rows once as Parquet to %s", path)
-    df.write.mode("errorifexists").parquet(path)
+    df.write.mode("error").parquet(path)  # a fresh directory: never over anything (Connect spells it so)
     return Staged(path, df.sparkSession.read.schema(df.schema).parquet(path))  # no inference job
 
 
