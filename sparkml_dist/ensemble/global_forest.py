@@ -162,7 +162,10 @@ class _GlobalForest(Estimator, StageReadWrite):
         conf = _spark_env.conf_of(spark)
         data, columns = self._rank_columns(dataset, weight_col)
         t = p["timeout"]
-        runner = BarrierRunner(workers, spark=spark, log_ranks="none", start_timeout=t, collective_timeout=t)
+        # never staged: the same rows and seed give the same forest however the input is partitioned
+        runner = BarrierRunner(
+            workers, spark=spark, log_ranks="none", start_timeout=t, collective_timeout=t, staging_dir=False
+        )
         try:
             raw = runner.run_with_data(
                 data,

@@ -52,10 +52,11 @@ def check_arguments(
         )
 
 
-def check_staging_dir(staging_dir: Any) -> Optional[str]:
-    """A directory path or URI (``s3://...``); a relative local path made absolute for the ranks."""
-    if staging_dir is None:
-        return None
+def check_staging_dir(staging_dir: Any) -> Any:
+    """A directory path or URI (``s3://...``; a relative local path made absolute for the ranks),
+    None (the default place), or False (never stage: the exact deal)."""
+    if staging_dir is None or staging_dir is False:
+        return staging_dir
     if not isinstance(staging_dir, str) or not staging_dir.strip():
         raise ConfigurationError(
             f"staging_dir must be a directory path or URI every executor writes and the driver reads "

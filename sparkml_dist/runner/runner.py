@@ -113,7 +113,8 @@ class BarrierRunner:
             (removed after the run): default ``spark.sparkml_dist.stagingDir``, else this
             machine's temporary directory when every rank runs here (``local[N]``,
             ``local-cluster``, ``np < 0``); on another cluster with neither, rows are dealt
-            through Spark. A path every executor writes and the driver reads (``s3://``,
+            through Spark; False: never (the exact deal, for results that must not depend on
+            how ``df`` is partitioned). A path every executor writes and the driver reads (``s3://``,
             ``hdfs://``, a shared mount such as ``/dbfs/tmp``).
         spark: the SparkSession (default: the active one).
         log_sink: where streamed lines go (default ``sys.stdout.write``: the notebook cell).
@@ -166,7 +167,7 @@ class BarrierRunner:
         checkpoint_dir: Optional[str] = None,
         model_bytes: Optional[int] = None,
         read_files: bool = True,
-        staging_dir: Optional[str] = None,
+        staging_dir: Union[str, bool, None] = None,
         spark=None,
         log_sink: Optional[Callable[[str], Any]] = None,
         log_dir: Optional[str] = None,

@@ -42,8 +42,10 @@ log = logging.getLogger(__name__)
 STAGING_CONF = "spark.sparkml_dist.stagingDir"
 
 
-def root(spark, staging_dir: Optional[str], local_ranks: bool) -> Tuple[Optional[str], str]:
+def root(spark, staging_dir, local_ranks: bool) -> Tuple[Optional[str], str]:
     """``(the staging root, "")``, or ``(None, why the rows take the exact deal instead)``."""
+    if staging_dir is False:
+        return None, "staging_dir=False"
     if staging_dir:
         return staging_dir, ""
     conf = spark.conf.get(STAGING_CONF, None) if spark is not None else None

@@ -118,7 +118,7 @@ def test_tuner_with_four_trials_across_hosts(spark, hosts):
     assert result.best_params["x"] == 0.3
 
 
-@pytest.mark.parametrize("source", ["parquet", "spark"])
+@pytest.mark.parametrize("source", ["parquet", "spark", "staged"])
 def test_run_with_data_deals_every_row_once_across_hosts(spark, hosts, tmp_path, source):
     df = spark.range(0, 4000, 1, 5).selectExpr("cast(id as double) as x")
     if source == "parquet":
@@ -126,12 +126,17 @@ def test_run_with_data_deals_every_row_once_across_hosts(spark, hosts, tmp_path,
         df = spark.read.parquet(str(tmp_path / "t"))
     else:
         df = df.withColumn("x", df.x * 1.0)  # computed: no files to read
-    out = BarrierRunner(4, timeout=240, clean_work_dir=True).run_with_data(
+    # a cluster master: a computed DataFrame is dealt through Spark unless a staging directory
+    # every host reaches is given (the hosts share this file system, as a mount would)
+    stage = str(tmp_path / "stage") if source == "staged" else None
+    out = BarrierRunner(4, timeout=240, clean_work_dir=True, staging_dir=stage).run_with_data(
         df, h.shard_summary, 32, return_all=True
     )
     values = sorted(v for r in out for v in r["values"])
     assert values == [float(i) for i in range(4000)]
     assert sorted(r["rows"] for r in out) == [1000] * 4
+    if stage:
+        assert os.listdir(stage) == []  # written, read by the four ranks, removed
 
 
 def test_horovod_across_hosts(spark, hosts):
