@@ -1,6 +1,7 @@
 """A newcomer's install: a wheel built from this checkout, ``pip install <wheel>[torch]`` into a
 fresh virtual environment (nothing else: no ``make``, no activation, no PYSPARK_PYTHON), then the
-quickstart of the README and of the install page run by that venv's plain ``python``, from a
+quickstart of the README and of the install page, and a first example of each other feature the
+torch extra serves (per group, search, predict_batch), run by that venv's plain ``python`` from a
 directory outside the checkout (so the installed package is the one imported)."""
 
 import os
@@ -16,6 +17,32 @@ BLOCK = re.compile(r"<!-- run by tests/spark/test_readme.py -->\n```python\n(.*?
 # nothing of this session's: no PYTHONPATH to the checkout (pip would take its egg-info for an
 # installed sparkml_dist), no PYSPARK_PYTHON, no virtual environment on PATH
 SESSION_ONLY = ("PYSPARK", "PYTHON", "SPARKML_DIST", "VIRTUAL")
+# each other feature's first example, on the quickstart's session (``spark``)
+FEATURES = """
+from sklearn.linear_model import LogisticRegression
+from sklearn.tree import DecisionTreeClassifier
+from sparkml_dist.ensemble import train_per_group
+from sparkml_dist.inference import predict_batch
+from sparkml_dist.search import ParallelSearchCV
+
+Xs, ys = make_classification(n_samples=600, n_features=4, random_state=0)
+names = ["a", "b", "c", "d"]
+small = spark.createDataFrame(
+    pd.DataFrame(Xs, columns=names).assign(label=ys.astype(float), store=[f"s{i % 3}" for i in range(600)])
+)
+
+
+def fit(data, key):
+    m = LogisticRegression().fit(data[names], data["label"])
+    return m, {"acc": m.score(data[names], data["label"])}
+
+
+print("groups", len(train_per_group(small, fit, group_col="store").members))
+search = ParallelSearchCV(DecisionTreeClassifier(random_state=0), {"max_depth": [2, 4]}, cv=3).fit(Xs, ys)
+print("best", search.best_params_["max_depth"])
+scored = predict_batch(small, model=LogisticRegression().fit(Xs, ys), input_cols=names)
+print("scored", scored.count())
+"""
 
 
 def _run(cmd, cwd, env, timeout=900):
@@ -41,11 +68,15 @@ def test_a_wheel_installed_into_a_fresh_venv_runs_the_quickstart_from_a_plain_py
 
     pages = [open(os.path.join(ROOT, p)).read() for p in ("README.md", os.path.join("docs", "install.md"))]
     script = tmp_path / "quickstart.py"
-    script.write_text("\n\n".join(BLOCK.findall(pages[0])[:1] + BLOCK.findall(pages[1])) + "\n")
+    script.write_text("\n\n".join(BLOCK.findall(pages[0])[:1] + BLOCK.findall(pages[1]) + [FEATURES]))
     out = _run([python, str(script)], str(tmp_path), env, timeout=600)
     where = _run([python, "-c", "import sparkml_dist; print(sparkml_dist.__file__)"], str(tmp_path), env)
     assert where.startswith(str(venv)), where  # the installed package, not the checkout
     lines = out.strip().splitlines()
     accuracies = [float(x) for x in lines if re.fullmatch(r"0\.\d+|1\.0", x)]
     assert len(accuracies) == 2 and min(accuracies) > 0.8, out  # both bagging quickstarts trained
-    assert lines[-1] == "2000", out  # the two-rank job saw every row once
+    assert "2000" in lines, out  # the two-rank job saw every row once
+    assert lines[-3] == "groups 3" and lines[-2] in ("best 2", "best 4") and lines[-1] == "scored 600", out
+    assert _run([str(venv / "bin" / "sparkml-dist"), "--version"], str(tmp_path), env).strip(), (
+        "console script"
+    )

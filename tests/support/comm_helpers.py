@@ -1,0 +1,170 @@
+"""Rank functions for tests/unit/test_comm.py: DDP's communication settings and DiLoCo on real
+torch.distributed (gloo) ranks."""
+
+import torch
+
+FEATURES = 6
+
+
+def _data(rank, rows, seed=0):
+    g = torch.Generator().manual_seed(seed * 100 + rank)
+    X = torch.randn(rows, FEATURES, generator=g)
+    y = X @ torch.arange(1.0, FEATURES + 1) / FEATURES + 0.1 * torch.randn(rows, generator=g)
+    return X, y.unsqueeze(1)
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+
+
+def _flat(module):
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def accumulation(k=4, rows=8):
+    """k micro-steps with accumulate=k vs one step of one process on every rank's rows at once."""
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel import comm
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    rank, world = context().rank, context().world_size
+    net = comm.ddp(_net(), accumulate=k)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    X, y = _data(rank, rows * k)
+    lasts = []
+    for m in range(k):
+        with net.micro_step() as last:
+            xb, yb = X[m * rows : (m + 1) * rows], y[m * rows : (m + 1) * rows]
+            (torch.nn.functional.mse_loss(net(xb), yb) / k).backward()
+        lasts.append(last)
+    opt.step()
+    reduced = net.buckets_reduced
+    ref = _net()  # one process, one step on the concatenated global batch
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    Xs, ys = zip(*[_data(r, rows * k) for r in range(world)])
+    torch.nn.functional.mse_loss(ref(torch.cat(Xs)), torch.cat(ys)).backward()
+    ref_opt.step()
+    dist.barrier()
+    return {
+        "lasts": lasts,
+        "reduced": reduced,
+        "diff": float((_flat(net.module) - _flat(ref)).abs().max()),
+    }
+
+
+def compressed(compression, steps=60, resume_at=None):
+    """Train with a compression hook: the first and last loss; with ``resume_at``, also the
+    weights of a second model resumed at that step from the first's saved state (comm state
+    included), against the uninterrupted weights."""
+    import copy
+
+    from sparkml_dist.parallel import comm
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    rank = context().rank
+    X, y = _data(rank, 256, seed=1)
+    opts = dict(compression=compression, powersgd_rank=2, powersgd_start=3)
+
+    def run(net, opt, start, stop, saved=None):
+        losses = []
+        for step in range(start, stop):
+            xb, yb = X[(step * 32) % 256 :][:32], y[(step * 32) % 256 :][:32]
+            loss = torch.nn.functional.mse_loss(net(xb), yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            if saved is not None and step + 1 == resume_at:
+                saved.update(
+                    model=copy.deepcopy(net.module.state_dict()),
+                    opt=copy.deepcopy(opt.state_dict()),
+                    comm=copy.deepcopy(net.comm_state_dict()),
+                )
+        return losses
+
+    net = comm.ddp(_net(), **opts)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    saved = {}
+    losses = run(net, opt, 0, steps, saved if resume_at else None)
+    out = {"first": sum(losses[:5]) / 5, "last": sum(losses[-5:]) / 5}
+    if resume_at:
+        again = comm.ddp(_net(), **opts)
+        again.module.load_state_dict(saved["model"])
+        again_opt = torch.optim.SGD(again.parameters(), lr=0.05, momentum=0.9)
+        again_opt.load_state_dict(saved["opt"])
+        again.load_comm_state_dict(saved["comm"])
+        run(again, again_opt, resume_at, steps)
+        out["resume_diff"] = float((_flat(again.module) - _flat(net.module)).abs().max())
+    torch.distributed.barrier()
+    return out
+
+
+def bf16_on_gloo():
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel import comm
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    try:
+        comm.ddp(_net(), compression="bf16")
+        text = "accepted"
+    except Exception as exc:  # the refusal, as the user sees it
+        text = f"{type(exc).__name__}: {exc}"
+    dist.barrier()  # no rank leaves while another still needs rank 0's store
+    return text
+
+
+def diloco(sync_every, outer_lr, outer_momentum, nesterov, steps=16):
+    """DiLoCo's weights after ``steps`` inner SGD steps, per step: are the ranks equal?; and plain
+    DDP's weights after the same steps for comparison."""
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel.diloco import DiLoCo
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    rank, world = context().rank, context().world_size
+    X, y = _data(rank, 16 * steps, seed=2)
+    model = _net()
+    if rank == 1:  # a different start: DiLoCo makes it rank 0's
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+    inner = torch.optim.SGD(model.parameters(), lr=0.05)
+    outer = DiLoCo(
+        model, sync_every=sync_every, outer_lr=outer_lr, outer_momentum=outer_momentum, nesterov=nesterov
+    )
+    equal_after = []
+    for step in range(steps):
+        torch.nn.functional.mse_loss(
+            model(X[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16]
+        ).backward()
+        inner.step()
+        inner.zero_grad()
+        synced = outer.step()
+        mine = _flat(model)
+        gathered = [torch.zeros_like(mine) for _ in range(world)]
+        dist.all_gather(gathered, mine)
+        equal_after.append((synced, all(torch.equal(gathered[0], g) for g in gathered)))
+    ddp = torch.nn.parallel.DistributedDataParallel(_net())
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+    for step in range(steps):
+        torch.nn.functional.mse_loss(
+            ddp(X[step * 16 : (step + 1) * 16]), y[step * 16 : (step + 1) * 16]
+        ).backward()
+        opt.step()
+        opt.zero_grad()
+    state = outer.state_dict()
+    dist.barrier()
+    return {
+        "equal_after": equal_after,
+        "vs_ddp": float((_flat(model) - _flat(ddp.module)).abs().max()),
+        "bytes": outer.bytes_reduced,
+        "syncs": state["syncs"],
+        "params": int(sum(p.numel() for p in model.parameters())),
+    }

@@ -1,0 +1,48 @@
+"""Communication settings (sparkml_dist.parallel.comm) and DiLoCo (sparkml_dist.parallel.diloco)
+on real gloo ranks: local processes of the runner (np < 0)."""
+
+import pytest
+
+from sparkml_dist.runner import BarrierRunner
+from tests.support import comm_helpers as ch
+
+pytestmark = pytest.mark.slow
+
+
+def test_accumulate_k_all_reduces_once_per_k_micro_steps_and_equals_one_big_step():
+    out = BarrierRunner(-2, timeout=120).run(ch.accumulation, 4, return_all=True)
+    for o in out:
+        assert o["lasts"] == [False, False, False, True]
+        assert o["reduced"] == 1  # one bucket (a small model), all-reduced once for 4 micro-steps
+        assert o["diff"] < 1e-5  # = one step of one process on the 2 x 4 micro-batches at once
+
+
+@pytest.mark.parametrize("compression", ["fp16", "powersgd"])
+def test_compressed_gradients_train_and_powersgd_error_feedback_survives_a_resume(compression):
+    resume = 20 if compression == "powersgd" else None
+    out = BarrierRunner(-2, timeout=180).run(ch.compressed, compression, 60, resume, return_all=True)
+    for o in out:
+        assert o["last"] < 0.5 * o["first"], o  # it trains
+        if resume:  # the error feedback, factors and rng resumed: the same weights as uninterrupted
+            assert o["resume_diff"] < 1e-6, o
+
+
+def test_bf16_on_gloo_is_refused_naming_the_backend():
+    text = BarrierRunner(-2, timeout=120).run(ch.bf16_on_gloo)
+    assert text.startswith("ConfigurationError") and "'gloo'" in text and "fp16" in text
+
+
+def test_diloco_with_one_step_and_a_plain_outer_sgd_is_data_parallel_sgd():
+    out = BarrierRunner(-2, timeout=120).run(ch.diloco, 1, 1.0, 0.0, False, return_all=True)
+    for o in out:
+        assert o["vs_ddp"] < 1e-5
+        assert all(equal for _, equal in o["equal_after"])
+
+
+def test_diloco_ranks_drift_between_outer_steps_and_meet_at_each():
+    out = BarrierRunner(-2, timeout=120).run(ch.diloco, 8, 0.7, 0.9, True, 16, return_all=True)
+    for o in out:
+        assert [synced for synced, _ in o["equal_after"]] == [i % 8 == 7 for i in range(16)]
+        for synced, equal in o["equal_after"]:
+            assert equal == synced  # identical after each outer step, different between them
+        assert o["syncs"] == 2 and o["bytes"] == 2 * o["params"] * 4  # H=8: 2 all-reduces in 16 steps
