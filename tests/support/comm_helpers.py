@@ -168,3 +168,25 @@ def diloco(sync_every, outer_lr, outer_momentum, nesterov, steps=16):
         "syncs": state["syncs"],
         "params": int(sum(p.numel() for p in model.parameters())),
     }
+
+
+def powersgd_wide(steps=4, bucket_cap_mb=None):
+    """PowerSGD on gloo with a model of several DDP buckets (21 MiB of gradients): the steps end
+    (torch's hook alone deadlocks there), one bucket all-reduced per step."""
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel import comm
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    torch.manual_seed(0)
+    wide = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 2048))
+    try:
+        net = comm.ddp(wide, compression="powersgd", powersgd_rank=4, bucket_cap_mb=bucket_cap_mb)
+    except Exception as exc:
+        dist.barrier()
+        return f"{type(exc).__name__}: {exc}"
+    for _ in range(steps):
+        net(torch.randn(32, 512)).pow(2).mean().backward()
+    dist.barrier()
+    return {"buckets_reduced": net.buckets_reduced}

@@ -27,6 +27,13 @@ def test_compressed_gradients_train_and_powersgd_error_feedback_survives_a_resum
             assert o["resume_diff"] < 1e-6, o
 
 
+def test_powersgd_on_gloo_keeps_one_bucket_so_a_wide_model_does_not_deadlock():
+    out = BarrierRunner(-2, timeout=120, collective_timeout=60).run(ch.powersgd_wide, 4)
+    assert out == {"buckets_reduced": 4}  # one bucket per step: nothing left to wait on another
+    text = BarrierRunner(-2, timeout=120).run(ch.powersgd_wide, 1, 5)
+    assert "bucket_cap_mb >= 20" in text and "deadlock" in text  # a smaller bucket is refused
+
+
 def test_bf16_on_gloo_is_refused_naming_the_backend():
     text = BarrierRunner(-2, timeout=120).run(ch.bf16_on_gloo)
     assert text.startswith("ConfigurationError") and "'gloo'" in text and "fp16" in text
