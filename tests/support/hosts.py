@@ -8,6 +8,13 @@ Nothing crosses hosts over loopback: loopback in one namespace is not the other'
 ``block_ports`` drops packets at the driver's namespace (a firewall rule), ``add_worker`` starts a
 worker late (a cluster that grows).
 
+Links can be shaped like a cluster's Ethernet: ``shape("host1", "1gbit")`` gives the host's link
+that rate in both directions (``tc``'s token bucket, ``tbf``, on both ends of its veth: what it
+sends and what it receives), ``delay="0.5ms"`` adds that one-way delay to what it sends (``netem``:
+refused naming the missing kernel module where the kernel has none, as on the machine this was
+built on), ``unshape`` takes it off.  :meth:`Hosts.throughput` measures a link with a real TCP
+stream.
+
 Needs root and ``ip`` (iproute2) with ``unshare``; :func:`unavailable` says why not, for the skip.
 Everything is torn down on exit, also after a failed test: processes, namespaces, veths, the
 bridge, ``/etc/netns`` entries and work directories.
@@ -68,6 +75,59 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     if check and done.returncode != 0:
         raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
     return done
+
+
+def _tc(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    """``tc ARGS`` in the machine's own network namespace (``-n NS`` for a host's side)."""
+    home = f"--net=/proc/{os.getpid()}/fd/{_HOME_NS}"
+    done = subprocess.run(
+        ["nsenter", home, "tc", *args], capture_output=True, text=True, pass_fds=(_HOME_NS,)
+    )
+    if check and done.returncode != 0:
+        raise RuntimeError(f"tc {' '.join(args)}: {done.stderr.strip()}")
+    return done
+
+
+_UNITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "bit": 1.0}
+
+
+def bits_per_s(rate: str) -> float:
+    """``"1gbit"`` -> 1e9 (tc's units: bit, kbit, mbit, gbit)."""
+    text = str(rate).strip().lower()
+    for unit, scale in _UNITS.items():
+        if text.endswith(unit):
+            try:
+                value = float(text[: -len(unit)])
+            except ValueError:
+                break
+            if value > 0:
+                return value * scale
+    raise ValueError(f"rate {rate!r}: give a positive number with a unit of {list(_UNITS)}, e.g. '1gbit'")
+
+
+# what the receiving end of Hosts.throughput runs: counts the bytes of one connection, prints bits/s
+_RECEIVE = """
+import socket, sys, time
+server = socket.create_server((sys.argv[1], int(sys.argv[2])))
+print("ready", flush=True)
+conn, _ = server.accept()
+buf, got, first = bytearray(1 << 20), 0, None
+while True:
+    n = conn.recv_into(buf)
+    if not n:
+        break
+    first = first or time.perf_counter()
+    got += n
+print(got * 8 / (time.perf_counter() - first), flush=True)
+"""
+_SEND = """
+import socket, sys, time
+conn = socket.create_connection((sys.argv[1], int(sys.argv[2])))
+chunk, end = bytes(1 << 20), time.monotonic() + float(sys.argv[3])
+while time.monotonic() < end:
+    conn.sendall(chunk)
+conn.close()
+"""
 
 
 def _setns(path: str) -> None:
@@ -282,6 +342,65 @@ class Hosts:
         frm = ["from", self.hosts[source].address] if source else []
         drop = ["-n", ns, "rule", "add", "pref", "20", *frm, "iif", "eth0", "ipproto", "tcp", "dport"]
         _ip(*drop, "1024-65534", "blackhole")  # iproute2 6.1 refuses 65535 (never an ephemeral port)
+
+    # -- links like a cluster's ---------------------------------------------------------------
+    def shape(self, host: str, rate: str, delay: Optional[str] = None) -> None:
+        """Give ``host``'s link ``rate`` (``"1gbit"``, ``"10gbit"``) each way, and ``delay`` (one
+        way, on what it sends) where the kernel has ``netem``.  Replaces an earlier shaping."""
+        h = self.hosts[host]
+        bps = bits_per_s(rate)
+        # the bucket holds 2 ms of the rate and at least a few of veth's 64 KiB (GSO) packets:
+        # smaller, and big packets wait for tokens the bucket can never hold
+        burst = str(max(256 * 1024, int(bps / 8 * 0.002)))
+        tbf = ["tbf", "rate", rate, "burst", burst, "latency", "50ms"]
+        self.unshape(host)
+        if delay is not None:
+            done = _tc("-n", h.ns, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "netem",
+                       "delay", delay, check=False)  # fmt: skip
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"shape({host!r}, delay={delay!r}): this kernel cannot add delay ({done.stderr.strip()}: "
+                    "the sch_netem module is missing); shape the rate alone (delay=None)"
+                )
+            _tc("-n", h.ns, "qdisc", "add", "dev", "eth0", "parent", "1:1", "handle", "10:", *tbf)
+        else:
+            _tc("-n", h.ns, "qdisc", "add", "dev", "eth0", "root", *tbf)  # what the host sends
+        _tc("qdisc", "add", "dev", h.link, "root", *tbf)  # what the bridge sends it
+
+    def unshape(self, host: str) -> None:
+        """``host``'s link back to the veth's own speed."""
+        h = self.hosts[host]
+        _tc("-n", h.ns, "qdisc", "del", "dev", "eth0", "root", check=False)
+        _tc("qdisc", "del", "dev", h.link, "root", check=False)
+
+    def shaping(self, host: str) -> List[str]:
+        """The queueing disciplines on ``host``'s link, as ``tc qdisc show`` prints them."""
+        h = self.hosts[host]
+        lines = _tc("-n", h.ns, "qdisc", "show", "dev", "eth0").stdout.splitlines()
+        return lines + _tc("qdisc", "show", "dev", h.link).stdout.splitlines()
+
+    def throughput(self, src: str, dst: str, seconds: float = 2.0, port: int = 5301) -> float:
+        """Bits/s one TCP stream carries from ``src`` to ``dst`` for ``seconds`` (real sockets in
+        the two namespaces, the receiver counting from its first byte)."""
+        address = self.hosts[dst].address
+        wrap = ["ip", "netns", "exec"]
+        rx = subprocess.Popen(
+            wrap + [self.hosts[dst].ns, sys.executable, "-c", _RECEIVE, address, str(port)],
+            stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            if rx.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the receiver on {dst} did not start")
+            subprocess.run(
+                wrap + [self.hosts[src].ns, sys.executable, "-c", _SEND, address, str(port), str(seconds)],
+                check=True, timeout=seconds + 60,
+            )  # fmt: skip
+            out, _ = rx.communicate(timeout=60)
+            return float(out.strip())
+        finally:
+            if rx.poll() is None:
+                rx.kill()
+                rx.wait()
 
     def unblock_ports(self) -> None:
         ns = self.driver.ns
