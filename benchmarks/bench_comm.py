@@ -1,5 +1,11 @@
-"""DDP's communication settings and DiLoCo on this machine's loopback (unshaped): what each costs
-or saves against plain DDP, 2 ranks as local processes (gloo), one process per rank.
+"""DDP's and Horovod's communication settings and DiLoCo across hosts joined by Ethernet-like
+links: what each costs or saves against plain DDP, 2 ranks (gloo), one per host.
+
+The hosts are network namespaces on this machine (tests/support/hosts.py: needs root), a Spark
+standalone worker of one core in each, the ranks launched by ``BarrierRunner(2)`` one per host;
+each ``--links`` entry shapes both hosts' links (``tc`` token bucket, both directions) to that
+rate (``1gbit``, ``10gbit``) or leaves them unshaped (``unshaped``: the veth's ~45 Gbit/s).
+``--links loopback`` runs 2 local rank processes instead (no root needed).
 
 Every contender trains the same MLP (``--hidden`` wide: its gradients are large against the
 compute) on the same synthetic classification task for the same number of samples (fixed global
@@ -10,12 +16,15 @@ all-reduced per sample:
 - ``bucket1`` / ``bucket100``: ``bucket_cap_mb=1`` / ``100``;
 - ``accumulate4``: ``accumulate=4``, micro-batches of a quarter (one all-reduce per 4);
 - ``fp16`` / ``powersgd4``: the compression hooks (PowerSGD rank 4, after 2 plain steps);
-- ``diloco8``: no DDP; ``DiLoCo(sync_every=8)`` after each inner SGD step.
+- ``diloco8``: no DDP; ``DiLoCo(sync_every=8)`` after each inner SGD step;
+- ``hvd`` / ``hvd_fusion1`` / ``hvd_fp16``: Horovod's ``DistributedOptimizer`` through
+  ``comm.horovod`` with ``BarrierRunner(backend="horovod", comm=...)``: its defaults, a 1 MiB
+  fusion threshold (``bucket_cap_mb=1``), fp16 compression (needs Horovod: ``make horovod``).
 
-Contenders interleave, the order alternating each round. Shaped links (1 and 10 Gbit/s between
-network-namespace hosts) are not run here yet.
+Contenders interleave, the order alternating each round, on every link in turn.
 
-    python benchmarks/bench_comm.py [--hidden 2048] [--steps 40] [--repeats 2]
+    python benchmarks/bench_comm.py [--links unshaped,10gbit,1gbit] [--hidden 4096] [--steps 30]
+        [--repeats 2] [--settings ddp,...] [--figure docs/figures/comm_links.png]
 """
 
 from __future__ import annotations
@@ -65,12 +74,19 @@ def train(setting, hidden, steps, warmup=5):
         "powersgd4": {"compression": "powersgd", "powersgd_rank": 4},
     }
     outer = None
-    if setting == "diloco8":
+    if setting.startswith("hvd"):
+        net = model
+    elif setting == "diloco8":
         net = model
         outer = DiLoCo(model, sync_every=8)
     else:
         net = comm.ddp(model, **options[setting])
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9 if outer is None else 0.0)
+    if setting.startswith("hvd"):
+        import horovod.torch as hvd
+
+        opt = comm.horovod(opt, model)  # the run's comm= settings
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     per_rank = BATCH // world
     losses, started = [], None
     for step in range(warmup + steps):
@@ -102,7 +118,7 @@ def train(setting, hidden, steps, warmup=5):
             params * 4 * steps * s.total_numel_after_compression / max(s.total_numel_before_compression, 1)
         )
     else:
-        moved = params * (2 if setting == "fp16" else 4) * steps
+        moved = params * (2 if setting in ("fp16", "hvd_fp16") else 4) * steps
     return {
         "samples_per_s": samples / wall,
         "loss": sum(losses[-5:]) / 5,
@@ -119,30 +135,70 @@ class _null:
         return False
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--repeats", type=int, default=2)
-    args = ap.parse_args()
-    os.environ["PYTHONPATH"] = HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+SETTINGS = ("ddp", "bucket1", "bucket100", "accumulate4", "fp16", "powersgd4", "diloco8")
+HOROVOD = {"hvd": {}, "hvd_fusion1": {"bucket_cap_mb": 1}, "hvd_fp16": {"compression": "fp16"}}
+
+
+def contenders(settings, np, args):
     from sparkml_dist.runner import BarrierRunner
 
-    settings = ("ddp", "bucket1", "bucket100", "accumulate4", "fp16", "powersgd4", "diloco8")
-    contenders = {
-        s: (
-            lambda s=s: BarrierRunner(-2, log_ranks="none", timeout=600, collective_timeout=60).run(
-                train, s, args.hidden, args.steps
-            )
+    def one(s):
+        options = dict(log_ranks="none", timeout=1200, collective_timeout=300)
+        if s in HOROVOD:
+            options.update(backend="horovod", comm=HOROVOD[s])
+        return lambda: BarrierRunner(np, **options).run(train, s, args.hidden, args.steps)
+
+    return {s: one(s) for s in settings}
+
+
+def on_hosts(links, settings, args):
+    """{link: {setting: result}}: the cluster built once, each link shaped in turn."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    from sparkml_dist.session import get_session
+    from tests.support.hosts import SPARK_CONF, Hosts, unavailable
+
+    why = unavailable()
+    if why:
+        raise SystemExit(f"shaped links need network-namespace hosts: {why} (use --links loopback)")
+    out = {}
+    with Hosts(cores=1, memory="3g") as cluster:
+        conf = dict(SPARK_CONF)
+        conf.update(
+            {
+                "spark.driver.host": cluster.driver.address,
+                "spark.driver.bindAddress": cluster.driver.address,
+                "spark.executor.cores": "1",
+                "spark.cores.max": "2",
+                "spark.executor.memory": "1g",
+                "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
+            }
         )
-        for s in settings
-    }
-    _, last = interleaved(contenders, args.repeats)
+        spark = get_session(
+            cluster.master_url,
+            conf=conf,
+            conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
+            app_name="bench_comm",
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            for link in links:
+                for h in ("host1", "host2"):
+                    cluster.unshape(h) if link == "unshaped" else cluster.shape(h, link)
+                measured = cluster.throughput("host1", "host2", seconds=1.0)
+                print(f"== link {link}: one TCP stream carries {measured / 1e9:.2f} Gbit/s", flush=True)
+                _, out[link] = interleaved(contenders(settings, 2, args), args.repeats)
+                out[link]["_measured_gbit"] = measured / 1e9
+        finally:
+            spark.stop()
+    return out
+
+
+def report(link, last, settings, args):
     base = last["ddp"]
     print(
-        f"\nloopback, 2 ranks (gloo), MLP {FEATURES}-{args.hidden}-{args.hidden}-{CLASSES} "
-        f"({base['params'] / 1e6:.1f} M parameters), global batch {BATCH}, {args.steps} timed steps, "
-        f"last of {args.repeats} interleaved rounds"
+        f"\n{link}, 2 ranks (gloo){' on 2 hosts' if link != 'loopback' else ''}, MLP "
+        f"{FEATURES}-{args.hidden}-{args.hidden}-{CLASSES} ({base['params'] / 1e6:.1f} M parameters), "
+        f"global batch {BATCH}, {args.steps} timed steps, last of {args.repeats} interleaved rounds"
     )
     head = ("setting", "samples/s", "vs ddp", "loss", "bytes/sample", "vs ddp")
     print("  {:12s} {:>10s} {:>7s} {:>7s} {:>13s} {:>7s}".format(*head))
@@ -154,6 +210,56 @@ def main() -> None:
             f"  {s:12s} {r['samples_per_s']:10.0f} {speed:6.2f}x {r['loss']:7.3f} "
             f"{r['bytes_per_sample']:13,.0f} {moved:6.3f}x"
         )
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--links", default="unshaped,10gbit,1gbit")
+    ap.add_argument("--settings", default=",".join(SETTINGS + tuple(HOROVOD)))
+    ap.add_argument("--hidden", type=int, default=4096)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--figure", default=None)
+    args = ap.parse_args()
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]
+    )
+    links = args.links.split(",")
+    settings = args.settings.split(",")
+    if "ddp" not in settings:
+        raise SystemExit("--settings must include ddp (the baseline)")
+    if links == ["loopback"]:
+        _, last = interleaved(contenders(settings, -2, args), args.repeats)
+        results = {"loopback": last}
+    else:
+        results = on_hosts(links, settings, args)
+    for link, last in results.items():
+        report(link, last, settings, args)
+    if args.figure:
+        figure(results, settings, args)
+
+
+def figure(results, settings, args):
+    import figures
+
+    panels = [
+        {
+            "title": f"{link} ({r['_measured_gbit']:.2f} Gbit/s measured)" if "_measured_gbit" in r else link,
+            "ylabel": "samples/s vs plain DDP",
+            "bars": {s: round(r[s]["samples_per_s"] / r["ddp"]["samples_per_s"], 3) for s in settings},
+        }
+        for link, r in results.items()
+    ]
+    slowest = list(results)[-1]
+    panels.append(
+        {
+            "title": f"loss after the same samples ({slowest})",
+            "ylabel": "loss (lower is better)",
+            "bars": {s: round(results[slowest][s]["loss"], 4) for s in settings},
+        }
+    )
+    command = "python benchmarks/bench_comm.py " + " ".join(sys.argv[1:])
+    figures.save(args.figure, "bars", {"panels": panels}, command)
 
 
 if __name__ == "__main__":

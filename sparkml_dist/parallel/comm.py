@@ -1,4 +1,4 @@
-"""DDP's communication settings in one place: bucket size, accumulation, compression.  [rank]
+"""DDP's and Horovod's communication settings in one place: bucket size, accumulation, compression.  [rank]
 
 Runs inside a function given to :class:`~sparkml_dist.runner.BarrierRunner` (or any
 ``torch.distributed`` job).  :func:`ddp` wraps a model in ``DistributedDataParallel`` with the
@@ -14,7 +14,10 @@ settings the Horovod-era vocabulary names:
   low-rank factors per matrix and keeps the error it made (error feedback) for the next step;
   :meth:`DataParallel.comm_state_dict` holds that state so a checkpoint resumes it.
 
-Defaults are DDP's own: who sets nothing gets plain DDP.  On fast links compression costs more
+:func:`horovod` gives Horovod's ``DistributedOptimizer`` the same names (fusion threshold,
+accumulation, fp16).  A setting left None takes the run's ``BarrierRunner(comm={...})``
+(:mod:`sparkml_dist.runner.comm_settings`).  Defaults are DDP's own: who sets nothing gets plain
+DDP.  On fast links compression costs more
 than it saves (measured on loopback: docs/parallel.md); it pays only where the link is the
 bottleneck.  A setting the process group cannot do is refused naming the backend (bf16 on gloo);
 PowerSGD on gloo puts every gradient in one bucket (two in flight deadlock torch's hook there).
@@ -45,10 +48,11 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import ConfigurationError
+from ..runner import comm_settings
+from ..runner.comm_settings import COMPRESSIONS
+from .comm_horovod import horovod  # the same settings for Horovod's optimizer
 
-COMPRESSIONS = (None, "fp16", "bf16", "powersgd")
-
-__all__ = ["COMPRESSIONS", "DataParallel", "ddp"]
+__all__ = ["COMPRESSIONS", "DataParallel", "ddp", "horovod"]
 
 
 class DataParallel(DistributedDataParallel):
@@ -199,34 +203,20 @@ def _counted(net: DataParallel, hook):
     return counting
 
 
-def _check(accumulate, compression, powersgd_rank, bucket_cap_mb, process_group) -> None:
+def _check(settings: Dict[str, Any], process_group) -> None:
     """Each setting refused with its name, and what the process group cannot do with its backend."""
     if not dist.is_initialized():
         raise ConfigurationError(
             "comm.ddp: torch.distributed is not initialized: call "
             "sparkml_dist.runner.init_process_group() first"
         )
-    if not isinstance(accumulate, int) or isinstance(accumulate, bool) or accumulate < 1:
-        raise ConfigurationError(f"comm.ddp: accumulate must be a positive integer, got {accumulate!r}")
-    if compression not in COMPRESSIONS:
-        raise ConfigurationError(f"comm.ddp: compression must be one of {COMPRESSIONS}, got {compression!r}")
-    if not isinstance(powersgd_rank, int) or powersgd_rank < 1:
-        raise ConfigurationError(f"comm.ddp: powersgd_rank must be a positive integer, got {powersgd_rank!r}")
+    comm_settings.check_values("comm.ddp", settings)
     backend = dist.get_backend(process_group)
-    if compression == "bf16" and backend != "nccl":
+    if settings["compression"] == "bf16" and backend != "nccl":
         raise ConfigurationError(
             f"comm.ddp: compression='bf16' needs the nccl backend; this process group is {backend!r} "
             "(gloo cannot all-reduce bfloat16): use compression='fp16' or None"
         )
-    if bucket_cap_mb is not None:
-        if (
-            isinstance(bucket_cap_mb, bool)
-            or not isinstance(bucket_cap_mb, (int, float))
-            or bucket_cap_mb <= 0
-        ):
-            raise ConfigurationError(
-                f"comm.ddp: bucket_cap_mb must be a positive number, got {bucket_cap_mb!r}"
-            )
 
 
 def _one_bucket(model: torch.nn.Module, bucket_cap_mb: Optional[float]) -> float:
@@ -244,40 +234,8 @@ def _one_bucket(model: torch.nn.Module, bucket_cap_mb: Optional[float]) -> float
     return max(bucket_cap_mb or 0.0, size_mb + 1.0)
 
 
-def ddp(
-    model: torch.nn.Module,
-    *,
-    bucket_cap_mb: Optional[float] = None,
-    accumulate: int = 1,
-    compression: Optional[str] = None,
-    powersgd_rank: int = 1,
-    powersgd_start: int = 2,
-    static_graph: bool = False,
-    process_group=None,
-    **ddp_options: Any,
-) -> DataParallel:
-    """``model`` in :class:`DataParallel` (``DistributedDataParallel``) with these settings.
-
-    Args:
-        bucket_cap_mb: MiB of gradients all-reduced together (DDP's default 25; Horovod's fusion
-            threshold).
-        accumulate: micro-steps per optimizer step; :meth:`DataParallel.micro_step` all-reduces on
-            the last of each ``accumulate`` only.
-        compression: None (DDP's all-reduce of float32), ``"fp16"``, ``"bf16"`` (NCCL only) or
-            ``"powersgd"`` (rank-``powersgd_rank`` factors with error feedback, after
-            ``powersgd_start`` plain steps).
-        static_graph: DDP's ``static_graph``.
-        **ddp_options: any other ``DistributedDataParallel`` argument (``device_ids``, ...).
-    """
-    _check(accumulate, compression, powersgd_rank, bucket_cap_mb, process_group)
-    if compression == "powersgd" and dist.get_backend(process_group) == "gloo":
-        bucket_cap_mb = _one_bucket(model, bucket_cap_mb)
-    if bucket_cap_mb is not None:
-        ddp_options["bucket_cap_mb"] = bucket_cap_mb
-    net = DataParallel(model, process_group=process_group, static_graph=static_graph, **ddp_options)
-    net.accumulate, net._micro, net.buckets_reduced = accumulate, 0, 0
-    net._params = [p for p in net.module.parameters() if p.requires_grad]
-    net._layouts, net._pending, net._restored = {}, None, set()
+def _register_hook(net: DataParallel, compression, powersgd_rank, powersgd_start, process_group) -> None:
+    """DDP's communication hook for ``compression``, counting the buckets it all-reduces."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if compression == "powersgd":
@@ -296,4 +254,59 @@ def ddp(
             "bf16": default_hooks.bf16_compress_hook,
         }[compression]
         net.register_comm_hook(process_group, _counted(net, hook))
+
+
+def ddp(
+    model: torch.nn.Module,
+    *,
+    bucket_cap_mb: Optional[float] = None,
+    accumulate: Optional[int] = None,
+    compression: Optional[str] = None,
+    powersgd_rank: Optional[int] = None,
+    powersgd_start: Optional[int] = None,
+    static_graph: Optional[bool] = None,
+    process_group=None,
+    **ddp_options: Any,
+) -> DataParallel:
+    """``model`` in :class:`DataParallel` (``DistributedDataParallel``) with these settings.
+
+    A setting left None takes the run's (``BarrierRunner(comm={...})``, see
+    :mod:`sparkml_dist.runner.comm_settings`), else the default given below.
+
+    Args:
+        bucket_cap_mb: MiB of gradients all-reduced together (DDP's default 25; Horovod's fusion
+            threshold).
+        accumulate: micro-steps per optimizer step (default 1); :meth:`DataParallel.micro_step`
+            all-reduces on the last of each ``accumulate`` only.
+        compression: None (DDP's all-reduce of float32), ``"fp16"``, ``"bf16"`` (NCCL only) or
+            ``"powersgd"`` (rank-``powersgd_rank`` factors, default 1, with error feedback, after
+            ``powersgd_start`` plain steps, default 2).
+        static_graph: DDP's ``static_graph`` (default False).
+        **ddp_options: any other ``DistributedDataParallel`` argument (``device_ids``, ...).
+    """
+    settings = comm_settings.resolve(
+        {
+            "bucket_cap_mb": bucket_cap_mb,
+            "accumulate": accumulate,
+            "compression": compression,
+            "powersgd_rank": powersgd_rank,
+            "powersgd_start": powersgd_start,
+            "static_graph": static_graph,
+        }
+    )
+    _check(settings, process_group)
+    bucket_cap_mb, accumulate, compression = (
+        settings[k] for k in ("bucket_cap_mb", "accumulate", "compression")
+    )
+    powersgd_rank, powersgd_start = settings["powersgd_rank"], settings["powersgd_start"]
+    static_graph = settings["static_graph"]
+    if compression == "powersgd" and dist.get_backend(process_group) == "gloo":
+        bucket_cap_mb = _one_bucket(model, bucket_cap_mb)
+    if bucket_cap_mb is not None:
+        ddp_options["bucket_cap_mb"] = bucket_cap_mb
+    net = DataParallel(model, process_group=process_group, static_graph=static_graph, **ddp_options)
+    net.accumulate, net._micro, net.buckets_reduced = accumulate, 0, 0
+    net._params = [p for p in net.module.parameters() if p.requires_grad]
+    net._layouts, net._pending, net._restored = {}, None, set()
+    _register_hook(net, compression, powersgd_rank, powersgd_start, process_group)
     return net

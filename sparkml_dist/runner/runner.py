@@ -31,7 +31,7 @@ import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import arg_checks
-from . import admission, backends, elastic, rank_env
+from . import admission, backends, comm_settings, elastic, rank_env
 from .run import Run
 from .sample_order import check_streams
 
@@ -143,6 +143,11 @@ class BarrierRunner:
             names look secret are never logged. An active MLflow run's tracking URI, credentials and
             run id reach the ranks the same way, so ``mlflow.log_metric`` in a rank lands in the
             job's run.
+        comm: communication settings for every rank (``{"bucket_cap_mb": 100, "compression":
+            "fp16", "accumulate": 4}``): the defaults of ``sparkml_dist.parallel.comm.ddp`` (torch)
+            and ``comm.horovod`` in the ranks, Horovod's fusion threshold and cycle time set before
+            it starts; a name the backend has no meaning for is refused naming it. See
+            :mod:`sparkml_dist.runner.comm_settings`.
         min_np: elastic restarts (with ``max_restarts``): after a failure, the next attempt starts
             with as many ranks as the cluster holds slots for now, between ``min_np`` and ``np``,
             instead of waiting for ``np`` (a lost host no longer blocks the run); a later restart
@@ -178,16 +183,17 @@ class BarrierRunner:
         gpus_per_rank: int = 1,
         min_np: Optional[int] = None,
         env: Optional[dict] = None,
+        comm: Optional[dict] = None,
     ) -> None:
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
-        self.env = rank_env.check_env(env)
+        self.comm = comm_settings.check(comm, backend, bool(use_gpu))
+        self.env = rank_env.check_env(env) + comm_settings.rank_env(self.comm, backend)
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
         self.backend_spec = backends.get(backend)  # what differs between torch.distributed and Horovod
         self.backend_spec.check_installed()
-        self.np = np
-        self.world_size = abs(np)
+        self.np, self.world_size = np, abs(np)
         self.min_np = admission.check_min_np(min_np, np, max_restarts)
         self.backend = backend
         self.use_gpu = bool(use_gpu)

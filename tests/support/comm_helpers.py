@@ -190,3 +190,75 @@ def powersgd_wide(steps=4, bucket_cap_mb=None):
         net(torch.randn(32, 512)).pow(2).mean().backward()
     dist.barrier()
     return {"buckets_reduced": net.buckets_reduced}
+
+
+def run_settings(explicit_accumulate=None):
+    """What ``comm.ddp(model)`` took from the run's ``comm=``: accumulation, DDP's bucket size,
+    the compression hook (its steps train), and what an argument given there changes."""
+    import os
+
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel import comm
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    net = comm.ddp(_net(), accumulate=explicit_accumulate)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    X, y = _data(context().rank, 8 * net.accumulate)
+    lasts = []
+    for m in range(net.accumulate):
+        with net.micro_step() as last:
+            (torch.nn.functional.mse_loss(net(X[m * 8 : (m + 1) * 8]), y[m * 8 : (m + 1) * 8])).backward()
+        lasts.append(last)
+    opt.step()
+    gathered = [None] * context().world_size
+    dist.all_gather_object(gathered, _flat(net.module))
+    dist.barrier()
+    return {
+        "accumulate": net.accumulate,
+        "bucket_bytes": net.bucket_bytes_cap,
+        "lasts": lasts,
+        "reduced": net.buckets_reduced,
+        "env": os.environ.get("SPARKML_DIST_COMM"),
+        "same_weights": all(torch.equal(gathered[0], g) for g in gathered),
+    }
+
+
+def horovod_settings(second_threshold_mb=None):
+    """``comm.horovod(opt, model)`` under ``BarrierRunner(backend="horovod", comm=...)``: the
+    HOROVOD_* variables Horovod started with, the optimizer's accumulation and compression, two
+    accumulated micro-steps trained to identical weights; with ``second_threshold_mb``, what a
+    fusion threshold other than the one Horovod started with says."""
+    import os
+
+    import horovod.torch as hvd
+
+    from sparkml_dist.parallel import comm
+
+    model = _net()
+    opt = comm.horovod(torch.optim.SGD(model.parameters(), lr=0.1), model)  # starts Horovod
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    X, y = _data(hvd.rank(), 16)
+    for m in range(2):  # backward_passes_per_step=2: the all-reduce after the second
+        torch.nn.functional.mse_loss(model(X[m * 8 : (m + 1) * 8]), y[m * 8 : (m + 1) * 8]).backward()
+    opt.step()
+    weights = hvd.allgather_object(_flat(model))
+    out = {
+        "env": {
+            k: v for k, v in os.environ.items() if k in ("HOROVOD_FUSION_THRESHOLD", "HOROVOD_CYCLE_TIME")
+        },
+        "passes": opt.backward_passes_per_step,
+        "compression": opt._compression.__name__,
+        "same_weights": all(torch.equal(weights[0], w) for w in weights),
+    }
+    if second_threshold_mb is not None:
+        try:
+            comm.horovod(
+                torch.optim.SGD(model.parameters(), lr=0.1), model, bucket_cap_mb=second_threshold_mb
+            )
+            out["second"] = "accepted"
+        except Exception as exc:
+            out["second"] = f"{type(exc).__name__}: {exc}"
+    hvd.join()
+    return out

@@ -53,3 +53,50 @@ def test_diloco_ranks_drift_between_outer_steps_and_meet_at_each():
         for synced, equal in o["equal_after"]:
             assert equal == synced  # identical after each outer step, different between them
         assert o["syncs"] == 2 and o["bytes"] == 2 * o["params"] * 4  # H=8: 2 all-reduces in 16 steps
+
+
+def test_the_runs_comm_settings_are_comm_ddps_defaults_and_an_argument_wins():
+    runner = BarrierRunner(-2, timeout=120, comm={"accumulate": 3, "bucket_cap_mb": 1, "compression": "fp16"})
+    for o in runner.run(ch.run_settings, return_all=True):
+        assert o["accumulate"] == 3 and o["lasts"] == [False, False, True] and o["reduced"] == 1
+        assert o["bucket_bytes"] == 2**20 and o["same_weights"]
+        assert '"compression": "fp16"' in o["env"]
+    for o in runner.run(ch.run_settings, 2, return_all=True):  # comm.ddp(model, accumulate=2)
+        assert o["accumulate"] == 2 and o["lasts"] == [False, True] and o["bucket_bytes"] == 2**20
+
+
+def test_horovod_takes_the_same_names_fusion_threshold_cycle_time_fp16_and_accumulation():
+    pytest.importorskip("horovod.torch", reason="needs Horovod (make horovod)")
+    comm = {"bucket_cap_mb": 1, "cycle_time_ms": 2, "compression": "fp16", "accumulate": 2}
+    out = BarrierRunner(-2, backend="horovod", timeout=180, comm=comm).run(
+        ch.horovod_settings, 8, return_all=True
+    )
+    for o in out:
+        assert o["env"] == {"HOROVOD_FUSION_THRESHOLD": str(2**20), "HOROVOD_CYCLE_TIME": "2.0"}
+        assert o["passes"] == 2 and o["compression"] == "FP16Compressor" and o["same_weights"]
+        assert "HOROVOD_FUSION_THRESHOLD" in o["second"] and "comm={...}" in o["second"]  # not silently kept
+
+
+@pytest.mark.parametrize(
+    "backend, comm, says",
+    [
+        ("torch", {"bucket_size": 4}, "unknown settings ['bucket_size']"),
+        ("torch", {"cycle_time_ms": 2}, "['cycle_time_ms'] mean nothing to the torch backend"),
+        ("horovod", {"compression": "powersgd"}, "on the horovod backend"),
+        ("horovod", {"powersgd_rank": 4}, "mean nothing to the horovod backend"),
+        ("torch", {"compression": "bf16"}, "use_gpu=True"),
+        ("horovod", {"hierarchical": True}, "hierarchical=True is Horovod's NCCL"),
+        ("torch", {"accumulate": 0}, "accumulate must be a positive integer"),
+        ("torch", {"bucket_cap_mb": "25"}, "bucket_cap_mb must be a positive number"),
+        ("tensorflow", {"accumulate": 2}, "backend='tensorflow' has its own"),
+        ("torch", ["fp16"], "comm must be a dict"),
+    ],
+)
+def test_a_comm_setting_the_backend_cannot_take_is_refused_on_the_driver_naming_it(backend, comm, says):
+    from sparkml_dist.errors import ConfigurationError
+    from sparkml_dist.runner import comm_settings
+
+    with pytest.raises(ConfigurationError, match=None) as info:
+        comm_settings.check(comm, backend, use_gpu=False)
+    assert says in str(info.value)
+    assert comm_settings.check(None, "torch", False) == {} and comm_settings.rank_env({}, "torch") == ()

@@ -194,13 +194,15 @@ def test_the_checker_finds_each_lie(tmp_path):
 # The feature rooms (sub-packages), the shared floor beneath them (the top-level modules and
 # formats/), and the front doors above (the command line, the drop-ins and facades): the floor
 # imports no room, and a room uses another room only through its package or its documented
-# modules (the runner's context, protocol and checkpoint; an ensemble's persistence).
+# modules (the runner's context, protocol, checkpoint and comm settings; an ensemble's persistence).
 ROOMS = ("ensemble", "runner", "tune", "parallel", "search")
 FRONT_DOORS = (
     "cli", "horovod", "distributor", "tensorflow_distributor", "keras", "inference", "mlflow_flavor",
     "__main__",
 )  # fmt: skip
-PUBLIC_MODULES = ("runner.context", "runner.protocol", "runner.checkpoint", "ensemble.persistence")
+PUBLIC_MODULES = (
+    "runner.context", "runner.protocol", "runner.checkpoint", "runner.comm_settings", "ensemble.persistence",
+)  # fmt: skip
 
 
 def back_arrows(root: pathlib.Path, package: str) -> List[str]:

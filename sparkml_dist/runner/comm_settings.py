@@ -1,0 +1,172 @@
+"""A run's communication settings, ``BarrierRunner(comm={...})``: checked once, read by each rank.  [anywhere]
+
+One vocabulary for DDP and Horovod (the documents' *fusion buffer*, *gradient accumulation* and
+*compression*), so a run switches backend without renaming its settings:
+
+* ``bucket_cap_mb``: DDP's bucket size (default 25 MiB); Horovod's fusion threshold
+  (``HOROVOD_FUSION_THRESHOLD``, default 128 MiB);
+* ``accumulate=k``: DDP's ``micro_step()`` all-reduces on 1 of k; Horovod's
+  ``backward_passes_per_step=k``;
+* ``compression``: DDP None, ``"fp16"``, ``"bf16"`` (nccl) or ``"powersgd"``; Horovod None or
+  ``"fp16"`` (``hvd.Compression.fp16``);
+* DDP only: ``powersgd_rank`` (default 1), ``powersgd_start`` (plain steps first, default 2),
+  ``static_graph``;
+* Horovod only: ``cycle_time_ms`` (``HOROVOD_CYCLE_TIME``), ``hierarchical``
+  (``HOROVOD_HIERARCHICAL_ALLREDUCE``: Horovod's NCCL path).
+
+The driver refuses a name the backend has no meaning for, naming the backend (never ignored), and
+values out of range naming the setting.  The settings reach every rank, on every attempt, as
+``SPARKML_DIST_COMM`` (JSON) in its environment: ``comm.ddp(model)`` and ``comm.horovod(opt,
+model)`` take them as their defaults (an argument given there wins).  What Horovod reads only when
+``hvd.init()`` starts it (fusion threshold, cycle time, hierarchical all-reduce) is also set as its
+own ``HOROVOD_*`` variables, so code that calls ``hvd.DistributedOptimizer`` directly gets them too.
+
+Example::
+
+    BarrierRunner(2, comm={"compression": "powersgd", "powersgd_rank": 4}).run(train)
+    BarrierRunner(2, backend="horovod", comm={"bucket_cap_mb": 64, "compression": "fp16"}).run(train)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional, Tuple
+
+from ..errors import ConfigurationError
+
+ENV = "SPARKML_DIST_COMM"
+COMPRESSIONS = (None, "fp16", "bf16", "powersgd")
+DEFAULTS: Dict[str, Any] = {
+    "bucket_cap_mb": None,
+    "accumulate": 1,
+    "compression": None,
+    "powersgd_rank": 1,
+    "powersgd_start": 2,
+    "static_graph": False,
+    "cycle_time_ms": None,
+    "hierarchical": False,
+}
+BY_BACKEND = {
+    "torch": (
+        "bucket_cap_mb",
+        "accumulate",
+        "compression",
+        "powersgd_rank",
+        "powersgd_start",
+        "static_graph",
+    ),
+    "horovod": ("bucket_cap_mb", "accumulate", "compression", "cycle_time_ms", "hierarchical"),
+}
+COMPRESSIONS_BY_BACKEND = {"torch": COMPRESSIONS, "horovod": (None, "fp16")}
+
+
+def _positive(where: str, name: str, value: Any, integer: bool) -> None:
+    kinds = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+        what = "a positive integer" if integer else "a positive number"
+        raise ConfigurationError(f"{where}: {name} must be {what}, got {value!r}")
+
+
+def check_values(where: str, settings: Dict[str, Any], backend: str = "torch") -> None:
+    """Each value in range, refused naming ``where`` (``comm={...}``, ``comm.ddp``) and the setting."""
+    for name in ("accumulate", "powersgd_rank"):
+        if name in settings:
+            _positive(where, name, settings[name], integer=True)
+    if "powersgd_start" in settings:
+        start = settings["powersgd_start"]
+        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
+            raise ConfigurationError(f"{where}: powersgd_start must be an integer >= 1, got {start!r}")
+    for name in ("bucket_cap_mb", "cycle_time_ms"):
+        if settings.get(name) is not None:
+            _positive(where, name, settings[name], integer=False)
+    for name in ("static_graph", "hierarchical"):
+        if name in settings and not isinstance(settings[name], bool):
+            raise ConfigurationError(f"{where}: {name} must be True or False, got {settings[name]!r}")
+    allowed = COMPRESSIONS_BY_BACKEND.get(backend, COMPRESSIONS)
+    if settings.get("compression") not in allowed:
+        raise ConfigurationError(
+            f"{where}: compression must be one of {allowed} on the {backend} backend, "
+            f"got {settings['compression']!r}"
+        )
+
+
+def check(comm: Optional[dict], backend: str, use_gpu: bool) -> Dict[str, Any]:
+    """``BarrierRunner(comm=...)``: the settings, each name one ``backend`` knows and each value in
+    range; what the backend cannot do on this run's devices refused naming it."""
+    if comm is None:
+        return {}
+    if not isinstance(comm, dict):
+        raise ConfigurationError(
+            f"comm must be a dict of settings ({sorted(DEFAULTS)}), got {type(comm).__name__}"
+        )
+    known = BY_BACKEND.get(backend)
+    if known is None:
+        raise ConfigurationError(
+            f"comm={{...}} sets torch DDP's and Horovod's communication; backend={backend!r} has its "
+            "own (TensorFlow's CollectiveCommunication, JAX's collectives): leave comm out"
+        )
+    unknown = sorted(k for k in comm if k not in DEFAULTS)
+    if unknown:
+        raise ConfigurationError(f"comm: unknown settings {unknown}; the settings are {sorted(DEFAULTS)}")
+    foreign = sorted(k for k in comm if k not in known)
+    if foreign:
+        raise ConfigurationError(
+            f"comm: {foreign} mean nothing to the {backend} backend (its settings: {list(known)}); "
+            "leave them out or choose the backend they belong to"
+        )
+    check_values("comm", comm, backend)
+    if comm.get("compression") == "bf16" and not use_gpu:
+        raise ConfigurationError(
+            "comm: compression='bf16' needs the nccl backend (use_gpu=True); on CPU the ranks use gloo, "
+            "which cannot all-reduce bfloat16: use 'fp16' or None"
+        )
+    if comm.get("hierarchical") and not use_gpu:
+        raise ConfigurationError(
+            "comm: hierarchical=True is Horovod's NCCL all-reduce (within a host, then across hosts); "
+            "on CPU Horovod all-reduces with gloo, which has no hierarchical mode: leave it out"
+        )
+    return dict(comm)
+
+
+def horovod_env(settings: Dict[str, Any]) -> Dict[str, str]:
+    """The ``HOROVOD_*`` variables Horovod reads when ``hvd.init()`` starts it."""
+    env = {}
+    if settings.get("bucket_cap_mb") is not None:
+        env["HOROVOD_FUSION_THRESHOLD"] = str(int(round(settings["bucket_cap_mb"] * 2**20)))
+    if settings.get("cycle_time_ms") is not None:
+        env["HOROVOD_CYCLE_TIME"] = repr(float(settings["cycle_time_ms"]))
+    if settings.get("hierarchical"):
+        env["HOROVOD_HIERARCHICAL_ALLREDUCE"] = "1"
+    return env
+
+
+def rank_env(settings: Dict[str, Any], backend: str) -> Tuple[Tuple[str, str], ...]:
+    """What every rank's environment holds for ``settings`` (nothing when there are none)."""
+    if not settings:
+        return ()
+    env = {ENV: json.dumps(settings, sort_keys=True)}
+    if backend == "horovod":
+        env.update(horovod_env(settings))
+    return tuple(env.items())
+
+
+def of_run() -> Dict[str, Any]:
+    """In a rank: the run's ``comm=`` settings (empty outside a run, or when it set none)."""
+    text = os.environ.get(ENV)
+    if not text:
+        return {}
+    try:
+        loaded = json.loads(text)
+    except ValueError as e:
+        raise ConfigurationError(f"{ENV} is not the JSON the runner writes ({e}): unset it") from e
+    if not isinstance(loaded, dict):
+        raise ConfigurationError(f"{ENV} must hold a JSON object of settings, got {type(loaded).__name__}")
+    return loaded
+
+
+def resolve(given: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings a rank uses: an argument given (not None) wins over the run's, which win over
+    the defaults."""
+    run = of_run()
+    return {k: given[k] if given.get(k) is not None else run.get(k, DEFAULTS[k]) for k in given}
