@@ -16,7 +16,7 @@ all-reduced per sample:
 - ``bucket1`` / ``bucket100``: ``bucket_cap_mb=1`` / ``100``;
 - ``accumulate4``: ``accumulate=4``, micro-batches of a quarter (one all-reduce per 4);
 - ``fp16`` / ``powersgd4``: the compression hooks (PowerSGD rank 4, after 2 plain steps);
-- ``diloco8``: no DDP; ``DiLoCo(sync_every=8)`` after each inner SGD step;
+- ``diloco8``: no DDP; ``DiLoCo(sync_every=8)`` after each inner SGD step (``dilocoH``: any H);
 - ``hvd`` / ``hvd_fusion1`` / ``hvd_fp16``: Horovod's ``DistributedOptimizer`` through
   ``comm.horovod`` with ``BarrierRunner(backend="horovod", comm=...)``: its defaults, a 1 MiB
   fusion threshold (``bucket_cap_mb=1``), fp16 compression (needs Horovod: ``make horovod``).
@@ -52,9 +52,19 @@ def train(setting, hidden, steps, warmup=5):
     from sparkml_dist.parallel.diloco import DiLoCo
     from sparkml_dist.runner import context, init_process_group
 
-    init_process_group()
     torch.set_num_threads(1)
-    rank, world = context().rank, context().world_size
+    if setting.startswith("hvd"):  # Horovod starts with the run's comm= settings (HOROVOD_*)
+        import horovod.torch as hvd
+
+        hvd.init()
+        rank, world = hvd.rank(), hvd.size()
+
+        def barrier():  # Horovod matches collectives by name: the same on every rank
+            hvd.allreduce(torch.zeros(1), name="bench_barrier")
+    else:
+        init_process_group()
+        rank, world = context().rank, context().world_size
+        barrier = dist.barrier
     torch.manual_seed(0)
     model = torch.nn.Sequential(
         torch.nn.Linear(FEATURES, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
@@ -76,9 +86,9 @@ def train(setting, hidden, steps, warmup=5):
     outer = None
     if setting.startswith("hvd"):
         net = model
-    elif setting == "diloco8":
+    elif setting.startswith("diloco"):
         net = model
-        outer = DiLoCo(model, sync_every=8)
+        outer = DiLoCo(model, sync_every=int(setting[len("diloco") :]))
     else:
         net = comm.ddp(model, **options[setting])
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9 if outer is None else 0.0)
@@ -91,7 +101,7 @@ def train(setting, hidden, steps, warmup=5):
     losses, started = [], None
     for step in range(warmup + steps):
         if step == warmup:
-            dist.barrier()
+            barrier()
             started = time.perf_counter()
         x = torch.randn(per_rank, FEATURES, generator=g)
         y = (x @ W).argmax(1)
@@ -107,7 +117,7 @@ def train(setting, hidden, steps, warmup=5):
         if outer is not None:
             outer.step()
         losses.append(loss.item() * accumulate)
-    dist.barrier()
+    barrier()
     wall = time.perf_counter() - started
     samples = steps * BATCH
     if outer is not None:

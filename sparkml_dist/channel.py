@@ -23,7 +23,8 @@ A channel that keeps working whatever its peers do:
   handler thread (so MLflow or Optuna I/O in a handler never stalls frames), and a handler that
   raises is logged and the next message handled;
 * a connection costs a socket and a few bytes until it has proven it knows the secret; at most
-  :data:`MAX_UNAUTHENTICATED` wait at once and at most :data:`MAX_PER_SOURCE` from one address: a
+  :data:`MAX_UNAUTHENTICATED` beyond the peers it expects wait at once, and at most
+  :data:`MAX_PER_SOURCE` from one address: a
   new connection evicts the oldest waiting one (of its own address first), so a flood of idle
   connections cannot lock ranks out, and a client evicted before its acknowledgement retries with
   backoff (``retry_for``);
@@ -99,7 +100,8 @@ class LogClient:
     ``on_frame``: called (on a reader thread) with each JSON object the server sends back.
     ``retry_for``: seconds to keep retrying, with backoff, a handshake the server closed before
     acknowledging it (a flooded server evicts waiting connections); a refused or unreachable
-    address fails at once (``OSError``).
+    address fails at once (``OSError``).  ``source``: the local address to connect from (default:
+    the one the route gives).
     """
 
     def __init__(
@@ -110,9 +112,10 @@ class LogClient:
         timeout: float = 10.0,
         on_frame: Optional[Callable[[dict], None]] = None,
         retry_for: float = 0.0,
+        source: Optional[str] = None,
     ) -> None:
         self._lock = threading.Lock()
-        self._sock: Optional[socket.socket] = self._connect(host, port, secret, timeout, retry_for)
+        self._sock: Optional[socket.socket] = self._connect(host, port, secret, timeout, retry_for, source)
         self._sock.settimeout(SEND_TIMEOUT)
         if on_frame is not None:
             reader = threading.Thread(
@@ -121,10 +124,15 @@ class LogClient:
             reader.start()
 
     @staticmethod
-    def _connect(host: str, port: int, secret: bytes, timeout: float, retry_for: float) -> socket.socket:
+    def _connect(
+        host: str, port: int, secret: bytes, timeout: float, retry_for: float, source: Optional[str]
+    ) -> socket.socket:
         deadline, delay = time.monotonic() + retry_for, 0.05
+        bind = (source, 0) if source else None
         while True:
-            sock = socket.create_connection((host, port), timeout=timeout)  # refused: raises at once
+            sock = socket.create_connection(
+                (host, port), timeout=timeout, source_address=bind
+            )  # refused: raises
             try:
                 sock.settimeout(min(timeout, HANDSHAKE_TIMEOUT))
                 nonce = recv_exact(sock, NONCE)

@@ -24,7 +24,7 @@ from .channel import ACK, MAX_FRAME, NONCE
 
 log = logging.getLogger(__name__)
 
-MAX_UNAUTHENTICATED = 64
+MAX_UNAUTHENTICATED = 64  # beyond the connections the server expects (``expected``)
 MAX_PER_SOURCE = 48
 MAX_QUEUED = 100_000
 WARN_EVERY = 10.0
@@ -66,24 +66,37 @@ class LogServer:
     on a handler thread of its own.
 
     ``host``: the address to listen on (the one the ranks are told); a host name is resolved.
+    ``expected``: how many peers will connect (a run's tasks): that many handshakes may wait at
+    once on top of :data:`MAX_UNAUTHENTICATED` (thousands of tasks starting together are not
+    evicted as a flood; measured with simulated ranks: benchmarks/bench_scale.py).  The process's
+    soft limit on open files is raised to its hard one: each peer holds a descriptor, and Linux's
+    default soft limit (1,024) is below a large run's tasks.
     """
 
     def __init__(
-        self, secret: bytes, on_message: Callable, host: str = "127.0.0.1", replies: bool = False
+        self,
+        secret: bytes,
+        on_message: Callable,
+        host: str = "127.0.0.1",
+        replies: bool = False,
+        expected: int = 0,
     ) -> None:
+        _raise_open_files_limit()
         self._secret = secret
         self._on_message = on_message
         self._replies = replies
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((socket.gethostbyname(host), 0))
-        self._sock.listen(128)
+        self._sock.listen(1024)  # the kernel caps it at net.core.somaxconn
+        self.max_waiting = MAX_UNAUTHENTICATED + max(0, int(expected))
         self._sock.setblocking(False)
         self.address = self._sock.getsockname()[0]
         self.port = self._sock.getsockname()[1]
         self._warn = _Warnings()
         self.handler_errors = 0
         self.accepted = 0  # connections that passed the handshake
+        self.dropped, self._shed_said = 0, -WARN_EVERY  # log lines with no room in the handler's queue
         self._conns: Dict[int, _Conn] = {}
         self._queue: "queue.Queue" = queue.Queue(MAX_QUEUED)
         self._selector = selectors.DefaultSelector()
@@ -142,7 +155,7 @@ class LogServer:
         authenticate (from ``addr`` when that address holds MAX_PER_SOURCE already)."""
         waiting = [c for c in self._conns.values() if not c.authenticated]
         same = [c for c in waiting if c.addr[0] == addr[0]]
-        pool = same if len(same) >= MAX_PER_SOURCE else waiting if len(waiting) >= MAX_UNAUTHENTICATED else []
+        pool = same if len(same) >= MAX_PER_SOURCE else waiting if len(waiting) >= self.max_waiting else []
         if pool:
             self._drop(min(pool, key=lambda c: c.deadline), "was evicted: too many connections waiting")
 
@@ -215,7 +228,32 @@ class LogServer:
                 try:
                     self._queue.put_nowait((message, send))
                 except queue.Full:
-                    self._warn(conn.addr, "sent more messages than the handler could take (one dropped)")
+                    self._room_for(message, send)
+
+    def _room_for(self, message: dict, send) -> None:
+        """The handler's queue is full: a log line is shed (counted); a report (rendezvous, done,
+        failed, metrics, a trial's) waits for room, up to WARN_EVERY seconds (a handler that
+        stopped cannot wedge the channel)."""
+        if message.get("type") != "line":
+            try:
+                self._queue.put((message, send), timeout=WARN_EVERY)
+                return
+            except queue.Full:
+                pass
+        self._shed()
+
+    def _shed(self) -> None:
+        """A log line the handler has no room for: dropped and counted (:attr:`dropped`), said at
+        most once per WARN_EVERY seconds; the connection stays.  Other messages wait for room."""
+        self.dropped += 1
+        now = time.monotonic()
+        if now - self._shed_said >= WARN_EVERY:
+            self._shed_said = now
+            log.warning(
+                "log channel: the ranks send lines faster than the driver shows them: %d dropped "
+                "so far (each rank's lines are all in its executor log)",
+                self.dropped,
+            )
 
     def _expire(self, now: float) -> None:
         for conn in [c for c in self._conns.values() if not c.authenticated and c.deadline < now]:
@@ -242,6 +280,20 @@ class LogServer:
         self._sock.close()
 
 
+def _raise_open_files_limit() -> None:
+    """The soft limit on open files up to the hard one (where the platform has them)."""
+    try:
+        import resource
+    except ImportError:  # not a Unix
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):  # an infinite hard limit some kernels refuse as a soft one
+            pass
+
+
 def _send_frame(sock: socket.socket, message: dict) -> None:
     """One small frame to a (non-blocking) server-side connection; a peer that has gone or stopped
     reading misses it (what the server sends is advice: the Spark job is the authority)."""
@@ -252,11 +304,13 @@ def _send_frame(sock: socket.socket, message: dict) -> None:
         pass
 
 
-def listen(secret: bytes, on_message: Callable, host: str, replies: bool = False) -> LogServer:
+def listen(
+    secret: bytes, on_message: Callable, host: str, replies: bool = False, expected: int = 0
+) -> LogServer:
     """A :class:`LogServer` on ``host`` (the address the ranks are given); on every interface, with
     a warning, when this machine cannot bind that address (a NAT'd or misconfigured driver host)."""
     try:
-        return LogServer(secret, on_message, host, replies)
+        return LogServer(secret, on_message, host, replies, expected)
     except OSError as exc:
         log.warning("log channel: cannot listen on %s (%s); listening on every interface instead", host, exc)
-        return LogServer(secret, on_message, "0.0.0.0", replies)
+        return LogServer(secret, on_message, "0.0.0.0", replies, expected)

@@ -53,6 +53,32 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _DEFAULT_CONF = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "conf", "spark-local.yaml")
 
 
+def _pairs(flag: str, items, value) -> dict:
+    """``NAME=VALUE`` arguments of a repeated ``flag`` as a dict, each value read by ``value``."""
+    out = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            from sparkml_dist.errors import ConfigurationError
+
+            raise ConfigurationError(f"{flag} {item!r}: write it as NAME=VALUE")
+        out[name] = value(text)
+    return out
+
+
+def _setting(text: str):
+    """A ``--comm`` value: a number, true/false, none, or the text itself (``fp16``)."""
+    import json
+
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return json.loads(lowered)  # 100, 2.5, true, false
+    except ValueError:
+        return text
+
+
 def _run_script(spark, args) -> int:
     from sparkml_dist.runner import BarrierRunner
     from sparkml_dist.runner.script import bundle, run_script
@@ -63,17 +89,12 @@ def _run_script(spark, args) -> int:
         args.script, *[[p for p in (v or "").split(",") if p] for v in (args.py_files, args.archives)]
     )
     script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    env = {}
-    for item in getattr(args, "env", []) or []:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            from sparkml_dist.errors import ConfigurationError
-
-            raise ConfigurationError(f"--env {item!r}: write it as NAME=VALUE")
-        env[name] = value
+    env = _pairs("--env", getattr(args, "env", []), str)
+    comm = _pairs("--comm", getattr(args, "comm", []), _setting)
     runner = BarrierRunner(
         args.np,
         env=env or None,
+        comm=comm or None,
         backend=args.backend,
         log_ranks=args.log_ranks,
         start_timeout=args.start_timeout,
@@ -100,6 +121,15 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="NAME=VALUE",
         help="an environment variable for every rank (repeat it for several)",
+    )
+    p.add_argument(
+        "--comm",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a communication setting for every rank: bucket_cap_mb=100, accumulate=4, "
+        "compression=fp16|powersgd, powersgd_rank=4, ... (repeat it for several; "
+        "see sparkml_dist.runner.comm_settings)",
     )
     p.add_argument(
         "--backend",

@@ -211,7 +211,7 @@ class Run:
         monitor.on_metrics = self.track.log_metrics
         secret = new_secret()
         host = _spark_env.driver_host(self.spark)
-        server = listen(secret, monitor.on_message, host)
+        server = listen(secret, monitor.on_message, host, expected=self.world // self.per_task)
         quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
         ok = False
         try:
@@ -226,6 +226,13 @@ class Run:
             quiet.cancel()
             server.close()
             monitor.end(ok)
+            if server.dropped:  # never silently: how many, and where every line is
+                r.sink(
+                    f"sparkml_dist: {server.dropped:,} lines from the ranks were not shown: they came "
+                    "faster than this driver handles them; every line is in its rank's executor log"
+                    + (f" and in {r.log_dir}" if r.log_dir else "")
+                    + " (stream fewer ranks: log_ranks)\n"
+                )
         if self.return_all:
             return [results[(k, 0)] for k in range(self.world)]
         return results[(0, 0)]

@@ -81,3 +81,20 @@ def test_a_script_that_imports_its_siblings_runs_unchanged(spark, tmp_path, monk
         assert cwd == str(launch)  # torchrun's rule: where the command was started
         assert "vocab ['a', 'b']; extra 42" in line
     assert (launch / "vocab" / "words.txt").read_text() == "a b\n"  # unpacked there, once
+
+
+@masters("local")
+def test_comm_settings_on_the_command_line_reach_comm_ddp_in_an_unchanged_script(spark, capsys, tmp_path):
+    script = tmp_path / "comm_train.py"
+    script.write_text(
+        "import torch, torch.distributed as dist\n"
+        "from sparkml_dist.parallel import comm\n"
+        "dist.init_process_group('gloo')\n"
+        "net = comm.ddp(torch.nn.Linear(4, 1))\n"
+        "print('settings', net.accumulate, net.bucket_bytes_cap, net.static_graph)\n"
+        "dist.barrier()\n"
+    )
+    comm = ["accumulate=3", "bucket_cap_mb=1", "static_graph=true"]
+    assert _run(spark, str(script), comm=comm, env=[]) == 0
+    out = capsys.readouterr().out
+    assert out.count("settings 3 1048576 True") == 2, out[-2000:]  # both ranks

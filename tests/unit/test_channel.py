@@ -125,7 +125,7 @@ def _run_flooded_and_faulty(monkeypatch, fn, *args):
     handler raises on every third output line."""
     real_listen, floods = channel_server.listen, []
 
-    def listen(secret, on_message, host, replies=False):
+    def listen(secret, on_message, host, replies=False, expected=0):
         count = [0]
 
         def faulty(message, *rest):  # raises on every third output line (not on other frames)
@@ -134,7 +134,7 @@ def _run_flooded_and_faulty(monkeypatch, fn, *args):
                 raise RuntimeError("a faulty handler")
             return on_message(message, *rest)
 
-        server = real_listen(secret, faulty, host, replies)
+        server = real_listen(secret, faulty, host, replies, expected)
         flood = Flood(server.port, 500, server.address)
         flood.__enter__()
         floods.append(flood)
@@ -165,3 +165,29 @@ def test_a_run_under_a_flood_and_a_faulty_handler_keeps_its_logs_and_failure_rep
     assert "rank 1" in str(info.value) and "injected failure" in str(info.value)
     assert time.monotonic() - start < 120
     assert_no_rank_left()
+
+
+def test_lines_beyond_what_the_handler_takes_are_shed_and_counted_and_reports_wait(monkeypatch):
+    monkeypatch.setattr(channel_server, "MAX_QUEUED", 10)
+    secret, got, release = new_secret(), [], threading.Event()
+
+    def slow(message):
+        release.wait(30)
+        got.append(message)
+
+    server = LogServer(secret, slow, "127.0.0.1")
+    try:
+        client = LogClient("127.0.0.1", server.port, secret)
+        for n in range(50):
+            client.send({"type": "line", "n": n})
+        assert _wait(lambda: server.dropped > 0)
+        client.send({"type": "done", "rank": 0})  # a report: waits for room, never shed
+        time.sleep(0.5)
+        release.set()
+        assert _wait(lambda: any(m["type"] == "done" for m in got))
+        lines = [m for m in got if m["type"] == "line"]
+        assert len(lines) + server.dropped == 50 and server.dropped >= 30  # every line shown or counted
+        assert client.connected and server.rejected == 0  # the connection stays
+    finally:
+        release.set()
+        server.close()

@@ -100,3 +100,14 @@ def test_a_comm_setting_the_backend_cannot_take_is_refused_on_the_driver_naming_
         comm_settings.check(comm, backend, use_gpu=False)
     assert says in str(info.value)
     assert comm_settings.check(None, "torch", False) == {} and comm_settings.rank_env({}, "torch") == ()
+
+
+def test_cli_comm_values_are_read_as_numbers_booleans_or_text():
+    from sparkml_dist.cli import _pairs, _setting
+
+    items = ["bucket_cap_mb=2.5", "accumulate=4", "hierarchical=true", "compression=fp16"]
+    got = _pairs("--comm", items, _setting)
+    assert got == {"bucket_cap_mb": 2.5, "accumulate": 4, "hierarchical": True, "compression": "fp16"}
+    assert _setting("None") is None
+    with pytest.raises(Exception, match="--comm 'accumulate': write it as NAME=VALUE"):
+        _pairs("--comm", ["accumulate"], _setting)
