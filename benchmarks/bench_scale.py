@@ -51,6 +51,27 @@ def members(n: int) -> dict:
     }
 
 
+def figure(rows, args) -> None:
+    import figures
+
+    def panel(title, ylabel, log_ranks, key):
+        bars = {f"{o['world']:,} ranks": round(o[key], 2) for lr, o in rows if lr == log_ranks}
+        return {"title": title, "ylabel": ylabel, "bars": bars}
+
+    panels = [
+        panel("slowest rank past the rendezvous (log_ranks=0)", "seconds", "0", "rendezvous_s"),
+        panel("driver memory growth (log_ranks=all)", "MiB", "all", "rss_growth_mib"),
+        panel(
+            f"lines shown per s, {args.lines_per_s:g}/s per rank (log_ranks=all)",
+            "lines/s",
+            "all",
+            "lines_per_s",
+        ),
+    ]
+    command = "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:])
+    figures.save(args.figure, "bars", {"panels": panels}, command)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--worlds", default="250,1000,4000")
@@ -58,6 +79,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--members", type=int, default=10000)
+    ap.add_argument("--figure", default=None)
     args = ap.parse_args()
     from tests.support.sim_ranks import simulate
 
@@ -81,18 +103,20 @@ def main() -> None:
                 flush=True,
             )
     print(
-        f"\nsimulated ranks ({args.procs} client processes, 8 ranks per loopback address, 16 from 4,000), "
-        f"{args.lines_per_s:g} lines/s per streaming rank for {args.seconds:g} s, this 2-core machine"
+        f"\nsimulated ranks ({args.procs} client processes, 8 ranks per loopback address, 16 from "
+        f"4,000), {args.lines_per_s:g} lines/s per streaming rank for {args.seconds:g} s, this 2-core machine"
     )
-    head = ("ranks", "log_ranks", "connected s", "rendezvous s", "lines sent", "lost", "shown/s", "errors",
-            "driver MiB", "driver CPU s")  # fmt: skip
+    head = ("ranks", "log_ranks", "connected s", "rendezvous s", "lines sent", "not shown (counted)",
+            "shown/s", "errors", "driver MiB", "driver CPU s")  # fmt: skip
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for log_ranks, o in rows:
         print(
             f"| {o['world']:,} | {log_ranks} | {o['connected_s']:.2f} | {o['rendezvous_s']:.2f} | "
-            f"{o['lines_sent']:,} | {o['lost_lines']:,} | {o['lines_per_s']:,.0f} | {o['errors']} | "
-            f"{o['rss_growth_mib']:.0f} | {o['cpu_s']:.1f} |"
+            f"{o['lines_sent']:,} | {o['lost_lines']:,} ({o['dropped']:,}) | {o['lines_per_s']:,.0f} | "
+            f"{o['errors']} | {o['rss_growth_mib']:.0f} | {o['cpu_s']:.1f} |"
         )
+    if args.figure:
+        figure(rows, args)
     if args.members:
         m = members(args.members)
         print(
