@@ -132,7 +132,7 @@ class _RankTask:
             self._report(
                 protocol.FRAME_LINE,
                 stream="log",
-                text=f"working directory on {self.address}: {self.cwd} "
+                text=f"{protocol.WORKDIR_MARK}{self.address}: {self.cwd} "
                 + ("(removed after the run)" if spec.clean_work_dir else "(kept after the run)"),
             )
         return port

@@ -53,6 +53,7 @@ class Monitor:
         self._held: Dict[Any, List[str]] = {}  # rank -> the traceback it is printing, held back
         self._in_block: set = set()
         self.stuck: Optional[str] = None  # the latest "stuck collective" line (stall_watch), for the error
+        self._workdirs: Dict[str, List[str]] = {}  # a kept directory (path, fate) -> the hosts saying it
 
     @property
     def failure(self) -> Optional[dict]:
@@ -102,6 +103,12 @@ class Monitor:
         (:meth:`end`) and a peer's secondary "connection closed" traceback never reaches the screen."""
         if stream == "log" and text.startswith(protocol.STUCK_MARK):
             self.stuck = text[len(protocol.STUCK_MARK) :]
+        if stream == "log" and text.startswith(protocol.WORKDIR_MARK) and ": " in text:
+            host, where = text[len(protocol.WORKDIR_MARK) :].split(": ", 1)
+            seen = self._workdirs.setdefault(where, [])
+            seen.append(host)
+            if len(seen) > 1:  # one line per directory, not one per task: the others counted at the end
+                return
         if stream == "stderr" and text.startswith("Traceback (most recent call last)"):
             self._in_block.add(rank)
         if rank in self._in_block:
@@ -119,6 +126,14 @@ class Monitor:
         with self._lock:
             held, self._held = self._held, {}
             self._in_block.clear()
+            for where, hosts in self._workdirs.items():
+                if len(hosts) > 1:
+                    names = ", ".join(hosts[1:6]) + (", ..." if len(hosts) > 6 else "")
+                    self._sink(
+                        f"sparkml_dist: the same working directory on {len(hosts) - 1} more task(s) "
+                        f"({names}): {where}\n"
+                    )
+            self._workdirs.clear()
             if ok:
                 for rank, lines in held.items():
                     for text in lines:

@@ -63,6 +63,7 @@ EVENT_LOG = "log"
 EVENT_EXIT = "exit"  # {"code"}: the function called sys.exit(code)
 EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
 STUCK_MARK = "stuck collective: "  # a log line naming who is in a stuck collective (stall_watch)
+WORKDIR_MARK = "working directory on "  # a task's kept directory; the driver shows one line per path
 
 # ---------------------------------------------------------------- channel frames (task -> driver)
 FRAME_LINE = "line"  # {"rank", "stream": stdout|stderr|log, "text"}

@@ -324,6 +324,28 @@ def test_root_cause_is_the_failure_not_its_symptoms():
     assert str(err).startswith("rank 1 exited with code 7; then rank 0 (exited with code 1)")
 
 
+def test_a_working_directory_shared_by_many_tasks_is_one_line_and_a_count():
+    from sparkml_dist.runner.failures import Monitor as _Monitor
+
+    shown = []
+    m = _Monitor(40, shown.append)
+    for rank in range(40):  # one line per task: 40 hosts, the same path on 39 of them
+        path = "/scratch/job" if rank == 7 else "/tmp/sparkml_dist-work-0/job"
+        text = f"{protocol.WORKDIR_MARK}host{rank}: {path} (kept after the run)"
+        m.on_message({"type": protocol.FRAME_LINE, "rank": rank, "stream": "log", "text": text})
+    m.on_message({"type": protocol.FRAME_LINE, "rank": 3, "stream": "stdout", "text": "epoch 1"})
+    assert [ln for ln in shown if "working directory" in ln] == [
+        "[rank 0] working directory on host0: /tmp/sparkml_dist-work-0/job (kept after the run)\n",
+        "[rank 7] working directory on host7: /scratch/job (kept after the run)\n",
+    ]
+    m.end(ok=True)
+    assert shown[-1] == (
+        "sparkml_dist: the same working directory on 38 more task(s) (host1, host2, host3, host4, "
+        "host5, ...): /tmp/sparkml_dist-work-0/job (kept after the run)\n"
+    )
+    assert len(shown) == 4 and "[rank 3] epoch 1\n" in shown
+
+
 def test_multi_chunk_shards_convert_across_chunk_boundaries():
     b1 = pa.record_batch(
         {"a": pa.array([1.0, 2.0]), "v": pa.array([[1.0, 2.0], [3.0, 4.0]]), "y": pa.array([0, 1])}
