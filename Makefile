@@ -65,10 +65,10 @@ test-unit: $(HVD_STAMP)
 
 # two pytest workers (pytest-xdist), each with its own local[2] session and its own suite id for the
 # leak checks: most of these tests wait on processes starting, so two share the 2 cores well (1,297 s
-# serial -> ~925 s here); XDIST=0 runs them in this one process
+# serial -> ~925 s here; worksteal evens out the long tests at the end); XDIST=0 runs them serially
 XDIST ?= 2
 test-local: $(HVD_STAMP)
-	SPARKML_DIST_TEST_MASTER="local[2]" $(PYTEST) -n $(XDIST) tests/unit tests/spark tests/e2e tests/gpu
+	SPARKML_DIST_TEST_MASTER="local[2]" $(PYTEST) -n $(XDIST) --dist worksteal tests/unit tests/spark tests/e2e tests/gpu
 
 # every notebook executed top to bottom (each starts its own Spark); their stored outputs fresh
 test-notebooks: $(HVD_STAMP)
