@@ -130,10 +130,25 @@ def test_ctrl_c_stops_this_run_and_only_this_run(spark):
 def test_a_cancelled_run_leaves_no_process_and_no_work_directory(spark, tmp_path):
     import json
     import os
+    import signal
+    import threading
 
-    info = tmp_path / "ranks.jsonl"
-    with pytest.raises(RunTimeoutError):
-        BarrierRunner(2, timeout=20).run(h.spawn_and_hang, str(info))
+    info, over = tmp_path / "ranks.jsonl", threading.Event()
+
+    def ctrl_c_once_both_ranks_hang():  # as a notebook user interrupts the cell
+        while not over.wait(0.2):
+            if info.exists() and len(info.read_text().splitlines()) == 2:  # both past the rendezvous
+                os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    watcher = threading.Thread(target=ctrl_c_once_both_ranks_hang, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            BarrierRunner(2, timeout=300).run(h.spawn_and_hang, str(info))
+    finally:
+        over.set()
+        watcher.join()
     ranks = [json.loads(line) for line in info.read_text().splitlines()]
     assert len(ranks) == 2
 

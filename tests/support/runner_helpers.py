@@ -269,8 +269,8 @@ def resume_from(shared, elsewhere):
 
 
 def spawn_and_hang(info_path):
-    """Each rank starts a child process (as a data loader or a tool would), records it and its work
-    directory in ``info_path``, then hangs after the rendezvous until the run is cancelled."""
+    """Each rank starts a child process (as a data loader or a tool would), passes the rendezvous,
+    records the child and its work directory in ``info_path``, then hangs until the run is cancelled."""
     import json
     import subprocess
 
@@ -279,10 +279,10 @@ def spawn_and_hang(info_path):
     from sparkml_dist.runner import init_process_group
 
     child = subprocess.Popen(["sleep", "600"])
-    with open(info_path, "a") as fh:
-        fh.write(json.dumps({"cwd": os.environ["SPARKML_DIST_WORKDIR"], "child": child.pid}) + "\n")
     init_process_group()
     dist.barrier()
+    with open(info_path, "a") as fh:
+        fh.write(json.dumps({"cwd": os.environ["SPARKML_DIST_WORKDIR"], "child": child.pid}) + "\n")
     time.sleep(600)
 
 
