@@ -75,8 +75,10 @@ test-local: $(HVD_STAMP)
 test-notebooks: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="notebooks" $(PYTEST) -n $(XDIST) --dist worksteal tests/notebooks
 
+# two workers: the first talks to pyspark's in-process local server (it always binds 15002), the
+# second to a Connect server of its own on a free port over sc:// (tests/support/connect_server.py)
 test-connect: $(HVD_STAMP)
-	SPARKML_DIST_TEST_MASTER="connect:local[2]" $(PYTEST) tests/spark
+	SPARKML_DIST_TEST_MASTER="connect:local[2]" $(PYTEST) -n $(XDIST) --dist worksteal tests/spark
 
 test-cluster: $(HVD_STAMP)
 	SPARKML_DIST_TEST_MASTER="local-cluster[2,1,1024]" $(PYTEST) tests/spark

@@ -88,6 +88,15 @@ def spark(request):
             conf.update(
                 {"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "768m"}
             )
+        if IS_CONNECT and os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+            # pyspark's in-process server always binds 15002 (the first worker's): the others
+            # start one of their own on a free port and reach it over sc://
+            from sparkml_dist.session import load_conf
+            from tests.support.connect_server import ConnectServer
+
+            settings = load_conf(os.path.join(ROOT, "conf", "spark-local.yaml"))
+            server = ConnectServer(MASTER[len("connect:") :], settings, TEST_JAVA_OPTIONS)
+            master = stack.enter_context(server)
         session = get_session(
             master,
             conf=conf,
