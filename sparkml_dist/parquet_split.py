@@ -13,8 +13,10 @@ returns ``None`` with the reason when the fast path does not apply, so callers f
 * the plan is ``Relation [...] parquet`` or ``Project [plain columns]`` over it: no filter, limit,
   sample, computed or renamed column, join, cache (``InMemoryRelation``), ...;
 * every selected column is stored in every file under the same name with the type Spark reads
-  (booleans, integers, floats, strings, binary and lists of those): not a partition column
-  (``part=1/`` directories), not a column missing from some files (``mergeSchema``);
+  (booleans, integers, floats, strings, binary and lists of those), or a Spark ML vector stored as
+  Spark writes it, delivered as the ``array<double>`` ``vector_to_array`` makes of it
+  (:func:`delivered_schema`, :func:`vector_lists`): not a partition column (``part=1/``
+  directories), not a column missing from some files (``mergeSchema``);
 * the files' scheme is one pyarrow opens (local paths, ``s3://``, ``gs://``, ``hdfs://``, ...)
   and the driver can read their footers.
 
@@ -37,7 +39,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+
+from .feature_arrays import is_vector
 
 log = logging.getLogger(__name__)
 
@@ -138,12 +144,28 @@ def _footer(uri: str):
     return meta
 
 
+def _vector_columns(df) -> List[str]:
+    return [f.name for f in df.schema.fields if f.dataType.simpleString() == "vector"]
+
+
+def delivered_schema(df) -> pa.Schema:
+    """The Arrow schema the ranks get: Spark's, with each Spark ML vector column as the
+    ``array<double>`` that ``vector_to_array`` makes of it."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+    from pyspark.sql.types import ArrayType, DoubleType, StructField, StructType
+
+    vectors = set(_vector_columns(df))
+    fields = [
+        StructField(f.name, ArrayType(DoubleType(), False), f.nullable) if f.name in vectors else f
+        for f in df.schema.fields
+    ]
+    return to_arrow_schema(StructType(fields))
+
+
 def unreadable_column(df) -> Optional[str]:
     """Why a column of ``df`` cannot be read from Parquet files as Spark delivers it, or None."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     try:
-        expected = to_arrow_schema(df.schema)
+        expected = delivered_schema(df)
     except Exception as exc:
         return f"its schema has types Arrow does not map ({exc})"
     for field in expected:
@@ -154,8 +176,6 @@ def unreadable_column(df) -> Optional[str]:
 
 def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
     """``(split, "")`` when ``df`` can be read from its Parquet files, else ``(None, why not)``."""
-    from pyspark.sql.pandas.types import to_arrow_schema
-
     columns = list(df.columns)
     try:
         reason = _check_shape(_optimized_plan(df), columns)
@@ -166,7 +186,7 @@ def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
     reason = unreadable_column(df)
     if reason:
         return None, reason
-    expected = to_arrow_schema(df.schema)
+    expected, vectors = delivered_schema(df), set(_vector_columns(df))
     uris = sorted(df.inputFiles())
     if not uris:
         return None, "it lists no input files"
@@ -186,11 +206,12 @@ def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
                     f"column {field.name!r} is not stored in {uri} (a partition column, or "
                     "a column some files lack)",
                 )
-            if _norm(schema.field(idx).type) != _norm(field.type):
+            stored, vector = schema.field(idx).type, field.name in vectors
+            if not (is_vector(stored) if vector else _norm(stored) == _norm(field.type)):
                 return (
                     None,
-                    f"column {field.name!r} is stored as {schema.field(idx).type} in {uri}, "
-                    f"not as {field.type}",
+                    f"column {field.name!r} is stored as {stored} in {uri}, "
+                    f"not as {'a Spark ML vector' if vector else field.type}",
                 )
         units += [
             (uri, g, meta.row_group(g).num_rows)
@@ -220,6 +241,45 @@ def _cut(
 
 
 # --------------------------------------------------------------------------- executors
+def vector_lists(arr, what: str = "a vector column") -> pa.Array:
+    """Spark ML vectors (their storage struct) -> ``list<double>``, as ``vector_to_array`` makes
+    them: every entry of each vector, a sparse one's zeros included; a null vector stays null."""
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+    rows = arr.filter(pa.array(valid)) if arr.null_count else arr
+    kind = pc.struct_field(rows, "type").to_numpy(zero_copy_only=False)
+    sizes = pc.struct_field(rows, "size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    values = pc.struct_field(rows, "values")
+    stored = values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    widths = np.where(kind == 0, sizes, stored)
+    data = values.flatten().to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+    at = np.repeat(np.cumsum(widths) - widths, stored)  # where each stored value's row starts
+    cols = np.arange(data.size) - np.repeat(np.cumsum(stored) - stored, stored)  # dense rows
+    sparse_rows = np.repeat(kind == 0, stored)
+    if sparse_rows.any():
+        cols[sparse_rows] = pc.struct_field(rows, "indices").flatten().to_numpy(zero_copy_only=False)
+        if np.any(cols >= np.repeat(widths, stored)) or np.any(cols < 0):
+            raise ValueError(f"{what}: a sparse vector has an index outside its size")
+    out = np.zeros(int(widths.sum()))
+    out[at + cols] = data
+    full = np.zeros(len(arr), dtype=np.int64)
+    full[valid] = widths
+    offsets = pa.array(np.concatenate([[0], np.cumsum(full)]).astype(np.int32))
+    mask = pa.array(~valid) if arr.null_count else None
+    return pa.ListArray.from_arrays(offsets, pa.array(out), mask=mask)
+
+
+def deliver(table: pa.Table, columns: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """``columns`` of rows read from the files, as Spark delivers ``schema``: a vector column stored
+    as its struct becomes the ``array<double>`` the schema names (:func:`delivered_schema`)."""
+    table = table.select(list(columns))
+    for i, field in enumerate(schema):
+        column = table.column(i)
+        if is_vector(column.type) and not is_vector(field.type):
+            table = table.set_column(i, field.name, vector_lists(column, f"column {field.name!r}"))
+    return table.cast(schema)
+
+
 def read(split: ParquetSplit, part: int, batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
     """The record batches of part ``part``, with the columns and types Spark would deliver."""
     import pyarrow.parquet as pq
@@ -242,8 +302,8 @@ def read(split: ParquetSplit, part: int, batch_rows: int = BATCH_ROWS) -> Iterat
                 lo, hi = max(sl.start - at, 0), min(sl.stop - at, batch.num_rows)
                 at += batch.num_rows
                 if lo < hi:
-                    part_batch = batch.slice(lo, hi - lo).select(columns)
-                    yield from pa.Table.from_batches([part_batch]).cast(split.schema).to_batches()
+                    part = pa.Table.from_batches([batch.slice(lo, hi - lo)])
+                    yield from deliver(part, columns, split.schema).to_batches()
                 if at >= sl.stop:
                     break
     finally:

@@ -44,7 +44,10 @@ class Run:
         replicas=None,
         streams=None,
     ):
-        df = sharding.rank_columns(df) if df is not None else None  # vectors as arrays; refusals by name
+        # the files of a plain Parquet scan are read as they are (vectors become arrays as they are
+        # read); Spark's rows and staged ones get vectors as arrays from Spark; refusals by name
+        self.scan = df
+        df = sharding.rank_columns(df) if df is not None else None
         self.runner, self.df, self.return_all, self.replicas = runner, df, return_all, replicas
         self.streams = streams
         self.main = main
@@ -137,7 +140,7 @@ class Run:
             return None, None
         with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
             if r.read_files:
-                files, why = sharding.file_split(self._staged.df if self._staged else df, *self._cut)
+                files, why = sharding.file_split(self._staged.df if self._staged else self.scan, *self._cut)
                 if files is None and self._staged is None:
                     files = self._stage(why)
                 if files is not None:

@@ -26,6 +26,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import pyarrow as pa
 
+from .. import parquet_split
 from ..errors import ConfigurationError
 from .sample_order import chunk_sizes
 
@@ -147,7 +148,7 @@ class ParquetSource:
     def read(self, stream: int, i: int) -> pa.Table:
         k, b, lo, hi = self._chunks[stream][i]
         batch = self._batch(stream, k, b).slice(lo - b * self._rows, hi - lo)
-        return pa.Table.from_batches([batch]).select(self.columns).cast(self.schema)
+        return parquet_split.deliver(pa.Table.from_batches([batch]), self.columns, self.schema)
 
 
 def write_manifest(path: str, **fields) -> None:

@@ -79,8 +79,6 @@ def rank_columns(df):
     vectors = [f.name for f in df.schema.fields if f.dataType.simpleString() == "vector"]
     if not vectors:
         return df
-    from pyspark.ml.functions import vector_to_array
-
     from ..feature_arrays import vector_shape
 
     for name in vectors:
@@ -91,7 +89,16 @@ def rank_columns(df):
                 f"get dense ({width * 8 / 2**20:.1f} MiB per row): reduce the width (HashingTF's "
                 "numFeatures, a feature selector), or select only the columns the function needs"
             )
-    return df.withColumns({name: vector_to_array(name) for name in vectors})
+    return df.withColumns({name: vector_arrays(name) for name in vectors})
+
+
+def vector_arrays(name: str):
+    """``vector_to_array(name)`` that keeps a null vector null (Spark's fails the job on one), as
+    the files' reader does (:func:`sparkml_dist.parquet_split.vector_lists`)."""
+    from pyspark.ml.functions import vector_to_array
+    from pyspark.sql import functions as F
+
+    return F.when(F.col(name).isNotNull(), vector_to_array(name))
 
 
 def _check_hashable(schema) -> None:

@@ -122,3 +122,59 @@ def test_fewer_rows_than_ranks_is_refused_before_launching(spark, tmp_path):
     pq.write_table(pa.table({"x": [1.0]}), str(tmp_path / "one.parquet"))
     with pytest.raises(ConfigurationError, match="fewer than np=2 ranks"):
         BarrierRunner(2).run_with_data(spark.read.parquet(str(tmp_path / "one.parquet")), h.shard_in_order)
+
+
+@pytest.fixture(scope="module")
+def saved_features(spark, tmp_path_factory):
+    """A feature table saved as Parquet, as a pipeline's users keep one: ``dense`` from a
+    VectorAssembler (rows with many zeros stored sparse, the others dense), ``tf`` from a HashingTF
+    (sparse), ``maybe`` a vector column with null rows."""
+    from pyspark.ml.feature import HashingTF, VectorAssembler
+
+    rows = spark.range(0, 90, 1, 3).selectExpr(
+        "id",
+        "cast(if(id % 3 = 0, 0, id) as double) as a",
+        "0.0 as b",
+        "cast(id * 0.5 as double) as c",
+        "0.0 as d",
+        "array(concat('w', cast(id % 7 as string)), concat('w', cast(id % 4 as string))) as words",
+    )
+    df = VectorAssembler(inputCols=["a", "b", "c", "d"], outputCol="dense").transform(rows)
+    df = HashingTF(numFeatures=32, inputCol="words", outputCol="tf").transform(df)
+    df = df.withColumn("maybe", F.when(F.col("id") % 5 == 0, None).otherwise(F.col("dense")))
+    path = str(tmp_path_factory.mktemp("features") / "table")
+    df.select("id", "dense", "tf", "maybe").write.parquet(path)
+    return spark.read.parquet(path)
+
+
+def test_a_saved_vector_column_is_read_from_the_files_as_vector_to_array_gives_it(saved_features):
+    from sparkml_dist.runner.sharding import vector_arrays
+
+    cols = ["id", "dense", "tf", "maybe"]
+    split, why = parquet_split.split_files(saved_features, 2)
+    assert split is not None, why
+    assert [str(split.schema.field(c).type) for c in cols[1:]] == ["list<element: double not null>"] * 3
+    got = pa.Table.from_batches([b for p in range(2) for b in parquet_split.read(split, p)])
+    arrays = saved_features.select("id", *[vector_arrays(c).alias(c) for c in cols[1:]])
+    want = sorted(arrays.toArrow().to_pylist(), key=lambda r: r["id"])
+    assert sorted(got.to_pylist(), key=lambda r: r["id"]) == want
+    assert sum(r["maybe"] is None for r in want) == 18 and want[4]["dense"] == [4.0, 0.0, 2.0, 0.0]
+    stored = pq.read_table(saved_features.inputFiles()[0]).column("dense").combine_chunks()
+    assert set(stored.field("type").to_pylist()) == {0, 1}  # sparse and dense rows in one column
+
+
+@masters("local", "connect", "cluster")  # what separate executor JVMs can change
+def test_the_ranks_read_a_saved_vector_column_in_place_and_get_sparks_arrays(saved_features, caplog):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="sparkml_dist")
+    cols = ["id", "dense", "tf", "maybe"]  # a null vector arrives as None both ways
+    direct = BarrierRunner(2, timeout=180).run_with_data(saved_features, h.shard_rows, cols, return_all=True)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "straight from 3 Parquet files" in said and "writing the rows once" not in said  # no copy
+    moved = BarrierRunner(2, timeout=180, read_files=False).run_with_data(
+        saved_features, h.shard_rows, cols, return_all=True
+    )
+    by_id = lambda out: sorted((r for rows in out for r in rows), key=lambda r: r["id"])  # noqa: E731
+    assert by_id(direct) == by_id(moved) and len(by_id(direct)) == 90
+    assert [len(rows) for rows in direct] == [45, 45]

@@ -456,3 +456,10 @@ def staged_shard(stage_dir, batch_size=16):
         "steps": steps,
         "staged": runs,
     }
+
+
+def shard_rows(columns):
+    """This rank's rows of ``columns`` as dicts, as ``shard().table`` holds them (no collectives)."""
+    from sparkml_dist.runner import shard
+
+    return shard().table.select(list(columns)).to_pylist()
