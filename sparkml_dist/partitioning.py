@@ -229,6 +229,27 @@ def check_groups(stats: GroupStats, spec: SplitSpec, *, bytes_per_row: float, bu
 
 
 _BUCKETS = 1024  # hash buckets counted to place every row's position (balanced_groups)
+BUCKET_COL = "__sd_bucket"
+
+
+def bucket_counts(df, seed: int, key_cols: Sequence[str], extra_aggs: Optional[Mapping[str, object]] = None):
+    """``(keyed, counts, extras)``: ``df`` with ``KEY_COL`` and its bucket ``BUCKET_COL`` (the key
+    mod 1024), the rows of each bucket (an array of 1024) and ``extra_aggs`` per bucket, from one
+    Spark job.  The rows in the order (bucket, key, content) are the package's one order of rows:
+    a bucket's offset is the count of the buckets before it."""
+    from pyspark.sql import functions as F
+
+    keyed = row_keys(df, seed, key_cols).withColumn(
+        BUCKET_COL, F.pmod(F.col(KEY_COL), F.lit(_BUCKETS)).cast("int")
+    )
+    aggs = [F.count(F.lit(1)).alias("__rows")] + [c.alias(name) for name, c in (extra_aggs or {}).items()]
+    counts, extras = np.zeros(_BUCKETS, dtype=np.int64), {}
+    for r in keyed.groupBy(BUCKET_COL).agg(*aggs).collect():
+        d = r.asDict()
+        b = int(d.pop(BUCKET_COL))
+        counts[b] = int(d.pop("__rows"))
+        extras[b] = d
+    return keyed, counts, extras
 
 
 def unkeyable_part(dtype, *, hashing: bool = False) -> str:
@@ -281,18 +302,9 @@ def deal(df, spec: SplitSpec, key_cols: Sequence[str], extra_aggs: Optional[Mapp
 
     if spec.sampling != "disjoint":
         raise ConfigurationError(f"balanced_groups deals disjoint groups, not {spec.sampling!r} ones")
-    bucket = "__sd_bucket"
-    keyed = row_keys(df, spec.seed, key_cols).withColumn(
-        bucket, F.pmod(F.col(KEY_COL), F.lit(_BUCKETS)).cast("int")
-    )
-    aggs = [F.count(F.lit(1)).alias("__rows")] + [c.alias(name) for name, c in (extra_aggs or {}).items()]
-    counts, extras = {}, {}
-    for r in keyed.groupBy(bucket).agg(*aggs).collect():
-        d = r.asDict()
-        b = int(d.pop(bucket))
-        counts[b] = int(d.pop("__rows"))
-        extras[b] = d
-    offsets = np.concatenate([[0], np.cumsum([counts.get(b, 0) for b in range(_BUCKETS)])])
+    keyed, counts, extras = bucket_counts(df, spec.seed, key_cols, extra_aggs)
+    bucket = BUCKET_COL
+    offsets = np.concatenate([[0], np.cumsum(counts)])
     n = int(offsets[-1])
     keep = n if spec.sample_ratio >= 1.0 else int(round(float(spec.sample_ratio) * n))
     order = Window.partitionBy(bucket).orderBy(KEY_COL, *[F.col(c) for c in orderable(df, key_cols)])

@@ -107,7 +107,7 @@ class BarrierRunner:
             (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), any
             other DataFrame's rows written once as Parquet under ``staging_dir`` (one Spark job, no
             shuffle; see :mod:`sparkml_dist.runner.staging`). False deals the rows through Spark
-            by a hash of their content (a counting job, two shuffles): the same shards whatever
+            by a hash of their content (a counting job, one shuffle): the same shards whatever
             the input's partitioning, and the DataFrame is never written.
         staging_dir: where a DataFrame that is not a plain Parquet scan is written for the ranks
             (removed after the run): default ``spark.sparkml_dist.stagingDir``, else this

@@ -9,11 +9,11 @@ The rows are cut into ``S`` *streams* (``streams=``, default the number of data 
   at most one row): no Spark job moves the rows, no local copy is made; any other DataFrame is
   first written once as Parquet files (:mod:`sparkml_dist.runner.staging`) and read the same way;
 * with ``read_files=False`` (or no staging directory on a cluster) the rows move through Spark:
-  they are dealt to streams by the shared partitioning layer
-  (:func:`sparkml_dist.partitioning.balanced_groups`: sizes differ by at most one row whatever the
-  rows, duplicates included; the same rows and seed give the same streams however the input is
-  partitioned), each task's partition holding its ranks' streams in the order of the rows' keys,
-  which the task spills to its ranks' local disk.
+  they are dealt to streams as contiguous ranges of the package's one order of rows
+  (:func:`sparkml_dist.range_deal.ranges`: a job counts the rows per key bucket, one shuffle moves
+  them; sizes differ by at most one row whatever the rows, duplicates included; the same rows and
+  seed give the same streams however the input is partitioned), each task's partition holding its
+  ranks' streams in that order, which the task spills to its ranks' local disk.
 
 With ``replicas=D`` (pipelines: every rank of a replica must read the same rows in the same order)
 there are ``D`` data ranks and rank r is data rank ``r // (np / D)``, as
@@ -25,13 +25,12 @@ from __future__ import annotations
 import logging
 from typing import Optional, Tuple
 
-from .. import parquet_split, partitioning, spark_compat
+from .. import parquet_split, partitioning, range_deal
 from ..errors import ConfigurationError
 from .sample_order import check_streams
 from .task_spec import ParquetSlices, SparkRows, Streams
 
 log = logging.getLogger(__name__)
-TASK_COL = "__sd_task"
 
 
 def _too_few_rows(n: int, streams: int, named: bool) -> ConfigurationError:
@@ -123,31 +122,16 @@ def spark_shards(
 ):
     """``(SparkRows, rows)``: ``rows`` has ``world / per_task`` partitions, task t's holding the
     streams of its ranks (``t*per_task ...``), each row with its stream in ``GROUP_COL``, sorted by
-    stream then by the rows' keys; a stream several tasks read (replicas) is copied to each.  Lazy
-    but for the job that counts the rows."""
-    from pyspark.sql import functions as F
-
+    stream then by the rows' keys; a stream several tasks read (replicas) is copied to each.  The
+    streams are contiguous ranges of the rows' one order (:func:`sparkml_dist.range_deal.ranges`):
+    one job counts the rows, one shuffle moves them.  Lazy but for that job."""
     _check_hashable(df.schema)
     data_world, per, count = layout(world, replicas, streams)
-    cols = df.columns
-    spec = partitioning.SplitSpec(
-        num_groups=count, seed=seed, names={"num_groups": "streams" if streams else "np"}
-    )
-    grouped, n = partitioning.balanced_groups(df, spec, cols)
-    if n < count:
-        raise _too_few_rows(n, count, streams is not None)
-    layout_ = Streams(tuple(n // count + (c < n % count) for c in range(count)), data_world, per)
-    log.info("run_with_data: %d rows dealt to %d streams of %d ranks", n, count, world)
+    of = Streams((0,) * count, data_world, per).of
     tasks = world // per_task
-    readers = [sorted({r // per_task for r in range(world) if c in layout_.of(r)}) for c in range(count)]
-    g = F.col(partitioning.GROUP_COL)
-    order = [partitioning.GROUP_COL, partitioning.KEY_COL, *partitioning.orderable(grouped, cols)]
-    if all(ts == [c] for c, ts in enumerate(readers)):  # stream c is task c's: already in place
-        return SparkRows(layout_), grouped.sortWithinPartitions(*order).select(*cols, partitioning.GROUP_COL)
-    if all(len(ts) == 1 for ts in readers):
-        task = F.element_at(F.array(*[F.lit(ts[0]) for ts in readers]), g + 1)
-    else:
-        task = F.explode(F.element_at(F.array(*[F.array(*[F.lit(t) for t in ts]) for ts in readers]), g + 1))
-    placed = grouped.select(*cols, partitioning.KEY_COL, partitioning.GROUP_COL, task.alias(TASK_COL))
-    out = spark_compat.repartition_by_id(placed, tasks, TASK_COL).sortWithinPartitions(*order)
-    return SparkRows(layout_), out.select(*cols, partitioning.GROUP_COL)
+    readers = [sorted({r // per_task for r in range(world) if c in of(r)}) for c in range(count)]
+    rows, sizes = range_deal.ranges(df, seed, df.columns, count, readers, tasks)
+    if rows is None:
+        raise _too_few_rows(sum(sizes), count, streams is not None)
+    log.info("run_with_data: %d rows dealt to %d streams of %d ranks", sum(sizes), count, world)
+    return SparkRows(Streams(sizes, data_world, per)), rows

@@ -5,7 +5,7 @@ written once by the executors as Parquet files under a *staging directory*, one 
 shuffle, and the ranks then read those files exactly as they read a Parquet scan
 (:mod:`sparkml_dist.parquet_split`: contiguous row ranges whose sizes differ by at most one row).
 The exact deal through Spark (``read_files=False``: rows dealt by a hash of their content, the same
-shards however the input is partitioned) costs a counting job, two shuffles and a sort; this costs
+shards however the input is partitioned) costs a counting job, a shuffle and a sort; this costs
 the write.  The files serve every attempt of the run (a restart, an elastic resize re-cuts them)
 and are removed when the run ends.
 
