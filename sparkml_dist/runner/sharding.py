@@ -10,7 +10,7 @@ The rows are cut into ``S`` *streams* (``streams=``, default the number of data 
   first written once as Parquet files (:mod:`sparkml_dist.runner.staging`) and read the same way;
 * with ``read_files=False`` (or no staging directory on a cluster) the rows move through Spark:
   they are dealt to streams as contiguous ranges of the package's one order of rows
-  (:func:`sparkml_dist.range_deal.ranges`: a job counts the rows per key bucket, one shuffle moves
+  (:func:`sparkml_dist.runner.range_deal.ranges`: a job counts the rows per key bucket, one shuffle moves
   them; sizes differ by at most one row whatever the rows, duplicates included; the same rows and
   seed give the same streams however the input is partitioned), each task's partition holding its
   ranks' streams in that order, which the task spills to its ranks' local disk.
@@ -25,8 +25,9 @@ from __future__ import annotations
 import logging
 from typing import Optional, Tuple
 
-from .. import parquet_split, partitioning, range_deal
+from .. import parquet_split, partitioning
 from ..errors import ConfigurationError
+from . import range_deal
 from .sample_order import check_streams
 from .task_spec import ParquetSlices, SparkRows, Streams
 
@@ -123,7 +124,7 @@ def spark_shards(
     """``(SparkRows, rows)``: ``rows`` has ``world / per_task`` partitions, task t's holding the
     streams of its ranks (``t*per_task ...``), each row with its stream in ``GROUP_COL``, sorted by
     stream then by the rows' keys; a stream several tasks read (replicas) is copied to each.  The
-    streams are contiguous ranges of the rows' one order (:func:`sparkml_dist.range_deal.ranges`):
+    streams are contiguous ranges of the rows' one order (:func:`sparkml_dist.runner.range_deal.ranges`):
     one job counts the rows, one shuffle moves them.  Lazy but for that job."""
     _check_hashable(df.schema)
     data_world, per, count = layout(world, replicas, streams)

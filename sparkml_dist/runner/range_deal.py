@@ -13,7 +13,7 @@ so the count job tells each bucket which tasks to go to, one shuffle moves every
 few rows of a bucket that straddles two streams go to both), and each task, holding whole
 buckets sorted, numbers its rows itself (``monotonically_increasing_id``, whose low 33 bits count
 the rows of a partition in order) and keeps those of its own streams.  Used by
-``run_with_data``'s exact deal (:func:`sparkml_dist.runner.sharding.spark_shards`).
+``run_with_data``'s exact deal (:func:`.sharding.spark_shards`).
 
 Example::
 
@@ -28,7 +28,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from . import partitioning, spark_compat
+from .. import partitioning, spark_compat
 
 TASK_COL = "__sd_task"
 _POS = "__sd_pos"
