@@ -102,6 +102,7 @@ def fits(spark, total: int, desc: str, enabled: bool = True) -> Iterator[Optiona
         secret,
         lambda message: progress.update(1) if message.get("type") == FRAME_DONE else None,
         _spark_env.driver_host(spark),
+        expected=total,  # at most one reporting task per unit: their handshakes may all wait at once
     )
     try:
         yield (server.address, server.port, secret)

@@ -181,7 +181,9 @@ class Tuning:
     # ----------------------------------------------------------------- the whole run
     def execute(self) -> TuneResult:
         self.bar = progress.bar(self.t.n_trials, "trials", self.t.progress, unit="trial")
-        server = listen(self.secret, self.on_message, _spark_env.driver_host(self.spark), replies=True)
+        host, peers = _spark_env.driver_host(self.spark), min(self.slots.concurrency, self.t.n_trials)
+        # every trial running at once may be mid-handshake: none of them is evicted as a stranger
+        server = listen(self.secret, self.on_message, host, replies=True, expected=peers)
         threads = [
             threading.Thread(target=self._worker, args=(server,), name=f"sparkml_dist-trial-{i}", daemon=True)
             for i in range(min(self.slots.concurrency, self.t.n_trials))
