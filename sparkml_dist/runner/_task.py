@@ -15,7 +15,6 @@ the other tasks; their rank processes die with them (``PR_SET_PDEATHSIG``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import socket
@@ -290,24 +289,6 @@ def _await(members: List[_RankTask], cancel: Optional[threading.Event]) -> None:
         raise next(e for d, e in known if d is root)
 
 
-def _check_results_fit(members: List[_RankTask]) -> None:
-    """With ``return_all`` every rank's result reaches the driver: their total must fit too."""
-    spec = members[0].spec
-    mine = [os.path.getsize(os.path.join(m.workdir, protocol.RESULT_FILE)) for m in members]
-    sizes = [n for task in members[0].gang.allgather(json.dumps(mine)) for n in json.loads(task)]
-    total = sum(sizes)
-    if total > spec.max_result_bytes:
-        big = max(range(len(sizes)), key=sizes.__getitem__)
-        raise members[0].fail(
-            f"return_all=True: the {len(sizes)} ranks' results total {total} bytes, more than the "
-            f"driver accepts (spark.driver.maxResultSize = {spec.max_result_bytes} bytes); the "
-            f"largest is rank {big}'s ({sizes[big]} bytes). Return less from each rank, or write "
-            "results to storage (e.g. sparkml_dist.collection.ModelStore) and return the paths.",
-            0,
-            "result",
-        )
-
-
 def _clean_work_dir(members: List[_RankTask]) -> None:
     """Every rank succeeded: once all tasks are here, the machine's first rank removes the kept
     working directory (``clean_work_dir=True``)."""
@@ -332,8 +313,6 @@ def supervise(
         envs = _feed(members, batches)
         _exchange(members, ports, envs)
         _await(members, cancel)
-        if spec.return_all:
-            _check_results_fit(members)
         if spec.clean_work_dir and members[0].kept_cwd:
             _clean_work_dir(members)
         for m in members:

@@ -193,9 +193,28 @@ class Monitor:
         )
 
 
+def results_too_large(what: str) -> WorkerError:
+    """The ranks' results together are more than the driver accepts (``return_all=True``: every
+    rank's).  Each rank's own result is checked by its task; their total by Spark itself as they
+    arrive (``spark.driver.maxResultSize``), or by the local launcher: no round among the tasks
+    for it (Spark's barrier ``allGather`` polls once a second, a second off every run)."""
+    return WorkerError(
+        f"the ranks' results are more than the driver accepts ({what}). Return less from each rank "
+        "(return_all=True returns every rank's), or write results to storage (e.g. "
+        "sparkml_dist.collection.ModelStore) and return the paths.",
+        exit_code=0,
+    )
+
+
+_RESULTS_OVER = re.compile(r"Total size of serialized results of .*?maxResultSize \([^)]*\)")
+
+
 def translate(exc: BaseException, monitor: Monitor) -> BaseException:
     """What Spark raised for a barrier job, as the error a user can act on."""
     text = str(exc)
+    over = _RESULTS_OVER.search(text)
+    if over:
+        return results_too_large(f"Spark: {over.group(0)}")
     detail = protocol.parse_failure(text)
     if detail is not None:
         monitor.add_failure(detail)

@@ -24,7 +24,7 @@ from .. import _spark_env, collection, launch
 from ..errors import ConfigurationError, RunTimeoutError
 from ..gpus import assign_local, rank_profile
 from . import _task, admission, protocol
-from .failures import FAILURE_GRACE_S, Monitor, translate
+from .failures import FAILURE_GRACE_S, Monitor, results_too_large, translate
 from .gangs import ThreadGang
 from .task_spec import TaskSpec
 
@@ -188,7 +188,13 @@ def launch_local(data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline):
 
     threading.Thread(target=joiner, daemon=True).start()
     wait(done, monitor, cancel.set, errors, deadline)
-    return pa.Table.from_batches([b for out in outputs for b in out], schema=collection.CHUNK_SCHEMA)
+    table = pa.Table.from_batches([b for out in outputs for b in out], schema=collection.CHUNK_SCHEMA)
+    if table.nbytes > spec.max_result_bytes:  # what Spark checks as results reach its driver
+        raise results_too_large(
+            f"{sum(len(o) > 0 for o in outputs)} ranks' results total {table.nbytes} bytes; the driver "
+            f"takes {spec.max_result_bytes}: spark.driver.maxResultSize less 1 MiB for their framing"
+        )
+    return table
 
 
 class SparkLauncher:

@@ -282,3 +282,22 @@ def test_np_auto_takes_every_task_slot(spark):
     runner = BarrierRunner("auto", spark=spark)
     slots = _spark_env.master_slots(_spark_env.master_of(spark), _spark_env.conf_of(spark))
     assert runner.world_size == (slots or _spark_env.registered_slots(spark)) and runner.np > 0
+
+
+def test_return_all_results_over_max_result_size_are_refused_with_the_fix(spark):
+    # Spark's driver checks the results' total as they arrive (no extra round among the tasks):
+    # 2 x 2.5 MB fits each rank's share of spark.driver.maxResultSize=4m, not the two together
+    from sparkml_dist import WorkerError
+
+    conf = spark.sparkContext._jsc.sc().conf()  # the live SparkConf: a job's TaskSetManager reads it
+    before = conf.get("spark.driver.maxResultSize", "1g")
+    conf.set("spark.driver.maxResultSize", "4m")
+    try:
+        with pytest.raises(WorkerError) as caught:
+            BarrierRunner(2, timeout=120).run(h.big_result, 2_500_000, return_all=True)
+        message = str(caught.value)
+        assert "spark.driver.maxResultSize (4.0 MiB)" in message and "ModelStore" in message
+        out = BarrierRunner(2, timeout=120).run(h.big_result, 1_000_000, return_all=True)
+        assert [len(r) for r in out] == [1_000_000, 1_000_000]
+    finally:
+        conf.set("spark.driver.maxResultSize", before)

@@ -14,12 +14,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkml_dist import ConfigurationError, InsufficientResourcesError, gpus, serialization
+from sparkml_dist import ConfigurationError, InsufficientResourcesError, WorkerError, gpus, serialization
 from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel_server import LogServer
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.data import Shard
 from sparkml_dist.runner.gangs import ThreadGang
+from sparkml_dist.runner.launchers import Deadline
 from sparkml_dist.runner.task_spec import SparkRows, Streams
 
 pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
@@ -277,15 +278,23 @@ def test_result_larger_than_max_result_size_is_refused_with_a_pointer_to_storage
 
 
 def test_return_all_results_must_fit_max_result_size_together():
+    from sparkml_dist.runner import launchers
+    from sparkml_dist.runner.failures import Monitor as _Monitor
     from tests.support.runner_helpers import big_result
 
-    # each rank's 700-byte result fits the 1000-byte limit; the two together do not
-    out, errors = _run_gang(_spec(big_result, 700, world=2, max_result=1000, return_all=True))
-    assert set(errors) == {0, 1}
-    message = protocol.parse_failure(str(errors[0]))["message"]
-    assert "return_all=True: the 2 ranks' results total" in message and "maxResultSize = 1000" in message
-    out, errors = _run_gang(_spec(big_result, 300, world=2, max_result=1000, return_all=True))
-    assert not errors and out[0] and out[1]
+    # each rank's 700-byte result fits the 1000-byte limit; the two together do not: the local
+    # launcher checks the total as Spark's driver does (tests/spark/test_runner.py)
+    spec = _spec(big_result, 700, world=2, max_result=1000, return_all=True)
+    with pytest.raises(WorkerError) as caught:
+        launchers.launch_local(None, spec, _Monitor(2, lambda s: None), Deadline.after(120))
+    message = str(caught.value)
+    assert "2 ranks' results total" in message and "maxResultSize" in message and "ModelStore" in message
+    spec = _spec(big_result, 300, world=2, max_result=1000, return_all=True)
+    table = launchers.launch_local(None, spec, _Monitor(2, lambda s: None), Deadline.after(120))
+    from sparkml_dist import collection
+
+    results = collection.decode(table, [0, 1], what="rank")
+    assert results[(0, 0)] == results[(1, 0)] == b"x" * 300
 
 
 def test_root_cause_is_the_failure_not_its_symptoms():
