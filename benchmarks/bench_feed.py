@@ -63,7 +63,18 @@ def ours_epoch(batch, read_ahead=1, columns=None):
         else:
             rows += len(y)
     steady = rows / (time.perf_counter() - first)
-    return {"rows": rows + batch, "steady_per_s": steady, "peak_growth_mb": _mb("VmHWM") - base}
+    mine = {"rows": rows + batch, "steady_per_s": steady, "peak_growth_mb": _mb("VmHWM") - base}
+    # every rank's figures reach the driver through rank 0's result, as TorchDistributor returns
+    # rank 0's only: return_all=True would add a second barrier round (Spark's allGather polls
+    # once a second) that the peer does not pay
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()  # gloo on the run's rendezvous
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def td_epoch(cols, rows_per_rank, batch):
@@ -128,26 +139,24 @@ def main() -> None:
     td = lambda: TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)  # noqa: E731
     per_rank = args.rows // 2
     contenders = {
-        "ours_parquet": lambda: BarrierRunner(2, **quiet).run_with_data(
-            df, ours_epoch, args.batch, return_all=True
-        ),
+        "ours_parquet": lambda: BarrierRunner(2, **quiet).run_with_data(df, ours_epoch, args.batch),
         "ours_spark": lambda: BarrierRunner(2, read_files=False, **quiet).run_with_data(
-            df, ours_epoch, args.batch, return_all=True
+            df, ours_epoch, args.batch
         ),
         "torch_distributor": lambda: td()._train_on_dataframe(
             td_epoch, df.repartition(2), COLS + ["label"], per_rank, args.batch
         ),
         "ours_computed": lambda: BarrierRunner(2, **quiet).run_with_data(
-            pipeline, ours_epoch, args.batch, columns=["features", "label"], return_all=True
+            pipeline, ours_epoch, args.batch, columns=["features", "label"]
         ),
         "ours_computed_exact": lambda: BarrierRunner(2, read_files=False, **quiet).run_with_data(
-            pipeline, ours_epoch, args.batch, columns=["features", "label"], return_all=True
+            pipeline, ours_epoch, args.batch, columns=["features", "label"]
         ),
         "td_computed": lambda: td()._train_on_dataframe(
             td_epoch, pipeline.repartition(2), ["features", "label"], per_rank, args.batch
         ),
         "ours_table": lambda: BarrierRunner(2, **quiet).run_with_data(
-            table, ours_epoch, args.batch, columns=["features", "label"], return_all=True
+            table, ours_epoch, args.batch, columns=["features", "label"]
         ),
         "td_table": lambda: td()._train_on_dataframe(
             td_epoch, table.repartition(2), ["features", "label"], per_rank, args.batch
