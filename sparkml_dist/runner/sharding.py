@@ -75,21 +75,34 @@ def rank_columns(df):
     """``df`` as the ranks read it: Spark ML vector columns (``VectorAssembler``, ``OneHotEncoder``,
     ``HashingTF``) as arrays of doubles (``vector_to_array``, dense and sparse alike), so a rank's
     ``to_numpy`` / ``dataloader`` get an (n, d) array; a vector wider than
-    :data:`MAX_DENSE_VECTOR` entries is refused on the driver, naming the column and what to do."""
-    vectors = [f.name for f in df.schema.fields if f.dataType.simpleString() == "vector"]
+    :data:`MAX_DENSE_VECTOR` entries is refused on the driver, naming the column and what to do.
+    The width is the one Spark ML's stages declare in the column's metadata (``ml_attr``), else
+    that of the first rows (a small job: it computes them)."""
+    vectors = [f for f in df.schema.fields if f.dataType.simpleString() == "vector"]
     if not vectors:
         return df
     from ..feature_arrays import vector_shape
 
-    for name in vectors:
-        width, _ = vector_shape(df, name, sample=20)
+    for field in vectors:
+        name = field.name
+        width = declared_width(field)
+        if width is None:
+            width, _ = vector_shape(df, name, sample=20)
         if width > MAX_DENSE_VECTOR:
             raise ConfigurationError(
                 f"run_with_data: column {name!r} holds vectors of {width} entries, which each rank would "
                 f"get dense ({width * 8 / 2**20:.1f} MiB per row): reduce the width (HashingTF's "
                 "numFeatures, a feature selector), or select only the columns the function needs"
             )
-    return df.withColumns({name: vector_arrays(name) for name in vectors})
+    return df.withColumns({f.name: vector_arrays(f.name) for f in vectors})
+
+
+def declared_width(field) -> Optional[int]:
+    """The entries of a vector column as ``VectorAssembler``, ``HashingTF``, ``OneHotEncoder``...
+    declare them (``metadata["ml_attr"]["num_attrs"]``), or None."""
+    attr = (field.metadata or {}).get("ml_attr")
+    n = attr.get("num_attrs") if isinstance(attr, dict) else None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n >= 0 else None
 
 
 def vector_arrays(name: str):

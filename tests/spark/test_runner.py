@@ -273,7 +273,12 @@ def test_vector_columns_reach_the_ranks_as_arrays_and_a_too_wide_one_is_refused(
     assert sum(o["shape"][0] for o in out) == 20 and all(sum(r) == 2.0 for o in out for r in o["rows"])
     wide = HashingTF(numFeatures=1 << 18, inputCol="words", outputCol="tf").transform(words)
     with pytest.raises(ConfigurationError, match=r"column 'tf' holds vectors of 262144 entries.*numFeatures"):
-        BarrierRunner(2, spark=spark).run_with_data(wide, h.shard_matrix, "tf")
+        BarrierRunner(2, spark=spark).run_with_data(wide, h.shard_matrix, "tf")  # its declared width
+    from pyspark.ml.linalg import Vectors
+
+    bare = spark.createDataFrame([(Vectors.sparse(1 << 18, [0], [1.0]),)] * 4, ["v"])  # no ml_attr
+    with pytest.raises(ConfigurationError, match=r"column 'v' holds vectors of 262144 entries"):
+        BarrierRunner(2, spark=spark).run_with_data(bare, h.shard_matrix, "v")  # its rows' width
 
 
 def test_np_auto_takes_every_task_slot(spark):

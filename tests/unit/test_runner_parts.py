@@ -638,3 +638,18 @@ def test_the_stuck_line_names_the_ranks_in_the_collective_and_each_one_missing()
         stall_watch.stuck_line(stall_watch.Group(store, 2, world, 5), {**mine}, 61.2) is None
     )  # rank 0 says it
     assert stall_watch.ranks([7]) == "rank 7" and stall_watch.ranks([0, 1, 2, 5, 7, 8]) == "ranks 0-2, 5, 7-8"
+
+
+def test_a_vector_columns_width_is_read_from_what_spark_ml_declares():
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import StructField
+
+    from sparkml_dist.runner.sharding import declared_width
+
+    def field(metadata):
+        return StructField("f", VectorUDT(), metadata=metadata)
+
+    assert declared_width(field({"ml_attr": {"num_attrs": 51}})) == 51  # VectorAssembler, HashingTF
+    for absent in ({}, {"ml_attr": {}}, {"ml_attr": {"num_attrs": "51"}}, {"ml_attr": {"num_attrs": -1}}):
+        assert declared_width(field(absent)) is None  # then the first rows say
+    assert declared_width(field({"ml_attr": {"num_attrs": True}})) is None
