@@ -101,6 +101,8 @@ class LogServer:
         self._queue: "queue.Queue" = queue.Queue(MAX_QUEUED)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
+        self._wake, self._waker = socket.socketpair()  # close() wakes the loop: no select tick to wait
+        self._selector.register(self._wake, selectors.EVENT_READ)
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sparkml_dist-logs", daemon=True)
         self._handler = threading.Thread(target=self._handle, name="sparkml_dist-log-handler", daemon=True)
@@ -123,6 +125,8 @@ class LogServer:
             except (OSError, ValueError):  # closed under us
                 return
             for key, _ in events:
+                if key.fileobj is self._wake:
+                    continue  # closing: the loop's condition ends it
                 try:
                     if key.fileobj is self._sock:
                         self._accept()
@@ -140,6 +144,8 @@ class LogServer:
             try:
                 message, send = self._queue.get(timeout=0.2)
             except queue.Empty:
+                continue
+            if message is None:  # close()'s wake-up: the loop's condition decides
                 continue
             try:
                 self._on_message(message, send) if self._replies else self._on_message(message)
@@ -272,12 +278,22 @@ class LogServer:
     def close(self) -> None:
         """Stop accepting; messages already received are still handled (up to 2 s)."""
         self._closed.set()
+        try:
+            self._waker.send(b"x")
+        except OSError:
+            pass
         self._thread.join(2.0)
+        try:
+            self._queue.put((None, None), timeout=2.0)  # after every frame read: handled in order
+        except queue.Full:
+            pass
         self._handler.join(2.0)
         for conn in list(self._conns.values()):
             self._drop(conn)
         self._selector.close()
         self._sock.close()
+        self._wake.close()
+        self._waker.close()
 
 
 def _raise_open_files_limit() -> None:
