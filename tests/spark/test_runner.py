@@ -289,6 +289,7 @@ def test_np_auto_takes_every_task_slot(spark):
     assert runner.world_size == (slots or _spark_env.registered_slots(spark)) and runner.np > 0
 
 
+@masters("local")  # it sets the driver JVM's own SparkConf, which a Connect client cannot reach
 def test_return_all_results_over_max_result_size_are_refused_with_the_fix(spark):
     # Spark's driver checks the results' total as they arrive (no extra round among the tasks):
     # 2 x 2.5 MB fits each rank's share of spark.driver.maxResultSize=4m, not the two together
