@@ -157,8 +157,9 @@ def fail_differently(counter_file):
 
     n = int(open(counter_file).read()) + 1 if os.path.exists(counter_file) else 1
     if context().rank == 0:
-        with open(counter_file, "w") as fh:
+        with open(counter_file + ".tmp", "w") as fh:
             fh.write(str(n))
+        os.replace(counter_file + ".tmp", counter_file)  # rank 1 never reads it half written
         raise RuntimeError(f"lost a disk on attempt {n}")
     return n
 
