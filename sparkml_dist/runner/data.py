@@ -193,6 +193,13 @@ class Shard:
                     "(bytes stay bytes) and returns tensors"
                 )
 
+    def _check_not_empty(self) -> None:
+        if self.num_rows == 0:
+            raise ConfigurationError(
+                f"rank {self.rank} received an empty shard; there are fewer rows than ranks. "
+                "Lower np or add data."
+            )
+
     def steps_per_epoch(self, batch_size: int, drop_last: bool = False) -> int:
         """Batches every rank yields per epoch (the same on all ranks)."""
         from .sample_order import Plan
@@ -210,6 +217,7 @@ class Shard:
         pin_memory: bool = False,
         *,
         global_batch_size: Optional[int] = None,
+        pad_last: bool = False,
         transform: Optional[Callable] = None,
         num_workers: int = 0,
         window_rows: int = WINDOW_ROWS,
@@ -220,24 +228,20 @@ class Shard:
         scalar one); with it, what ``transform({column: values})`` returns.
 
         ``batch_size`` rows per rank, or ``global_batch_size`` rows per step over all ranks (keep
-        it fixed to see the same samples per step on any world size).  ``window_rows``: rows a
-        stream shuffles within and holds at once; ``read_ahead``: windows read in advance.
+        it fixed to see the same samples per step on any world size).  Each row once an epoch,
+        the last batch maybe shorter (see :class:`ShardLoader`: ``padding``); ``pad_last=True``:
+        every batch full; ``drop_last=True``: only full batches of rows not yet given.
+        ``window_rows``: rows a stream shuffles within and holds at once; ``read_ahead``: windows
+        read in advance.
         ``device`` (e.g. ``context().device``): each batch is copied there without blocking the
         host; ``pin_memory=True`` stages GPU-bound batches in page-locked memory first.
         """
         _check_loader_args(batch_size, global_batch_size, window_rows, read_ahead, num_workers)
-        if self.num_rows == 0:
-            raise ConfigurationError(
-                f"rank {self.rank} received an empty shard; there are fewer rows than ranks. "
-                "Lower np or add data."
-            )
+        self._check_not_empty()
         names = self._names(columns)
         if transform is None:
             self._numeric(names)
-        if device is not None:  # torch only for tensors on a device: a transform may give numpy
-            import torch
-
-            device = torch.device(device)
+        device = _torch_device(device)
         return ShardLoader(
             self._source,
             self.sizes,
@@ -250,6 +254,7 @@ class Shard:
             shuffle=shuffle,
             seed=seed,
             drop_last=drop_last,
+            pad_last=bool(pad_last),
             device=device,
             pin_memory=bool(pin_memory) and device is not None and device.type == "cuda",
             transform=transform,
@@ -278,6 +283,15 @@ class Shard:
         """As :meth:`dataloader` without shuffling unless asked: the rows in stream order."""
         options.setdefault("shuffle", False)
         return self.dataloader(batch_size, columns, **options)
+
+
+def _torch_device(device):
+    """``device`` as a torch device (torch imported only then: a transform may give numpy)."""
+    if device is None:
+        return None
+    import torch
+
+    return torch.device(device)
 
 
 def _check_loader_args(batch_size, global_batch_size, window_rows, read_ahead, num_workers) -> None:

@@ -92,14 +92,32 @@ class _Stream:
 
 
 def _interleave(parts: List[Dict[str, np.ndarray]]) -> Dict[str, np.ndarray]:
-    """The streams' values position-major: position 0 of every stream, then position 1, ..."""
+    """The streams' values position-major: position 0 of every stream, then position 1, ...
+    (a stream with fewer values is left out of the positions it lacks)."""
     if len(parts) == 1:
         return parts[0]
-    out = {}
-    for n in parts[0]:
-        stacked = np.stack([p[n] for p in parts], axis=1)
-        out[n] = stacked.reshape(-1, *stacked.shape[2:])
-    return out
+    lengths = [len(next(iter(p.values()))) for p in parts]
+    if len(set(lengths)) == 1:
+        out = {}
+        for n in parts[0]:
+            stacked = np.stack([p[n] for p in parts], axis=1)
+            out[n] = stacked.reshape(-1, *stacked.shape[2:])
+        return out
+    starts = np.cumsum([0] + lengths[:-1])
+    order = [starts[c] + p for p in range(max(lengths)) for c in range(len(parts)) if p < lengths[c]]
+    return {n: np.concatenate([p[n] for p in parts])[order] for n in parts[0]}
+
+
+def _batch(streams: List["_Stream"], lo: int, hi: int) -> Dict[str, np.ndarray]:
+    """A rank's batch of positions ``[lo, hi)``: its streams' rows position-major, then the rows a
+    stream shorter than ``hi`` gives again from its start (:meth:`Plan.repeats` counts them)."""
+    cut = [min(hi, max(lo, st.size)) for st in streams]
+    new = [st.take(lo, c) for st, c in zip(streams, cut) if c > lo]
+    again = [st.take(c, hi) for st, c in zip(streams, cut) if hi > c]
+    parts = [_interleave(p) for p in (new, again) if p]
+    if len(parts) == 1:
+        return parts[0]
+    return {n: np.concatenate([p[n] for p in parts]) for n in parts[0]}
 
 
 _worker_fn: Optional[Callable] = None
@@ -117,7 +135,12 @@ def _run_worker(values: Dict[str, np.ndarray]):
 class ShardLoader:
     """Iterable over one epoch of batches; each ``iter()`` starts the next epoch, or, after
     ``load_state_dict`` (a checkpoint's position), goes on at its next unseen step.
-    ``set_epoch(e)`` starts epoch ``e`` explicitly."""
+    ``set_epoch(e)`` starts epoch ``e`` explicitly.
+
+    Every row comes once an epoch; the last batch may be shorter, with the same size on every rank.
+    ``padding``: how many rows at the end of the batch just yielded repeat rows this epoch already
+    gave (only in the last batch of a rank whose shard is a row short; 0 otherwise). Drop them from
+    a metric: ``n = len(y) - loader.padding``."""
 
     def __init__(self, source, sizes: Sequence[int], data_rank: int, data_world: int, names, dtypes, **opt):
         self.source, self.sizes, self.names, self.dtypes = source, list(sizes), list(names), list(dtypes)
@@ -127,13 +150,14 @@ class ShardLoader:
             raise ConfigurationError(
                 f"global_batch_size={global_batch} must be a multiple of the {data_world} data ranks"
             )
-        self.plan = Plan(self.sizes, global_batch, opt["drop_last"])
+        self.plan = Plan(self.sizes, global_batch, opt["drop_last"], opt.get("pad_last", False))
         self.batch_size = global_batch // data_world
         self.shuffle, self.seed = bool(opt["shuffle"]), int(opt["seed"])
         self.window_rows, self.read_ahead = int(opt["window_rows"]), int(opt["read_ahead"])
         self.transform, self.num_workers = opt["transform"], int(opt["num_workers"])
         self.device, self.pin_memory = opt["device"], bool(opt["pin_memory"])
         self.epoch, self.step = 0, 0
+        self.padding = 0  # rows at the end of the batch just yielded that this epoch gave before
         self._fresh = True  # the next iter() starts at (epoch, step); else at the next epoch
         self._resumed = False  # a restored position not yet iterated from
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="sparkml_dist-read-ahead")
@@ -192,8 +216,7 @@ class ShardLoader:
         streams = [_Stream(self, c, epoch) for c in self.source.streams]
         try:
             for s in range(start, self.plan.steps):
-                lo, hi = self.plan.positions(s)
-                yield _interleave([st.take(lo, hi) for st in streams])
+                yield _batch(streams, *self.plan.positions(s))
         finally:
             for st in streams:
                 st.close()
@@ -231,6 +254,7 @@ class ShardLoader:
         epoch, start = self.epoch, self.step
         for s, batch in enumerate(self._decoded(self._raw(epoch, start)), start):
             self.step = s + 1
+            self.padding = self.plan.repeats(s, self.source.streams)
             yield batch if self.device is None else _to_device(batch, self.device, self.pin_memory)
         self.epoch, self.step, self._fresh = epoch + 1, 0, True
 

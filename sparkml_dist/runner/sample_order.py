@@ -15,14 +15,22 @@ interleaved position-major. So the set of samples of every global step is fixed 
 seed, ``S`` and ``G``; a run on 4 ranks and one on 2 (``batch_size`` = ``G / D``) train on the same
 samples step by step, and a restart on another world size resumes at the same position.
 
-Streams of unequal size (they differ by at most one row) cycle: position ``p`` of stream ``c`` is
-its row ``p mod size_c``, so every rank's batch has exactly ``G / D`` rows at every step; an epoch
-is ``ceil(max_size / (G / S))`` steps (``drop_last``: ``floor``).
+An epoch gives every row once: it is ``ceil(max_size / (G / S))`` steps, the last one shorter
+when the rows run out (every stream gives the same number of rows at every step, so every rank's
+batches have the same sizes, as SPMD frameworks need). Streams of unequal size (they differ by at
+most one row) fill their last position from their start: position ``p`` of stream ``c`` is its row
+``p mod size_c``, so a rank repeats at most one row per short stream it holds, in the last step,
+and :meth:`Plan.repeats` counts it (the loader puts such rows at the end of the batch and says how
+many: ``loader.padding``). ``pad_last=True`` (the full-batch option) fills the last step to
+``G / S`` rows a stream the same way; ``drop_last=True`` stops at the last step every stream can
+fill with rows not yet given (``floor(min_size / (G / S))`` steps): no repeats, no short batch.
 
 Example::
 
-    plan = Plan(sizes=[5, 5, 4, 4], global_batch=4, drop_last=False)   # S=4: 1 row a stream a step
-    plan.steps                                                          # 5
+    plan = Plan(sizes=[5, 5, 4, 4], global_batch=8, drop_last=False)   # S=4: 2 rows a stream a step
+    plan.steps                                                          # 3
+    plan.positions(2)                                                   # (4, 5): the last row each
+    plan.repeats(2, streams=(2,))                                       # 1: stream 2 has 4 rows
     order = StreamOrder([2, 2, 1], seed=0, epoch=3, stream=1, shuffle=True, window_rows=4)
     order.locate(np.arange(5))              # (window, offset) of each position
 """
@@ -60,7 +68,9 @@ def check_streams(streams: int, data_world: int) -> None:
 class Plan:
     """Steps of an epoch and each stream's positions per step, for a global batch of ``G`` rows."""
 
-    def __init__(self, sizes: Sequence[int], global_batch: int, drop_last: bool) -> None:
+    def __init__(
+        self, sizes: Sequence[int], global_batch: int, drop_last: bool, pad_last: bool = False
+    ) -> None:
         self.sizes = [int(s) for s in sizes]
         self.streams = len(self.sizes)
         self.global_batch = int(global_batch)
@@ -71,17 +81,29 @@ class Plan:
                 f"change batch_size (or global_batch_size) or run_with_data(..., streams=)"
             )
         self.per_stream = self.global_batch // self.streams
-        longest = max(self.sizes) if self.sizes else 0
-        self.steps = longest // self.per_stream if drop_last else math.ceil(longest / self.per_stream)
+        self.longest = max(self.sizes) if self.sizes else 0
+        self.full = bool(pad_last) or bool(drop_last)  # every step takes per_stream positions
+        if drop_last:
+            shortest = min(self.sizes) if self.sizes else 0
+            self.steps = shortest // self.per_stream
+        else:
+            self.steps = math.ceil(self.longest / self.per_stream)
         if self.steps < 1:
             raise ConfigurationError(
-                f"drop_last=True leaves no step: each stream has at most {longest} rows, fewer than "
-                f"the {self.per_stream} it gives a step; lower the batch size or set drop_last=False"
+                f"drop_last=True leaves no step: a stream has {min(self.sizes or [0])} rows, fewer "
+                f"than the {self.per_stream} it gives a step; lower the batch size or set drop_last=False"
             )
 
     def positions(self, step: int) -> Tuple[int, int]:
         """Every stream's positions ``[lo, hi)`` of global step ``step`` (before the cycling)."""
-        return step * self.per_stream, (step + 1) * self.per_stream
+        lo, hi = step * self.per_stream, (step + 1) * self.per_stream
+        return lo, hi if self.full else min(hi, self.longest)
+
+    def repeats(self, step: int, streams: Sequence[int]) -> int:
+        """Rows ``streams`` give at step ``step`` that they already gave this epoch (positions past
+        a stream's size, filled from its start)."""
+        lo, hi = self.positions(step)
+        return sum(max(0, hi - max(lo, self.sizes[c])) for c in streams)
 
 
 def _chunk_order(n: int, groups: Optional[Sequence[int]], rng) -> np.ndarray:

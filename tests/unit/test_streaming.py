@@ -56,7 +56,8 @@ def _steps(world, tables, global_batch, seed=3, **options):
     ]
     per_rank = [[b[0].tolist() for b in lo] for lo in loaders]
     assert len({len(p) for p in per_rank}) == 1  # every rank the same number of steps
-    assert all(len(b) == global_batch // world for p in per_rank for b in p)
+    assert all(len(b) == global_batch // world for p in per_rank for b in p[:-1])
+    assert len({len(p[-1]) for p in per_rank}) == 1  # the last batch: the same size on every rank
     return [sorted(sum((p[s] for p in per_rank), [])) for s in range(len(per_rank[0]))]
 
 
@@ -65,12 +66,48 @@ def test_the_samples_of_every_global_step_do_not_depend_on_the_world_size():
     one, two, four = (_steps(w, tables, 8) for w in (1, 2, 4))
     assert one == two == four and len(one) == 13  # ceil(26 / (8 / 4)) steps
     seen = sorted(sum(one, []))
-    assert set(seen) == set(range(100))  # every sample in the epoch; shorter streams cycle to fill
-    assert len(seen) - 100 == 4  # 13 steps x 8 rows = 104: the 3 shorter streams repeat 1+1+2 rows
+    assert set(seen) == set(range(100))  # every sample in the epoch
+    # the last step takes positions 24 and 25 of every stream: the 3 shorter ones fill theirs from
+    # their start, 1 + 1 + 2 rows given again
+    assert len(seen) - 100 == 4
     other_seed = _steps(2, tables, 8, seed=4)
     assert other_seed != two and set(sum(other_seed, [])) == set(seen)
     plain = _steps(2, tables, 8, shuffle=False)
     assert plain[0] == [0, 1, 26, 27, 51, 52, 76, 77]  # stream order, two positions a stream a step
+
+
+def _epoch(world, rows, batch, **options):
+    """Per rank: the ids of each batch of one epoch, and the loader's padding count per batch."""
+    sizes = [rows // world + (r < rows % world) for r in range(world)]
+    out = []
+    for shard in _shards(_streams(sizes), world):
+        lo = shard.dataloader(batch, ["id"], seed=2, **options)
+        batches, padding = [], []
+        for (ids,) in lo:
+            batches.append(ids.tolist())
+            padding.append(lo.padding)
+        out.append((batches, padding))
+    return out
+
+
+@pytest.mark.parametrize("rows", [4000, 4001])
+def test_every_row_once_an_epoch_with_a_shorter_last_batch_and_a_marked_repeat(rows):
+    ranks = _epoch(2, rows, 256)
+    assert len({len(b) for b, _ in ranks}) == 1 == len({len(b[-1]) for b, _ in ranks})
+    assert all(len(x) == 256 for b, _ in ranks for x in b[:-1]) and len(ranks[0][0][-1]) < 256
+    seen = [i for b, _ in ranks for x in b for i in x]
+    assert sorted(set(seen)) == list(range(rows))  # every row, and only these
+    for batches, padding in ranks:  # at most one repeat per rank, counted, at the batch's end
+        mine = [i for x in batches for i in x]
+        assert len(mine) - len(set(mine)) == sum(padding) <= 1 and sum(padding[:-1]) == 0
+        if padding[-1]:
+            assert batches[-1][-1] in mine[: -padding[-1]]
+    assert len(seen) - rows == (rows % 2)
+    # the full-batch option: every batch 256 rows, the last filled from the epoch's start (4,096 an epoch)
+    full = _epoch(2, rows, 256, pad_last=True)
+    assert [len(x) for b, _ in full for x in b] == [256] * 16
+    assert sum(p for _, pad in full for p in pad) == 4096 - rows
+    assert [len(b) for b, _ in _epoch(2, rows, 256, drop_last=True)] == [7, 7]  # 7 full, rest dropped
 
 
 def test_an_epoch_changes_the_order_not_the_samples_and_batch_size_is_per_rank():
