@@ -47,9 +47,50 @@ def uses_keras_module(fn: Callable) -> bool:
     return KERAS_MODULE in used(fn)
 
 
+# Horovod's TensorFlow bindings (Horovod 0.28 cannot build against TensorFlow >= 2.16)
+HOROVOD_TF = ("horovod.keras", "horovod.tensorflow.keras", "horovod.tensorflow", "horovod._keras")
+
+
+def _horovod_tf_built() -> bool:
+    """Was this Python's Horovod built with TensorFlow (its compiled op library is there)?"""
+    import glob
+    import os
+
+    try:
+        spec = importlib.util.find_spec("horovod")
+    except (ImportError, ValueError):
+        return False
+    where = list(getattr(spec, "submodule_search_locations", None) or []) if spec else []
+    return any(glob.glob(os.path.join(d, "tensorflow", "mpi_lib*.so")) for d in where)
+
+
+def _refuse_horovod_tf(name: str, modules: Set[str]) -> None:
+    """Horovod cannot build against TensorFlow >= 2.16: a program importing its TensorFlow bindings
+    is refused with the change that runs it, unless this Horovod has them."""
+    bindings = [m for m in HOROVOD_TF if any(i == m or i.startswith(m + ".") for i in modules)]
+    if not bindings or _horovod_tf_built():
+        return
+    binding = max(bindings, key=len)
+    keras_fix = (
+        "a Keras program runs on Keras 3 with `import sparkml_dist.keras as hvd` in its place "
+        "(Horovod's Keras API; HorovodRunner and BarrierRunner run it on backend='torch')"
+    )
+    tf_fix = (
+        "a TensorFlow program runs under tf.distribute.MultiWorkerMirroredStrategy on "
+        "BarrierRunner(..., backend='tensorflow') (or MirroredStrategyRunner)"
+    )
+    fix = keras_fix + "; " + tf_fix if "keras" in binding else tf_fix + "; " + keras_fix
+    raise ConfigurationError(
+        f"{name} imports {binding}: Horovod's TensorFlow bindings, which this Python's Horovod does "
+        f"not have (Horovod 0.28 cannot build against TensorFlow >= 2.16, so reinstalling it with "
+        f"HOROVOD_WITH_TENSORFLOW=1 does not help). Instead: {fix}"
+    )
+
+
 def check(fn: Callable, backend: str) -> None:
     """Refuse, naming the fix, a function whose frameworks are missing here or do not fit ``backend``."""
     name = getattr(fn, "__qualname__", getattr(fn, "__name__", "the function"))
+    _refuse_horovod_tf(name, serialization.imported_modules(fn))
     frameworks = used(fn)
     if KERAS_MODULE in frameworks and backend not in ("torch",):
         raise ConfigurationError(

@@ -4,6 +4,7 @@ tests/spark/test_frameworks.py."""
 
 import json
 import sys
+import time
 
 import pytest
 
@@ -68,6 +69,56 @@ def test_a_missing_framework_is_named_on_the_driver_with_its_extra(monkeypatch):
         BarrierRunner(-2, backend="tensorflow")
     with pytest.raises(ConfigurationError, match=r"tf_fit imports tensorflow.*sparkml_dist\[tensorflow\]"):
         BarrierRunner(-2).run(fh.tf_fit)
+
+
+def _horovod_keras():
+    import horovod.keras as hvd
+
+    hvd.init()
+
+
+def _horovod_tf_keras():
+    from horovod.tensorflow.keras import DistributedOptimizer  # noqa: F401
+
+
+def _horovod_tf():
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+
+
+@pytest.mark.parametrize(
+    "fn,binding,first",
+    [
+        (_horovod_keras, "horovod.keras", "sparkml_dist.keras as hvd"),
+        (_horovod_tf_keras, "horovod.tensorflow.keras", "sparkml_dist.keras as hvd"),
+        (_horovod_tf, "horovod.tensorflow", "backend='tensorflow'"),
+    ],
+)
+def test_horovods_tensorflow_bindings_are_refused_on_the_driver_naming_what_runs_instead(fn, binding, first):
+    from sparkml_dist.horovod import HorovodRunner
+
+    started = time.monotonic()
+    with pytest.raises(ConfigurationError) as err:
+        HorovodRunner(np=-2).run(fn)
+    text = str(err.value)
+    assert f"imports {binding}:" in text and "TensorFlow >= 2.16" in text
+    assert first in text.split("Instead: ")[1].split(";")[0]  # the fix for this kind of program first
+    assert "sparkml_dist.keras as hvd" in text and "backend='tensorflow'" in text
+    assert time.monotonic() - started < 5  # on the driver: no rank was started
+
+
+def test_a_horovod_built_with_tensorflow_runs_its_bindings_unrefused(tmp_path, monkeypatch):
+    from sparkml_dist.runner import frameworks
+
+    (tmp_path / "horovod" / "tensorflow").mkdir(parents=True)
+    (tmp_path / "horovod" / "__init__.py").write_text("")
+    (tmp_path / "horovod" / "tensorflow" / "mpi_lib.cpython-311-x86_64-linux-gnu.so").write_bytes(b"")
+    assert not frameworks._horovod_tf_built()  # this Python's Horovod is torch-only
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "horovod", raising=False)
+    assert frameworks._horovod_tf_built()
+    frameworks._refuse_horovod_tf("train", {"horovod.keras"})  # no error
 
 
 @pytest.mark.slow
