@@ -10,7 +10,8 @@ rate (``1gbit``, ``10gbit``) or leaves them unshaped (``unshaped``: the veth's ~
 Every contender trains the same MLP (``--hidden`` wide: its gradients are large against the
 compute) on the same synthetic classification task for the same number of samples (fixed global
 batch), and reports samples/s after a warm-up, the loss over its last steps, and the bytes it
-all-reduced per sample:
+handed to collectives per sample, measured (:func:`sparkml_dist.parallel.traffic.meter` counts
+every tensor a rank gives torch.distributed or Horovod during the timed steps, by dtype):
 
 - ``ddp``: ``comm.ddp(model)`` (DDP's defaults: 25 MiB buckets, float32 all-reduce);
 - ``bucket1`` / ``bucket100``: ``bucket_cap_mb=1`` / ``100``;
@@ -30,6 +31,7 @@ Contenders interleave, the order alternating each round, on every link in turn.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -44,11 +46,12 @@ FEATURES, CLASSES, BATCH = 512, 10, 128  # global batch: 64 rows per rank
 
 
 def train(setting, hidden, steps, warmup=5):
-    """One rank's run of ``setting``: samples/s (global), last loss, bytes all-reduced per sample."""
+    """One rank's run of ``setting``: samples/s (global), last loss, bytes it handed to collectives
+    per sample and their dtypes (measured)."""
     import torch
     import torch.distributed as dist
 
-    from sparkml_dist.parallel import comm
+    from sparkml_dist.parallel import comm, traffic
     from sparkml_dist.parallel.diloco import DiLoCo
     from sparkml_dist.runner import context, init_process_group
 
@@ -99,10 +102,12 @@ def train(setting, hidden, steps, warmup=5):
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     per_rank = BATCH // world
     losses, started = [], None
+    metered = contextlib.ExitStack()
     for step in range(warmup + steps):
         if step == warmup:
             barrier()
             started = time.perf_counter()
+            sent = metered.enter_context(traffic.meter())  # what the timed steps hand to collectives
         x = torch.randn(per_rank, FEATURES, generator=g)
         y = (x @ W).argmax(1)
         micro = per_rank // accumulate
@@ -117,22 +122,15 @@ def train(setting, hidden, steps, warmup=5):
         if outer is not None:
             outer.step()
         losses.append(loss.item() * accumulate)
+    metered.close()
     barrier()
     wall = time.perf_counter() - started
     samples = steps * BATCH
-    if outer is not None:
-        moved = outer.bytes_reduced * (steps / (warmup + steps))
-    elif setting == "powersgd4":
-        s = net._powersgd
-        moved = (
-            params * 4 * steps * s.total_numel_after_compression / max(s.total_numel_before_compression, 1)
-        )
-    else:
-        moved = params * (2 if setting in ("fp16", "hvd_fp16") else 4) * steps
     return {
         "samples_per_s": samples / wall,
         "loss": sum(losses[-5:]) / 5,
-        "bytes_per_sample": moved / samples,
+        "bytes_per_sample": sent.bytes / samples,  # measured: every tensor handed to a collective
+        "dtypes": sorted(sent.by_dtype),
         "params": params,
     }
 
@@ -210,15 +208,15 @@ def report(link, last, settings, args):
         f"{FEATURES}-{args.hidden}-{args.hidden}-{CLASSES} ({base['params'] / 1e6:.1f} M parameters), "
         f"global batch {BATCH}, {args.steps} timed steps, last of {args.repeats} interleaved rounds"
     )
-    head = ("setting", "samples/s", "vs ddp", "loss", "bytes/sample", "vs ddp")
-    print("  {:12s} {:>10s} {:>7s} {:>7s} {:>13s} {:>7s}".format(*head))
+    head = ("setting", "samples/s", "vs ddp", "loss", "bytes/sample", "vs ddp", "sent as")
+    print("  {:12s} {:>10s} {:>7s} {:>7s} {:>13s} {:>7s}  {}".format(*head))
     for s in settings:
         r = last[s]
         speed = r["samples_per_s"] / base["samples_per_s"]
         moved = r["bytes_per_sample"] / base["bytes_per_sample"]
         print(
             f"  {s:12s} {r['samples_per_s']:10.0f} {speed:6.2f}x {r['loss']:7.3f} "
-            f"{r['bytes_per_sample']:13,.0f} {moved:6.3f}x"
+            f"{r['bytes_per_sample']:13,.0f} {moved:6.3f}x  {'+'.join(r.get('dtypes', []))}"
         )
 
 

@@ -86,11 +86,19 @@ def compressed(compression, steps=60, resume_at=None):
                 )
         return losses
 
+    from sparkml_dist.parallel import traffic
+
     net = comm.ddp(_net(), **opts)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     saved = {}
-    losses = run(net, opt, 0, steps, saved if resume_at else None)
-    out = {"first": sum(losses[:5]) / 5, "last": sum(losses[-5:]) / 5}
+    with traffic.meter() as sent:  # what the hooks handed to gloo, measured
+        losses = run(net, opt, 0, steps, saved if resume_at else None)
+    out = {
+        "first": sum(losses[:5]) / 5,
+        "last": sum(losses[-5:]) / 5,
+        "sent": dict(sent.by_dtype),
+        "shapes": [list(p.shape) for p in net.module.parameters()],
+    }
     if resume_at:
         again = comm.ddp(_net(), **opts)
         again.module.load_state_dict(saved["model"])

@@ -1,6 +1,8 @@
 """Communication settings (sparkml_dist.parallel.comm) and DiLoCo (sparkml_dist.parallel.diloco)
 on real gloo ranks: local processes of the runner (np < 0)."""
 
+import math
+
 import pytest
 
 from sparkml_dist.runner import BarrierRunner
@@ -17,12 +19,32 @@ def test_accumulate_k_all_reduces_once_per_k_micro_steps_and_equals_one_big_step
         assert o["diff"] < 1e-5  # = one step of one process on the 2 x 4 micro-batches at once
 
 
+def _powersgd_bytes(shapes, rank, steps, start):
+    """What PowerSGD hands to all-reduce for these parameters: ``start`` plain float32 steps, then
+    each step the tensors it does not compress whole, and a (n x rank) P and (m x rank) Q factor
+    of each n x m matrix worth compressing (n * m > 2 (n + m) rank, torch's rule)."""
+    plain = sum(4 * math.prod(s) for s in shapes)
+    low = 0
+    for s in shapes:
+        n, m = s[0], math.prod(s[1:]) if len(s) > 1 else 1
+        r = min(n, m, rank)
+        low += 4 * (n + m) * r if len(s) > 1 and n * m > 2 * (n + m) * r else 4 * n * m
+    return start * plain + (steps - start) * low
+
+
 @pytest.mark.parametrize("compression", ["fp16", "powersgd"])
-def test_compressed_gradients_train_and_powersgd_error_feedback_survives_a_resume(compression):
+def test_compressed_gradients_train_send_what_they_say_and_powersgd_survives_a_resume(compression):
     resume = 20 if compression == "powersgd" else None
     out = BarrierRunner(-2, timeout=180).run(ch.compressed, compression, 60, resume, return_all=True)
     for o in out:
         assert o["last"] < 0.5 * o["first"], o  # it trains
+        params = sum(math.prod(s) for s in o["shapes"])
+        if compression == "fp16":  # float16 on the wire, 2 bytes a gradient a step, nothing else
+            assert o["sent"] == {"float16": 2 * params * 60}, o
+        else:  # 3 plain steps, then rank-2 factors of the 16 x 6 weight: 308 bytes a step, not 516
+            assert set(o["sent"]) == {"float32"}
+            assert o["sent"]["float32"] == _powersgd_bytes(o["shapes"], 2, 60, 3), o
+            assert _powersgd_bytes(o["shapes"], 2, 60, 3) < 0.65 * 4 * params * 60
         if resume:  # the error feedback, factors and rng resumed: the same weights as uninterrupted
             assert o["resume_diff"] < 1e-6, o
 
