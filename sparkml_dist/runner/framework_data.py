@@ -6,10 +6,20 @@ in the run's global sample order, reshuffled each epoch:
 
 * :func:`keras_data` — a ``keras.utils.PyDataset`` for ``model.fit`` on any Keras 3 backend
   (torch with :mod:`sparkml_dist.keras`, JAX with ``DataParallel``); each epoch's batches are
-  built when the epoch starts, so it holds the shard once, as ``fit(x, y)`` on arrays would;
-* :func:`tf_dataset` — a ``tf.data.Dataset`` streamed from the loader, with auto-sharding off
-  (the rows are already this rank's: ``MultiWorkerMirroredStrategy`` must not split them again)
-  and its cardinality known.
+  built when the epoch starts, so it holds the shard once, as ``fit(x, y)`` on arrays would.
+  ``fit``'s ``shuffle=True`` (its default) leaves their order alone: Keras would shuffle the
+  batch order with each process's own random state, so the ranks would take different batches at
+  a step (rows of other steps, and a short last batch averaged as if it were full); the loader
+  already reshuffles the rows each epoch (``shuffle=``, ``seed=``), the same way on every rank;
+* :func:`tf_dataset` — a ``tf.data.Dataset`` streamed from the loader, its cardinality known.
+  Its batches are *per rank* (the global batch is ``batch_size`` x the number of ranks), which is
+  not what ``MultiWorkerMirroredStrategy`` assumes of a dataset: it takes a dataset's batch as the
+  global one and splits it over the workers, so ``fit`` would train half of each rank's rows an
+  epoch on 2 ranks. So this module teaches the strategy one thing, once a rank has made such a
+  dataset: a dataset that comes from one (``.map``, ``.prefetch`` ... included) is distributed as
+  ``distribute_datasets_from_function`` distributes a worker's own per-replica batches (each
+  rank's batch split over its own replicas, when it has several GPUs). A dataset built another way
+  keeps TensorFlow's rule.
 
 ``x`` and ``y`` name columns: one column gives its values as they are ((b,) or (b, d) for a
 vector or list column), several are set side by side as (b, d1 + d2 + ...).
@@ -94,7 +104,28 @@ def keras_data(shard, batch_size: int, x: Columns, y=None, shuffle=True, seed=0,
         def on_epoch_end(self) -> None:
             self._epoch = []
 
-    return ShardBatches()
+    _keep_batch_order()
+    batches = ShardBatches()
+    batches._sparkml_dist_ordered = True  # what _keep_batch_order looks for
+    return batches
+
+
+def _keep_batch_order() -> None:
+    """Keras's ``fit(shuffle=True)`` leaves this module's PyDatasets in their order (see the
+    module docstring); installed once per process."""
+    from keras.src.trainers.data_adapters import py_dataset_adapter
+
+    adapter = py_dataset_adapter.PyDatasetAdapter
+    original = adapter.__init__
+    if getattr(original, "_sparkml_dist_hook", False):
+        return
+
+    def __init__(self, x, class_weight=None, shuffle=False):
+        ordered = getattr(x, "_sparkml_dist_ordered", False)
+        original(self, x, class_weight=class_weight, shuffle=shuffle and not ordered)
+
+    __init__._sparkml_dist_hook = True  # type: ignore[attr-defined]
+    adapter.__init__ = __init__
 
 
 def tf_dataset(shard, batch_size: int, x: Columns, y=None, shuffle=True, seed=0, drop_last=False):
@@ -117,4 +148,62 @@ def tf_dataset(shard, batch_size: int, x: Columns, y=None, shuffle=True, seed=0,
     dataset = dataset.apply(tf.data.experimental.assert_cardinality(len(loader)))
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-    return dataset.with_options(options)
+    dataset = dataset.with_options(options)
+    dataset._sparkml_dist_per_rank = True  # noqa: SLF001 - what _per_rank looks for
+    _distribute_per_rank()
+    return dataset
+
+
+def _per_rank(dataset) -> bool:
+    """Does ``dataset`` come from a :func:`tf_dataset` (itself, or a ``map``/``prefetch``/... of it)?"""
+    todo, seen = [dataset], set()
+    while todo:
+        d = todo.pop()
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        if getattr(d, "_sparkml_dist_per_rank", False):
+            return True
+        todo.extend(getattr(d, "_inputs", lambda: [])())
+    return False
+
+
+def _replica_batches(dataset, replicas: int):
+    """Each of ``dataset``'s batches cut into ``replicas`` consecutive parts (sizes within one row)."""
+    import tensorflow as tf
+
+    if replicas == 1:
+        return dataset
+
+    def parts(*batch):
+        n = tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0]
+
+        def part(i):
+            lo, hi = n * i // replicas, n * (i + 1) // replicas
+            return tf.nest.map_structure(lambda t: t[lo:hi], batch)
+
+        return tf.data.Dataset.range(replicas).map(part)
+
+    return dataset.flat_map(parts)
+
+
+def _distribute_per_rank() -> None:
+    """MultiWorkerMirroredStrategy distributes this module's datasets as per-rank batches (see the
+    module docstring); installed once per process."""
+    from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
+
+    extended = mwms.CollectiveAllReduceExtended
+    original = extended._experimental_distribute_dataset
+    if getattr(original, "_sparkml_dist_hook", False):
+        return
+
+    def distribute(self, dataset, options):
+        if not _per_rank(dataset):
+            return original(self, dataset, options)
+        replicas = len(self.worker_devices)
+        return self._distribute_datasets_from_function(
+            lambda context: _replica_batches(dataset, replicas), options
+        )
+
+    distribute._sparkml_dist_hook = True  # type: ignore[attr-defined]
+    extended._experimental_distribute_dataset = distribute
