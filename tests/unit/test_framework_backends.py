@@ -187,3 +187,21 @@ def test_keras_data_parallel_on_jax_ends_with_the_same_weights_on_every_process(
     assert out[0]["backend"] == "jax" and out[0]["devices"] == 2
     assert out[0]["weights"] == out[1]["weights"]
     assert out[0]["loss"] == out[1]["loss"]
+
+
+@pytest.mark.slow
+def test_a_ranks_batch_is_cut_over_its_own_replicas_in_order_each_part_within_a_row():
+    """What a rank with several GPUs gives each of its replicas under the strategy (one replica
+    per rank here: no GPU), checked on the dataset the distribution is built from."""
+    import numpy as np
+    import tensorflow as tf
+
+    from sparkml_dist.runner.framework_data import _replica_batches
+
+    ids = np.arange(13, dtype="float32")
+    batches = tf.data.Dataset.from_tensor_slices((ids, ids * 2)).batch(5)  # 5, 5, 3 rows
+    parts = [(a.numpy().tolist(), b.numpy().tolist()) for a, b in _replica_batches(batches, 3)]
+    assert [len(a) for a, _ in parts] == [1, 2, 2, 1, 2, 2, 1, 1, 1]  # 3 parts a batch, sizes within 1
+    assert [i for a, _ in parts for i in a] == ids.tolist()  # every row once, in order
+    assert all(b == [2 * i for i in a] for a, b in parts)  # x and y cut alike
+    assert _replica_batches(batches, 1) is batches
