@@ -94,7 +94,7 @@ def fits(spark, total: int, desc: str, enabled: bool = True) -> Iterator[Optiona
         return
     from . import _spark_env
     from .channel import new_secret
-    from .channel_server import listen
+    from .channel.server import listen
 
     progress = bar(total, desc, True, unit="fit")
     secret = new_secret()

@@ -149,7 +149,7 @@ def run() -> None:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int) and stop.code is not None:
             print(stop.code, file=sys.stderr)
-        if CTRL is not None:  # the task says "exited with code n before returning a result"
+        if CTRL is not None:  # the task says "exited with code n before its function returned"
             CTRL.send(protocol.EVENT_EXIT, code=code)
     except BaseException as exc:  # the rank failed: its traceback is what the driver reports
         print_user_traceback(exc)

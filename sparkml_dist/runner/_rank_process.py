@@ -87,6 +87,7 @@ class RankProcess:
         self._events: "queue.Queue[dict]" = queue.Queue()
         self._forward, self._client, self._echo, self._log = False, None, False, None
         self.called_exit = False  # the function called sys.exit()
+        self.returned = False  # the function returned (its result written): EVENT_DONE
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
         token = f"{protocol.TOKEN_ENV}={uuid.uuid4().hex}"
@@ -192,6 +193,8 @@ class RankProcess:
                     self._relay("log", str(ev.get("text", "")))
                 elif ev.get("event") == protocol.EVENT_EXIT:
                     self.called_exit = True
+                elif ev.get("event") == protocol.EVENT_DONE:
+                    self.returned = True
                 elif ev.get("event") == protocol.EVENT_METRICS:
                     if self._client is not None:
                         frame = {"type": protocol.FRAME_METRICS, "rank": self.rank}

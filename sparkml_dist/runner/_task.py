@@ -28,6 +28,7 @@ import pyarrow as pa
 
 from .. import collection, network
 from ..channel import LogClient
+from ..channel.outbox import Outbox
 from ..gpus import rank_gpus, task_gpus
 from . import backends, protocol, workdirs
 from ._rank_process import RankProcess, exit_text
@@ -42,6 +43,7 @@ class _RankTask:
     def __init__(self, gang, spec: TaskSpec, cancel: Optional[threading.Event], member: int = 0) -> None:
         k = spec.ranks_per_task
         self.gang, self.spec, self.cancel = gang, spec, cancel
+        self.left_early = False  # its function did not return, yet it exited 0 (await_exit)
         self.rank = gang.rank * k + member  # task t runs ranks t*k ... t*k+k-1
         self.member = member
         self.backend = backends.get(spec.backend)
@@ -56,7 +58,7 @@ class _RankTask:
         dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
         base = dirs[self.rank % len(dirs)] if dirs else None  # spread shard files over spark.local.dir
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)
-        self.client: Optional[LogClient] = None
+        self.client: Optional[Outbox] = None
         self.process: Optional[RankProcess] = None
         self.rows = 0
         self.local_rank = 0  # set when the ranks have exchanged addresses
@@ -76,8 +78,15 @@ class _RankTask:
         detail = dict(rank=self.rank, exit_code=code, phase=phase, message=message, tail=tail)
         detail.update(failed_at=time.time(), python=sys.executable)  # the rank's interpreter too
         if not self.silent:
-            self._report(protocol.FRAME_FAILED, **detail)
+            self._report(protocol.FRAME_FAILED, **detail, lines=self._lines_posted())
         return RankFailure(detail)
+
+    def _lines_posted(self) -> int:
+        """The rank's lines meant for the driver (every one, shown there or not): a final report
+        carries it, so the driver counts what it did not show."""
+        if self.process is not None and not self.process.running:
+            self.process.join_output()  # its last lines posted first
+        return self.client.posted(self.rank) if self.client is not None else 0
 
     def _report(self, frame: str, **fields) -> None:
         if self.client is not None:
@@ -113,7 +122,8 @@ class _RankTask:
         if spec.channel is not None:
             try:
                 retry = min(spec.start_timeout or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
-                self.client = LogClient(*spec.channel, spec.secret, timeout=5.0, retry_for=retry)
+                client = LogClient(*spec.channel, spec.secret, timeout=5.0, retry_for=retry)
+                self.client = Outbox(client)  # the rank's lines never wait on a slow driver
             except OSError as exc:  # unreachable (a remote Connect client, a firewall): no live logs
                 self.client, self.driver_error = None, f"{type(exc).__name__}: {exc}"
         log_path = (
@@ -178,6 +188,9 @@ class _RankTask:
         if code != 0 or self._no_result():  # sys.exit(0) / os._exit(0) inside the function too
             early = self._no_result() and (code == 0 or self.process.called_exit)
             raise self.fail(f"rank {self.rank} {exit_text(code)}{' before returning a result' * early}", code)
+        # code 0 without the function returning (sys.exit(0) / os._exit(0) inside it): no failure
+        # of its own, but if the others then fail waiting for it, the driver names it as the cause
+        self.left_early = not self.process.returned
 
     def result(self) -> Iterator[pa.RecordBatch]:
         """The result as chunk rows (rank 0, or every rank with ``return_all``)."""
@@ -195,7 +208,8 @@ class _RankTask:
                 )
             with open(path, "rb") as fh:
                 yield collection.encode_bytes(self.rank, 0, fh.read())
-        self._report(protocol.FRAME_DONE)
+        left = {"left": True} if self.left_early else {}
+        self._report(protocol.FRAME_DONE, lines=self._lines_posted(), **left)
 
     def cleanup(self) -> None:
         if self.process is not None:

@@ -48,6 +48,7 @@ class Monitor:
         self.reached: set = set()
         self.hosts: Dict[int, str] = {}  # rank -> the address it announced at the rendezvous
         self.finished: set = set()
+        self.left: set = set()  # ranks that exited 0 before their function returned (sys.exit, os._exit)
         self.failures: List[dict] = []
         self._first_failure_at: Optional[float] = None
         self._held: Dict[Any, List[str]] = {}  # rank -> the traceback it is printing, held back
@@ -91,6 +92,8 @@ class Monitor:
                 self.hosts[rank] = msg["host"]
         elif kind == protocol.FRAME_DONE:
             self.finished.add(rank)
+            if msg.get("left"):
+                self.left.add(rank)
         elif kind == protocol.FRAME_FAILED:
             self.add_failure(msg)
         elif kind == protocol.FRAME_METRICS and rank == 0 and isinstance(msg.get("metrics"), dict):
@@ -160,8 +163,18 @@ class Monitor:
                 f"rank {f['rank']} ({f['message'].split(' ', 2)[-1]})"
                 for f in sorted(others, key=lambda f: f["rank"])
             )
-        if self.finished:
-            message += f" (ranks {sorted(self.finished)} had already finished)"
+        rank = d.get("rank")
+        if self.left and (not d or protocol.is_symptom(d, self.backend.peer_lost)):
+            left = sorted(self.left)  # the others only lost their peer: the rank that left is the cause
+            message = (
+                f"rank{'s' * (len(left) > 1)} {', '.join(map(str, left))} left the run: exited with code 0 "
+                "before its function returned (sys.exit or os._exit inside it) while the other ranks "
+                f"waited for it in a collective; then {message}"
+            )
+            rank = left[0]
+        finished = sorted(self.finished - self.left)
+        if finished:
+            message += f" (ranks {finished} had already finished)"
         if not d or protocol.is_symptom(d, self.backend.peer_lost):
             message += self._silent_hosts()  # only a rank that lost its peers points at a host
         if self.stuck:
@@ -171,7 +184,7 @@ class Monitor:
         message += missing_module_hint(tail, d.get("python"))
         return WorkerError(
             message,
-            rank=d.get("rank"),
+            rank=rank,
             exit_code=d.get("exit_code"),
             worker_traceback=tail,
             lost_host=lost_host,

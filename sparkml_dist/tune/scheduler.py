@@ -18,7 +18,7 @@ from typing import Dict, Optional
 
 from .. import _spark_env, launch, progress, serialization
 from ..channel import new_secret
-from ..channel_server import listen
+from ..channel.server import listen
 from ..errors import ConfigurationError
 from .result import TrialRecord, TuneResult, best_record, trial_value
 from .trial import FRAME_REPORT, TrialSpec, trial_task

@@ -287,6 +287,25 @@ def spawn_and_hang(info_path):
     time.sleep(600)
 
 
+def flood_or_talk(seconds=4.0, width=16384):
+    """Rank 1 prints ``width``-character lines as fast as it can for ``seconds``; rank 0 prints 16
+    short numbered lines over that time. Every rank returns how many lines it printed."""
+    rank = int(os.environ["RANK"])
+    end, printed = time.monotonic() + seconds, 0
+    if rank == 1:
+        line = "x" * (width - 1)
+        while time.monotonic() < end:
+            print(line, flush=True)
+            printed += 1
+        return printed
+    for i in range(16):
+        print(f"rank 0 says {i}", flush=True)
+        printed += 1
+        time.sleep(seconds / 16)
+    time.sleep(0.5)
+    return printed
+
+
 def print_lines(n=30):
     """Print ``n`` numbered lines on every rank (with a pause, so they stream while the run goes on)."""
     import torch.distributed as dist
@@ -309,6 +328,25 @@ def exits_with(rank_to_exit, code):
 
     if context().rank == rank_to_exit:
         sys.exit(code)
+    return "returned"
+
+
+def leaves_a_collective(leaving, how):
+    """Every rank all-reduces once; then rank ``leaving`` leaves quietly (``how``: "sys.exit" or
+    "os._exit", code 0) while the others wait for it in the next all-reduce."""
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    dist.all_reduce(torch.ones(4))
+    if context().rank == leaving:
+        sys.stdout.flush()
+        sys.exit(0) if how == "sys.exit" else os._exit(0)
+    dist.all_reduce(torch.ones(4))
     return "returned"
 
 

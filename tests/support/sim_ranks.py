@@ -1,6 +1,6 @@
 """Thousands of simulated ranks against the driver-side code that grows with the cluster.
 
-What is real: the driver's log channel (:class:`sparkml_dist.channel_server.LogServer`) feeding the
+What is real: the driver's log channel (:class:`sparkml_dist.channel.server.LogServer`) feeding the
 runner's own :class:`sparkml_dist.runner.failures.Monitor` (the console the user reads), rank 0's
 rendezvous store (torch's ``TCPStore`` served on a listening socket exactly as
 ``backends._host_store`` serves it), each rank's :class:`sparkml_dist.channel.LogClient` with a
@@ -194,7 +194,7 @@ def simulate(
     (connections the server dropped), ``dropped`` (lines it had no room for, counted).
     ``ranks_per_host``: default 8 (16 from 2,001 ranks)."""
     from sparkml_dist.channel import new_secret
-    from sparkml_dist.channel_server import listen
+    from sparkml_dist.channel.server import listen
     from sparkml_dist.runner import failures
 
     os.environ.setdefault("SPARKML_DIST_COLLECTIVE_TIMEOUT", "120")

@@ -8,9 +8,10 @@ import time
 
 import pytest
 
-from sparkml_dist import WorkerError, channel, channel_server
-from sparkml_dist.channel import LogClient, new_secret
-from sparkml_dist.channel_server import LogServer
+from sparkml_dist import WorkerError, channel
+from sparkml_dist.channel import LogClient, inbox, new_secret
+from sparkml_dist.channel import server as channel_server
+from sparkml_dist.channel.server import LogServer
 from sparkml_dist.runner import BarrierRunner
 from tests.support.flood import Flood
 from tests.support.flood import wait as _wait
@@ -167,8 +168,41 @@ def test_a_run_under_a_flood_and_a_faulty_handler_keeps_its_logs_and_failure_rep
     assert_no_rank_left()
 
 
+def test_a_flooding_rank_is_shed_in_bounded_memory_while_the_others_lines_flow():
+    """Rank 1 prints 16 KiB lines at full speed for 4 s while the driver shows a line a
+    millisecond; rank 0 prints 16 short ones. Before the channel kept every line (512 MiB of driver
+    memory), showed 3 of rank 0's 16 by the run's end and printed 1,389 lines after it returned."""
+    import psutil
+
+    from tests.support import runner_helpers as h
+
+    shown, peak = [], [0]
+    me = psutil.Process()
+    start_rss = me.memory_info().rss
+
+    def sink(text):
+        shown.append(text)
+        peak[0] = max(peak[0], me.memory_info().rss - start_rss)
+        time.sleep(0.001)
+
+    printed = BarrierRunner(-2, timeout=120, log_ranks="all", log_sink=sink).run(
+        h.flood_or_talk, return_all=True
+    )
+    at_return = len(shown)
+    time.sleep(1.5)
+    assert len(shown) == at_return  # nothing is shown once run() has returned
+    talk = [t for t in shown if "rank 0 says" in t]
+    assert len(talk) == 16 and printed[0] == 16  # every line of the quiet rank, before the end
+    flood = sum(1 for t in shown if "xxxx" in t)
+    notice = next(t for t in shown if "lines from the ranks were not shown" in t)
+    dropped = int(notice.split("(rank 1: ")[1].split(")")[0].replace(",", ""))
+    assert flood + dropped == printed[1] and dropped > 0  # every line shown or counted, by rank
+    assert "rank 0:" not in notice and "executor log" in notice
+    assert peak[0] < 200 * 2**20, peak  # the inbox holds at most 16 MiB of lines
+
+
 def test_lines_beyond_what_the_handler_takes_are_shed_and_counted_and_reports_wait(monkeypatch):
-    monkeypatch.setattr(channel_server, "MAX_QUEUED", 10)
+    monkeypatch.setattr(inbox, "MAX_QUEUED", 10)
     secret, got, release = new_secret(), [], threading.Event()
 
     def slow(message):

@@ -171,6 +171,24 @@ def test_sys_exit_inside_the_function_is_reported_as_an_early_exit():
     assert_no_rank_left()
 
 
+@pytest.mark.parametrize("how", ["sys.exit", "os._exit"])
+def test_a_rank_that_leaves_a_collective_quietly_is_named_as_the_cause(how):
+    """Rank 2 of 3 ends with code 0 inside the function while ranks 0 and 1 wait for it in an
+    all-reduce: before, the error blamed the waiting ranks ("rank 1 exited with code 1 ... ranks [2]
+    had already finished")."""
+    import time
+
+    start = time.monotonic()
+    with pytest.raises(WorkerError) as err:
+        BarrierRunner(-3, timeout=120, collective_timeout=30).run(h.leaves_a_collective, 2, how)
+    text = str(err.value)
+    assert text.startswith("rank 2 left the run: exited with code 0 before its function returned"), text
+    assert err.value.rank == 2 and "had already finished" not in text
+    assert time.monotonic() - start < 60
+    assert BarrierRunner(-2, timeout=60).run(h.exits_with, 1, 0) == "returned"  # nobody waited: fine
+    assert_no_rank_left()
+
+
 @pytest.mark.parametrize("outcome", ["return", "raise", "hang"])
 def test_children_in_their_own_session_are_killed_after_success_failure_or_timeout(outcome):
     import psutil

@@ -16,7 +16,7 @@ import pytest
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError, WorkerError, gpus, serialization
 from sparkml_dist.channel import LogClient, new_secret
-from sparkml_dist.channel_server import LogServer
+from sparkml_dist.channel.server import LogServer
 from sparkml_dist.runner import _task, admission, protocol, rendezvous
 from sparkml_dist.runner.data import Shard
 from sparkml_dist.runner.gangs import ThreadGang

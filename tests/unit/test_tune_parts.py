@@ -10,7 +10,7 @@ import pytest
 
 from sparkml_dist import ConfigurationError, tune
 from sparkml_dist.channel import LogClient, new_secret
-from sparkml_dist.channel_server import listen
+from sparkml_dist.channel.server import listen
 from sparkml_dist.tune import policies, space
 
 

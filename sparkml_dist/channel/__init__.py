@@ -1,8 +1,8 @@
 """The live log channel from ranks to the driver, authenticated with a per-run secret.  [anywhere]
 
-The driver runs a :class:`~sparkml_dist.channel_server.LogServer`; each barrier task, trial or
+The driver runs a :class:`~sparkml_dist.channel.server.LogServer`; each barrier task, trial or
 search task connects with a :class:`LogClient`.  This module holds the wire format and the client;
-:mod:`sparkml_dist.channel_server` the server.  Each user of the channel names its own frames
+:mod:`sparkml_dist.channel.server` the server.  Each user of the channel names its own frames
 beside its code: the runner in :mod:`sparkml_dist.runner.protocol`, the tuner in
 :mod:`sparkml_dist.tune.trial`, progress bars in :mod:`sparkml_dist.progress`.
 

@@ -1,16 +1,17 @@
 """The driver's end of the log channel: one selector thread, one handler thread.  [driver]
 
 The wire format, the handshake and what a peer may and may not do are described in
-:mod:`sparkml_dist.channel`; this module serves it (see :func:`listen`).
+:mod:`sparkml_dist.channel`; this module serves it (see :func:`listen`); what waits between the
+two threads, bounded per connection, is :mod:`.inbox`'s.
 """
 
 from __future__ import annotations
 
 import hmac
+import itertools
 import json
 import logging
 import os
-import queue
 import selectors
 import socket
 import struct
@@ -19,25 +20,29 @@ import time
 from hashlib import sha256
 from typing import Callable, Dict, Optional
 
-from . import channel
-from .channel import ACK, MAX_FRAME, NONCE
+from .. import channel
+from ..channel import ACK, MAX_FRAME, NONCE
+from .inbox import Inbox, Tally
 
 log = logging.getLogger(__name__)
 
 MAX_UNAUTHENTICATED = 64  # beyond the connections the server expects (``expected``)
 MAX_PER_SOURCE = 48
-MAX_QUEUED = 100_000
+DRAIN_SECONDS = 2.0  # close(): how long lines still waiting are shown; the rest are counted
 WARN_EVERY = 10.0
+
+_serial = itertools.count()
 
 
 class _Conn:
     """What the server keeps per connection: the nonce until authenticated, then a frame buffer."""
 
-    __slots__ = ("sock", "addr", "nonce", "deadline", "buf")
+    __slots__ = ("sock", "addr", "nonce", "deadline", "buf", "key")
 
     def __init__(self, sock: socket.socket, addr, nonce: bytes, deadline: float) -> None:
         self.sock, self.addr, self.nonce, self.deadline = sock, addr, nonce, deadline
         self.buf = bytearray()
+        self.key = next(_serial)  # names its messages in the inbox (a file descriptor is reused)
 
     @property
     def authenticated(self) -> bool:
@@ -68,9 +73,8 @@ class LogServer:
     ``host``: the address to listen on (the one the ranks are told); a host name is resolved.
     ``expected``: how many peers will connect (a run's tasks): that many handshakes may wait at
     once on top of :data:`MAX_UNAUTHENTICATED` (thousands of tasks starting together are not
-    evicted as a flood; measured with simulated ranks: benchmarks/bench_scale.py).  The process's
-    soft limit on open files is raised to its hard one: each peer holds a descriptor, and Linux's
-    default soft limit (1,024) is below a large run's tasks.
+    evicted as a flood: benchmarks/bench_scale.py).  The soft limit on open files is raised to
+    the hard one: each peer holds a descriptor, and Linux's default (1,024) is below a large run's.
     """
 
     def __init__(
@@ -96,9 +100,11 @@ class LogServer:
         self._warn = _Warnings()
         self.handler_errors = 0
         self.accepted = 0  # connections that passed the handshake
-        self.dropped, self._shed_said = 0, -WARN_EVERY  # log lines with no room in the handler's queue
+        self._open = 0  # authenticated connections open now: each one's share of the inbox
+        self.lines = Tally()  # every line a rank meant for the driver, accounted
+        self._show_until = float("inf")  # close(): lines handled after this are counted, not shown
         self._conns: Dict[int, _Conn] = {}
-        self._queue: "queue.Queue" = queue.Queue(MAX_QUEUED)
+        self._inbox = Inbox()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._sock, selectors.EVENT_READ)
         self._wake, self._waker = socket.socketpair()  # close() wakes the loop: no select tick to wait
@@ -108,6 +114,11 @@ class LogServer:
         self._handler = threading.Thread(target=self._handle, name="sparkml_dist-log-handler", daemon=True)
         self._thread.start()
         self._handler.start()
+
+    @property
+    def dropped(self) -> int:
+        """How many log lines were not shown (by rank: ``lines.not_shown()``)."""
+        return sum(self.lines.not_shown().values())
 
     @property
     def rejected(self) -> int:
@@ -140,12 +151,13 @@ class LogServer:
             self._expire(time.monotonic())
 
     def _handle(self) -> None:
-        while not (self._closed.is_set() and self._queue.empty()):
-            try:
-                message, send = self._queue.get(timeout=0.2)
-            except queue.Empty:
+        while not (self._closed.is_set() and not self._inbox.count):
+            item = self._inbox.get(timeout=0.2)
+            if item is None:
                 continue
-            if message is None:  # close()'s wake-up: the loop's condition decides
+            message, send = item
+            if message.get("type") == "line" and time.monotonic() > self._show_until:
+                self.lines.dropped(message)  # the channel has closed: counted, never shown late
                 continue
             try:
                 self._on_message(message, send) if self._replies else self._on_message(message)
@@ -208,6 +220,7 @@ class LogServer:
                 return
             conn.nonce, conn.buf = None, conn.buf[NONCE:]
             self.accepted += 1
+            self._open += 1
             try:
                 conn.sock.send(ACK)
             except OSError:
@@ -231,42 +244,46 @@ class LogServer:
                 return
             if isinstance(message, dict):
                 send = (lambda reply, sock=conn.sock: _send_frame(sock, reply)) if self._replies else None
-                try:
-                    self._queue.put_nowait((message, send))
-                except queue.Full:
-                    self._room_for(message, send)
+                size = len(body) if message.get("type") == "line" else 0
+                self.lines.arrived(message, size)
+                if not self._inbox.put(conn.key, (message, send), size, self._open):
+                    self._room_for(conn.key, message, send)
 
-    def _room_for(self, message: dict, send) -> None:
-        """The handler's queue is full: a log line is shed (counted); a report (rendezvous, done,
+    def _room_for(self, key: int, message: dict, send) -> None:
+        """No room in the handler's inbox: a log line is shed (counted); a report (rendezvous, done,
         failed, metrics, a trial's) waits for room, up to WARN_EVERY seconds (a handler that
         stopped cannot wedge the channel)."""
-        if message.get("type") != "line":
-            try:
-                self._queue.put((message, send), timeout=WARN_EVERY)
+        deadline = time.monotonic() + WARN_EVERY
+        while message.get("type") != "line" and time.monotonic() < deadline:
+            if self._inbox.wait_room(deadline - time.monotonic()) and self._inbox.put(
+                key, (message, send), 0, 1
+            ):
                 return
-            except queue.Full:
-                pass
-        self._shed()
+        self.lines.shed(message)
 
-    def _shed(self) -> None:
-        """A log line the handler has no room for: dropped and counted (:attr:`dropped`), said at
-        most once per WARN_EVERY seconds; the connection stays.  Other messages wait for room."""
-        self.dropped += 1
-        now = time.monotonic()
-        if now - self._shed_said >= WARN_EVERY:
-            self._shed_said = now
-            log.warning(
-                "log channel: the ranks send lines faster than the driver shows them: %d dropped "
-                "so far (each rank's lines are all in its executor log)",
-                self.dropped,
-            )
+    def _read_what_is_left(self) -> None:
+        """Once the selector thread has stopped: the frames already in the connections' socket
+        buffers, read and queued (bounded: what the kernel holds)."""
+        for conn in [c for c in self._conns.values() if c.authenticated]:
+            for _ in range(1024):
+                try:
+                    data = conn.sock.recv(1 << 16)
+                except (BlockingIOError, InterruptedError, OSError):
+                    break
+                if not data:
+                    break
+                conn.buf += data
+                self._frames(conn)
+                if conn.sock.fileno() not in self._conns:
+                    break
 
     def _expire(self, now: float) -> None:
         for conn in [c for c in self._conns.values() if not c.authenticated and c.deadline < now]:
             self._drop(conn, f"did not authenticate within {channel.HANDSHAKE_TIMEOUT:.0f}s")
 
     def _drop(self, conn: _Conn, why: Optional[str] = None) -> None:
-        self._conns.pop(conn.sock.fileno(), None)
+        if self._conns.pop(conn.sock.fileno(), None) is not None and conn.authenticated:
+            self._open -= 1
         try:
             self._selector.unregister(conn.sock)
         except (KeyError, ValueError):
@@ -276,18 +293,19 @@ class LogServer:
         conn.sock.close()
 
     def close(self) -> None:
-        """Stop accepting; messages already received are still handled (up to 2 s)."""
+        """Stop accepting; messages already received are still handled, lines for up to
+        :data:`DRAIN_SECONDS` (the rest counted in :attr:`dropped`): nothing is shown after close."""
         self._closed.set()
         try:
             self._waker.send(b"x")
         except OSError:
             pass
         self._thread.join(2.0)
-        try:
-            self._queue.put((None, None), timeout=2.0)  # after every frame read: handled in order
-        except queue.Full:
-            pass
-        self._handler.join(2.0)
+        if not self._thread.is_alive():
+            self._read_what_is_left()  # a task's last frames (its final report) may still be in flight
+        self._show_until = time.monotonic() + DRAIN_SECONDS
+        self._inbox.wake()
+        self._handler.join(DRAIN_SECONDS + WARN_EVERY)
         for conn in list(self._conns.values()):
             self._drop(conn)
         self._selector.close()
