@@ -15,7 +15,7 @@ returns ``None`` with the reason when the fast path does not apply, so callers f
 * every selected column is stored in every file under the same name with the type Spark reads
   (booleans, integers, floats, strings, binary and lists of those), or a Spark ML vector stored as
   Spark writes it, delivered as the ``array<double>`` ``vector_to_array`` makes of it
-  (:func:`delivered_schema`, :func:`vector_lists`): not a partition column (``part=1/``
+  (:func:`delivered_schema`, :func:`sparkml_dist.vectors.vector_lists`): not a partition column (``part=1/``
   directories), not a column missing from some files (``mergeSchema``);
 * the files' scheme is one pyarrow opens (local paths, ``s3://``, ``gs://``, ``hdfs://``, ...)
   and the driver can read their footers.
@@ -39,11 +39,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .feature_arrays import is_vector
+from .vectors import vector_lists
 
 log = logging.getLogger(__name__)
 
@@ -174,8 +173,9 @@ def unreadable_column(df) -> Optional[str]:
     return None
 
 
-def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
-    """``(split, "")`` when ``df`` can be read from its Parquet files, else ``(None, why not)``."""
+def split_files(df, num_parts: int, widths=None) -> Tuple[Optional[ParquetSplit], str]:
+    """``(split, "")`` when ``df`` can be read from its Parquet files, else ``(None, why not)``.
+    ``widths``: the width of vector columns the driver knows, which every row read must have."""
     columns = list(df.columns)
     try:
         reason = _check_shape(_optimized_plan(df), columns)
@@ -187,6 +187,12 @@ def split_files(df, num_parts: int) -> Tuple[Optional[ParquetSplit], str]:
     if reason:
         return None, reason
     expected, vectors = delivered_schema(df), set(_vector_columns(df))
+    for name, width in (widths or {}).items():
+        if name in vectors:
+            i = expected.get_field_index(name)
+            field = expected.field(i)
+            meta = dict(field.metadata or {}, **{WIDTH_KEY: str(int(width)).encode()})
+            expected = expected.set(i, field.with_metadata(meta))
     uris = sorted(df.inputFiles())
     if not uris:
         return None, "it lists no input files"
@@ -241,42 +247,22 @@ def _cut(
 
 
 # --------------------------------------------------------------------------- executors
-def vector_lists(arr, what: str = "a vector column") -> pa.Array:
-    """Spark ML vectors (their storage struct) -> ``list<double>``, as ``vector_to_array`` makes
-    them: every entry of each vector, a sparse one's zeros included; a null vector stays null."""
-    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
-    valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    rows = arr.filter(pa.array(valid)) if arr.null_count else arr
-    kind = pc.struct_field(rows, "type").to_numpy(zero_copy_only=False)
-    sizes = pc.struct_field(rows, "size").fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    values = pc.struct_field(rows, "values")
-    stored = values.value_lengths().fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
-    widths = np.where(kind == 0, sizes, stored)
-    data = values.flatten().to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
-    at = np.repeat(np.cumsum(widths) - widths, stored)  # where each stored value's row starts
-    cols = np.arange(data.size) - np.repeat(np.cumsum(stored) - stored, stored)  # dense rows
-    sparse_rows = np.repeat(kind == 0, stored)
-    if sparse_rows.any():
-        cols[sparse_rows] = pc.struct_field(rows, "indices").flatten().to_numpy(zero_copy_only=False)
-        if np.any(cols >= np.repeat(widths, stored)) or np.any(cols < 0):
-            raise ValueError(f"{what}: a sparse vector has an index outside its size")
-    out = np.zeros(int(widths.sum()))
-    out[at + cols] = data
-    full = np.zeros(len(arr), dtype=np.int64)
-    full[valid] = widths
-    offsets = pa.array(np.concatenate([[0], np.cumsum(full)]).astype(np.int32))
-    mask = pa.array(~valid) if arr.null_count else None
-    return pa.ListArray.from_arrays(offsets, pa.array(out), mask=mask)
+WIDTH_KEY = b"sparkml_dist.width"  # a delivered vector column's width, in its field's metadata
 
 
-def deliver(table: pa.Table, columns: Sequence[str], schema: pa.Schema) -> pa.Table:
+def deliver(table: pa.Table, columns: Sequence[str], schema: pa.Schema, where: str = "") -> pa.Table:
     """``columns`` of rows read from the files, as Spark delivers ``schema``: a vector column stored
-    as its struct becomes the ``array<double>`` the schema names (:func:`delivered_schema`)."""
+    as its struct becomes the ``array<double>`` the schema names (:func:`delivered_schema`), checked
+    against the width the driver read (``where``: the file and row group, for the refusal)."""
     table = table.select(list(columns))
     for i, field in enumerate(schema):
         column = table.column(i)
         if is_vector(column.type) and not is_vector(field.type):
-            table = table.set_column(i, field.name, vector_lists(column, f"column {field.name!r}"))
+            width = (field.metadata or {}).get(WIDTH_KEY)
+            lists = vector_lists(
+                column, f"column {field.name!r}{where}", None if width is None else int(width)
+            )
+            table = table.set_column(i, field.name, lists)
     return table.cast(schema)
 
 
@@ -303,7 +289,8 @@ def read(split: ParquetSplit, part: int, batch_rows: int = BATCH_ROWS) -> Iterat
                 at += batch.num_rows
                 if lo < hi:
                     part = pa.Table.from_batches([batch.slice(lo, hi - lo)])
-                    yield from deliver(part, columns, split.schema).to_batches()
+                    where = f" of {sl.uri}, row group {sl.row_group}"
+                    yield from deliver(part, columns, split.schema, where).to_batches()
                 if at >= sl.stop:
                     break
     finally:

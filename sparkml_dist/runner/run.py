@@ -21,7 +21,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
-from ..channel_server import listen
+from ..channel.server import listen
 from ..errors import WorkerError
 from . import admission, elastic, failures, launchers, sharding, staging
 from .launchers import Deadline
@@ -47,7 +47,8 @@ class Run:
         # the files of a plain Parquet scan are read as they are (vectors become arrays as they are
         # read); Spark's rows and staged ones get vectors as arrays from Spark; refusals by name
         self.scan = df
-        df = sharding.rank_columns(df) if df is not None else None
+        self.widths = sharding.vector_widths(df) if df is not None else {}
+        df = sharding.rank_columns(df, self.widths) if df is not None else None
         self.runner, self.df, self.return_all, self.replicas = runner, df, return_all, replicas
         self.streams = streams
         self.main = main
@@ -140,7 +141,8 @@ class Run:
             return None, None
         with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
             if r.read_files:
-                files, why = sharding.file_split(self._staged.df if self._staged else self.scan, *self._cut)
+                scan = self._staged.df if self._staged else self.scan
+                files, why = sharding.file_split(scan, *self._cut, widths=self.widths)
                 if files is None and self._staged is None:
                     files = self._stage(why)
                 if files is not None:
@@ -229,16 +231,25 @@ class Run:
             quiet.cancel()
             server.close()
             monitor.end(ok)
-            if server.dropped:  # never silently: how many, and where every line is
-                r.sink(
-                    f"sparkml_dist: {server.dropped:,} lines from the ranks were not shown: they came "
-                    "faster than this driver handles them; every line is in its rank's executor log"
-                    + (f" and in {r.log_dir}" if r.log_dir else "")
-                    + " (stream fewer ranks: log_ranks)\n"
-                )
+            if server.dropped:  # never silently: how many, whose, and where every line is
+                r.sink(_not_shown(server.lines.not_shown(), r.log_dir))
         if self.return_all:
             return [results[(k, 0)] for k in range(self.world)]
         return results[(0, 0)]
+
+
+def _not_shown(by_rank: dict, log_dir: Optional[str]) -> str:
+    """The notice of the lines the driver did not show (``by_rank``: counts by rank)."""
+    ranks = sorted(by_rank.items(), key=lambda kv: -kv[1])
+    whose = ", ".join(f"rank {k}: {n:,}" if k is not None else f"{n:,} unnamed" for k, n in ranks[:8])
+    more = f" and {len(ranks) - 8} more ranks" if len(ranks) > 8 else ""
+    return (
+        f"sparkml_dist: {sum(by_rank.values()):,} lines from the ranks were not shown ({whose}{more}): "
+        "they came faster than this driver shows them (each rank may have a share of the driver's "
+        "memory for lines waiting), or were still waiting when the run ended; every line is in its "
+        "rank's executor log (stderr)" + (f" and in {log_dir}" if log_dir else "") + " (stream fewer "
+        "ranks: log_ranks)\n"
+    )
 
 
 class _QuietChannel:

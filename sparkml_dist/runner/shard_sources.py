@@ -148,7 +148,9 @@ class ParquetSource:
     def read(self, stream: int, i: int) -> pa.Table:
         k, b, lo, hi = self._chunks[stream][i]
         batch = self._batch(stream, k, b).slice(lo - b * self._rows, hi - lo)
-        return parquet_split.deliver(pa.Table.from_batches([batch]), self.columns, self.schema)
+        uri, group, _, _ = self._parts[stream][k]
+        where = f" of {uri}, row group {group}"
+        return parquet_split.deliver(pa.Table.from_batches([batch]), self.columns, self.schema, where)
 
 
 def write_manifest(path: str, **fields) -> None:

@@ -23,10 +23,11 @@ there are ``D`` data ranks and rank r is data rank ``r // (np / D)``, as
 from __future__ import annotations
 
 import logging
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 from .. import parquet_split, partitioning
 from ..errors import ConfigurationError
+from ..vectors import MAX_DENSE_VECTOR
 from . import range_deal
 from .sample_order import check_streams
 from .task_spec import ParquetSlices, SparkRows, Streams
@@ -50,10 +51,11 @@ def layout(world: int, replicas: Optional[int], streams: Optional[int]) -> Tuple
     return data_world, world // data_world, count
 
 
-def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional[int] = None):
-    """``(the streams of df's Parquet files, "")``, or ``(None, why df is not read from files)``."""
+def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional[int] = None, widths=None):
+    """``(the streams of df's Parquet files, "")``, or ``(None, why df is not read from files)``;
+    ``widths``: each vector column's width (:func:`vector_widths`), which every row read must have."""
     data_world, per, count = layout(world, replicas, streams)
-    split, why = parquet_split.split_files(df, count)
+    split, why = parquet_split.split_files(df, count, widths)
     if split is None:
         return None, why
     if split.num_rows < count:
@@ -68,22 +70,17 @@ def file_split(df, world: int, replicas: Optional[int] = None, streams: Optional
     return ParquetSlices(split, Streams(tuple(split.rows), data_world, per)), ""
 
 
-MAX_DENSE_VECTOR = 1 << 16  # entries of a vector column the ranks get as a dense array, per row
-
-
-def rank_columns(df):
-    """``df`` as the ranks read it: Spark ML vector columns (``VectorAssembler``, ``OneHotEncoder``,
-    ``HashingTF``) as arrays of doubles (``vector_to_array``, dense and sparse alike), so a rank's
-    ``to_numpy`` / ``dataloader`` get an (n, d) array; a vector wider than
-    :data:`MAX_DENSE_VECTOR` entries is refused on the driver, naming the column and what to do.
-    The width is the one Spark ML's stages declare in the column's metadata (``ml_attr``), else
-    that of the first rows (a small job: it computes them)."""
-    vectors = [f for f in df.schema.fields if f.dataType.simpleString() == "vector"]
-    if not vectors:
-        return df
+def vector_widths(df) -> Dict[str, int]:
+    """Each Spark ML vector column's width: the one Spark ML's stages declare in the column's
+    metadata (``ml_attr``), else that of the first rows (a small job: it computes them). A vector
+    wider than :data:`~sparkml_dist.MAX_DENSE_VECTOR` entries is refused on the
+    driver, naming the column and what to do."""
     from ..feature_arrays import vector_shape
 
-    for field in vectors:
+    widths = {}
+    for field in df.schema.fields:
+        if field.dataType.simpleString() != "vector":
+            continue
         name = field.name
         width = declared_width(field)
         if width is None:
@@ -94,7 +91,17 @@ def rank_columns(df):
                 f"get dense ({width * 8 / 2**20:.1f} MiB per row): reduce the width (HashingTF's "
                 "numFeatures, a feature selector), or select only the columns the function needs"
             )
-    return df.withColumns({f.name: vector_arrays(f.name) for f in vectors})
+        widths[name] = width
+    return widths
+
+
+def rank_columns(df, widths: Dict[str, int]):
+    """``df`` as the ranks read it: its Spark ML vector columns (``widths``' keys:
+    ``VectorAssembler``, ``OneHotEncoder``, ``HashingTF``) as arrays of doubles (``vector_to_array``,
+    dense and sparse alike), so a rank's ``to_numpy`` / ``dataloader`` get an (n, d) array."""
+    if not widths:
+        return df
+    return df.withColumns({name: vector_arrays(name) for name in widths})
 
 
 def declared_width(field) -> Optional[int]:

@@ -178,3 +178,35 @@ def test_the_ranks_read_a_saved_vector_column_in_place_and_get_sparks_arrays(sav
     by_id = lambda out: sorted((r for rows in out for r in rows), key=lambda r: r["id"])  # noqa: E731
     assert by_id(direct) == by_id(moved) and len(by_id(direct)) == 90
     assert [len(rows) for rows in direct] == [45, 45]
+
+
+@masters("local")
+def test_a_crafted_vector_in_a_saved_table_fails_the_run_naming_column_file_and_row_group(
+    saved_features, tmp_path
+):
+    """A saved feature table whose file was rewritten with pyarrow (Spark's schema metadata kept,
+    so Spark still reads the column as vectors): one sparse row of ``dense`` with 1 index for 2
+    values. Read in place, the ranks refuse it as Spark would, naming where it is."""
+    import shutil
+
+    from sparkml_dist import WorkerError
+
+    copy = tmp_path / "table"
+    shutil.copytree(os.path.dirname(saved_features.inputFiles()[0].replace("file:", "")), copy)
+    target = sorted(copy.glob("part-*.parquet"))[0]
+    table = pq.read_table(target)
+    rows = table.column("dense").to_pylist()
+    rows[1] = {"type": 0, "size": 4, "indices": [2], "values": [7.0, 9.0]}
+    crafted = table.set_column(
+        table.schema.get_field_index("dense"),
+        table.schema.field("dense"),
+        pa.array(rows, table.schema.field("dense").type),
+    )
+    pq.write_table(crafted.replace_schema_metadata(table.schema.metadata), target)
+    df = saved_features.sparkSession.read.parquet(str(copy))
+    assert df.schema["dense"].dataType.simpleString() == "vector"  # still a vector column to Spark
+    with pytest.raises(WorkerError) as err:
+        BarrierRunner(2, timeout=180).run_with_data(df, h.shard_rows, ["id", "dense"])
+    text = str(err.value)
+    assert "column 'dense' of" in text and target.name in text and "row group 0" in text
+    assert "1 indices for 2 values" in text
