@@ -32,12 +32,25 @@ from ..errors import ConfigurationError
 from .checks import UnsafeModelError
 
 
-def read_regular(path: str, limit: int, what: str) -> Optional[bytes]:
+def private_dir_fault(info: os.stat_result) -> str:
+    """Why a directory with this ``stat`` may not hold this user's run files ('' when it may): not
+    a directory (a link, a file), another user's, or writable by other users."""
+    if not stat.S_ISDIR(info.st_mode):
+        return "is a link or a file, not a directory"
+    if info.st_uid != os.getuid():
+        return f"belongs to another user (uid {info.st_uid})"
+    if info.st_mode & 0o022:
+        return f"is writable by other users (mode {stat.filemode(info.st_mode)})"
+    return ""
+
+
+def read_regular(path: str, limit: int, what: str, dir_fd: Optional[int] = None) -> Optional[bytes]:
     """The bytes of the local regular file ``path`` (None if there is none), refused if it is a
     link, FIFO, device or directory, or longer than ``limit`` bytes; reads at most ``limit`` + 1
-    bytes and never blocks on a FIFO."""
+    bytes and never blocks on a FIFO. ``dir_fd``: ``path`` is relative to that open directory."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        fd = os.open(path, flags, dir_fd=dir_fd)
     except FileNotFoundError:
         return None
     except OSError as exc:

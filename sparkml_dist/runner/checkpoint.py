@@ -20,7 +20,10 @@ Layout of the directory::
     LATEST                 JSON {"step", "file", "bytes", "sha256"}, replaced last
 
 :func:`save` writes the state under a temporary name, moves it into place, then replaces
-``LATEST`` the same way, so a crash at any point leaves ``LATEST`` naming a complete file.
+``LATEST`` the same way, so a crash at any point leaves ``LATEST`` naming a complete file; a step
+saved again goes to a new name (``step-000000000100.<digest>.pt``), never over the file ``LATEST``
+may name. The directory's rules (a local one is this user's, no link, files 0600, checked at
+every open; a failed write's temporary file removed) are :mod:`.checkpoint_dir`'s.
 :func:`load` checks the size and SHA-256 and reads with ``torch.load(weights_only=True)``: no code
 in the file runs, whoever wrote it.  Only rank 0 writes; ``keep`` older files are kept.
 
@@ -58,19 +61,18 @@ import hashlib
 import io
 import json
 import os
-import posixpath
 import re
 import sys
-import uuid
 from typing import Any, Optional
 
 from .. import arg_checks
 from ..errors import CollectionError, ConfigurationError
 from .background_save import BackgroundWrite, to_host
+from .checkpoint_dir import open_dir
 from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
 
 LATEST = "LATEST"
-_CHECKPOINT_FILE = re.compile(r"step-\d{12}\.pt")  # what save() names; LATEST may name nothing else
+_CHECKPOINT_FILE = re.compile(r"step-\d{12}(\.[0-9a-f]{12})?\.pt")  # what save() names; LATEST names no other
 LOADERS_KEY = "__sparkml_dist_loaders__"  # where save() keeps the loaders' positions in a dict state
 MAX_LATEST_BYTES = 64 << 10  # LATEST is a line of JSON: anything longer is not ours
 DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benchmarks/bench_runner.py)
@@ -82,29 +84,23 @@ def due(step: int, every: int = DEFAULT_EVERY) -> bool:
 
 
 def _location(directory: Optional[str] = None):
-    """(pyarrow filesystem, root path) of the checkpoint directory."""
-    from ..formats import store as model_store
-
+    """The checkpoint directory, checked and open (:func:`.checkpoint_dir.open_dir`)."""
     where = directory or os.environ.get(DIR_ENV)
     if not where:
         raise ConfigurationError(
             "no checkpoint directory: pass checkpoint_dir=... to BarrierRunner "
             "(a local path, or an s3://, gs://, hdfs:// URI)"
         )
-    fs, root = model_store.filesystem(where)
-    return fs, root
+    return open_dir(where)
 
 
 def _rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def _put(fs, path: str, data: bytes) -> None:
-    """Write ``data`` to ``path`` whole: a temporary name, then a move over the target."""
-    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-    with fs.open_output_stream(tmp) as fh:
-        fh.write(data)
-    fs.move(tmp, path)
+def _put(folder, name: str, data) -> None:
+    """Write ``data`` as ``name`` whole: a temporary name, then a move over the target."""
+    folder.put(name, data)
 
 
 def save(
@@ -126,26 +122,32 @@ def save(
     places = loader.positions()
     if places and isinstance(state, dict):
         state = {**state, LOADERS_KEY: places}
-    fs, root = _location(directory)
-    name = f"step-{step:012d}.pt"
+    where = directory or os.environ.get(DIR_ENV) or ""
+    with _location(directory) as folder:  # checked now: refused before the state is copied
+        path = folder.path(f"step-{step:012d}.pt")
     if blocking:
-        _write(fs, root, name, step, state, keep)
-    else:
-        _background.start(step, to_host(state), lambda copy: _write(fs, root, name, step, copy, keep))
-    return posixpath.join(root, name)
+        return _write(where, step, state, keep)
+    _background.start(step, to_host(state), lambda copy: _write(where, step, copy, keep))
+    return path
 
 
-def _write(fs, root: str, name: str, step: int, state: Any, keep: int) -> None:
+def _write(where: str, step: int, state: Any, keep: int) -> str:
+    """Serialize ``state``, write it under a name no record points at, then ``LATEST``; the path."""
     import torch
 
-    fs.create_dir(root, recursive=True)
     buf = io.BytesIO()
     torch.save(state, buf)
     blob = buf.getbuffer()
-    _put(fs, posixpath.join(root, name), blob)
-    meta = {"step": step, "file": name, "bytes": len(blob), "sha256": hashlib.sha256(blob).hexdigest()}
-    _put(fs, posixpath.join(root, LATEST), json.dumps(meta).encode())
-    _prune(fs, root, name, keep)
+    digest = hashlib.sha256(blob).hexdigest()
+    with _location(where) as folder:  # opened again: a folder swapped meanwhile is refused
+        name = f"step-{step:012d}.pt"
+        if name in folder.names():  # the step saved before: LATEST may name that file, keep it whole
+            name = f"step-{step:012d}.{digest[:12]}.pt"
+        _put(folder, name, blob)
+        meta = {"step": step, "file": name, "bytes": len(blob), "sha256": digest}
+        _put(folder, LATEST, json.dumps(meta).encode())
+        _prune(folder, name, keep)
+        return folder.path(name)
 
 
 _background = BackgroundWrite()  # the one background write of this process (rank 0)
@@ -166,28 +168,21 @@ def finish() -> None:
         print(f"sparkml_dist: warning: {exc}", file=sys.stderr, flush=True)
 
 
-def _prune(fs, root: str, current: str, keep: int) -> None:
-    from pyarrow import fs as pafs
-
-    files = sorted(
-        i.base_name
-        for i in fs.get_file_info(pafs.FileSelector(root))
-        if i.base_name.startswith("step-") and i.base_name.endswith(".pt") and i.base_name != current
-    )
+def _prune(folder, current: str, keep: int) -> None:
+    files = sorted(n for n in folder.names() if _CHECKPOINT_FILE.fullmatch(n) and n != current)
     for old in files[: max(0, len(files) - keep)]:
-        fs.delete_file(posixpath.join(root, old))
+        folder.delete(old)
 
 
 def latest_step(directory: Optional[str] = None) -> Optional[int]:
     """The step of the latest complete checkpoint, or None."""
-    meta = _latest(*_location(directory))
+    with _location(directory) as folder:
+        meta = _latest(folder)
     return None if meta is None else int(meta["step"])
 
 
-def _latest(fs, root: str) -> Optional[dict]:
-    from ..formats.files import read_file
-
-    body = read_file(fs, posixpath.join(root, LATEST), MAX_LATEST_BYTES, f"{root}/{LATEST}")
+def _latest(folder) -> Optional[dict]:
+    body = folder.read(LATEST, MAX_LATEST_BYTES, folder.path(LATEST))
     if body is None:
         return None
     try:
@@ -197,7 +192,7 @@ def _latest(fs, root: str) -> Optional[dict]:
     ok = isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("bytes"), int)
     if not ok or meta["bytes"] < 0 or not isinstance(meta.get("sha256"), str):
         raise CollectionError(
-            f"{root}/{LATEST} is not a checkpoint record (JSON with step, file, bytes, sha256)"
+            f"{folder.path(LATEST)} is not a checkpoint record (JSON with step, file, bytes, sha256)"
         )
     return meta
 
@@ -269,20 +264,19 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     calls it: the ranks check they found the same step (see the module docstring)."""
     import torch
 
-    fs, root = _location(directory)
-    meta = _latest(fs, root)
-    agree(None if meta is None else int(meta["step"]), root)
-    if meta is None:
-        return None
     from ..formats.files import checked_name
 
-    name = checked_name(meta.get("file"), _CHECKPOINT_FILE, f"the LATEST record of {root}")
-    path = posixpath.join(root, name)
-    from ..formats.files import read_file
-
-    blob = read_file(fs, path, meta["bytes"], f"checkpoint {path}")
+    with _location(directory) as folder:
+        root = folder.path("")
+        meta = _latest(folder)
+        agree(None if meta is None else int(meta["step"]), root)
+        if meta is None:
+            return None
+        name = checked_name(meta.get("file"), _CHECKPOINT_FILE, f"the LATEST record of {root}")
+        path = folder.path(name)
+        blob = folder.read(name, meta["bytes"], f"checkpoint {path}")
     if blob is None:
-        raise CollectionError(f"checkpoint {path}, named by {root}/{LATEST}, does not exist")
+        raise CollectionError(f"checkpoint {path}, named by {folder.path(LATEST)}, does not exist")
     if len(blob) != meta["bytes"] or hashlib.sha256(blob).hexdigest() != meta["sha256"]:
         raise CollectionError(
             f"checkpoint {path} does not match its LATEST record (size or SHA-256): "

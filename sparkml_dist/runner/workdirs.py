@@ -40,6 +40,7 @@ import uuid
 from typing import Optional
 
 from ..errors import ConfigurationError
+from ..formats.files import private_dir_fault
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 
@@ -79,13 +80,7 @@ def _own_private(path: str) -> str:
         info = os.lstat(path)
     except OSError as exc:
         return f"cannot be read ({exc.strerror})"
-    if not stat.S_ISDIR(info.st_mode):
-        return "is a link or a file, not a directory"
-    if info.st_uid != os.getuid():
-        return f"belongs to another user (uid {info.st_uid})"
-    if info.st_mode & 0o022:
-        return f"is writable by other users (mode {stat.filemode(info.st_mode)})"
-    return ""
+    return private_dir_fault(info)
 
 
 def rank_cwd(work_dir: Optional[str], launch_dir: Optional[str], on_launch_machine: bool, job: str) -> str:

@@ -226,15 +226,15 @@ def test_background_writes_never_overlap_and_a_failed_one_leaves_the_previous_la
     lock = threading.Lock()
     real_put = checkpoint._put
 
-    def counted_put(fs, path, data):
+    def counted_put(folder, name, data):
         with lock:
             active[0] += 1
             most[0] = max(most[0], active[0])
         try:
             time.sleep(0.2)
-            if "step-000000000003" in path:
+            if "step-000000000003" in name:
                 raise OSError(28, "No space left on device")
-            real_put(fs, path, data)
+            real_put(folder, name, data)
         finally:
             with lock:
                 active[0] -= 1
@@ -260,8 +260,8 @@ from sparkml_dist.runner import checkpoint
 d = sys.argv[1]
 checkpoint.save({"w": torch.zeros(1000)}, 1, directory=d)
 real_put = checkpoint._put
-def half_then_killed(fs, path, data):
-    with open(path + ".tmp-killed", "wb") as fh:
+def half_then_killed(folder, name, data):
+    with open(folder.path(name) + ".tmp-killed", "wb") as fh:
         fh.write(bytes(data[: len(data) // 2]))
         fh.flush()
     os.kill(os.getpid(), signal.SIGKILL)
@@ -303,3 +303,109 @@ def test_save_refuses_a_bad_keep_or_step_naming_it(tmp_path, monkeypatch):
         checkpoint.save({"w": torch.ones(1)}, 1, directory=str(tmp_path), keep=-1, blocking=False)
     with pytest.raises(ConfigurationError, match="step"):
         checkpoint.save({"w": torch.ones(1)}, -1, directory=str(tmp_path), blocking=False)
+
+
+# ------------------------------------------------------------------ the directory's rules (issue 52)
+def _planted(tmp_path, mode=0o755, uid=None):
+    """Another user's folder holding their step 999 (made by root here: chown to a stranger)."""
+    folder = tmp_path / "planted"
+    folder.mkdir()
+    (folder / "step-000000000999.pt").write_bytes(b"theirs")
+    record = {"step": 999, "file": "step-000000000999.pt", "bytes": 6, "sha256": "0" * 64}
+    (folder / "LATEST").write_text(json.dumps(record))
+    os.chmod(folder, mode)
+    if uid is not None:
+        os.chown(folder, uid, uid)
+    return folder
+
+
+@pytest.mark.parametrize(
+    "how,says",
+    [
+        ({"uid": 12345}, "belongs to another user (uid 12345)"),
+        ({"mode": 0o777}, "is writable by other users (mode drwxrwxrwx)"),
+    ],
+)
+def test_a_planted_checkpoint_dir_is_refused_and_nothing_is_read_or_written(tmp_path, monkeypatch, how, says):
+    monkeypatch.setenv("RANK", "0")
+    folder = _planted(tmp_path, **how)
+    before = sorted(os.listdir(folder))
+    for call in (
+        lambda: checkpoint.load(str(folder)),
+        lambda: checkpoint.latest_step(str(folder)),
+        lambda: checkpoint.save({"w": torch.ones(2)}, 1, directory=str(folder)),
+        lambda: checkpoint.save({"w": torch.ones(2)}, 1, directory=str(folder), blocking=False),
+    ):
+        with pytest.raises(ConfigurationError) as err:
+            call()
+        assert f"checkpoint_dir={str(folder)!r} {says}" in str(err.value) and "chmod go-w" in str(err.value)
+    assert sorted(os.listdir(folder)) == before  # nothing written, nothing removed
+
+
+def test_a_checkpoint_dir_swapped_for_a_link_between_attempts_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    mine = tmp_path / "ckpt"
+    checkpoint.save({"w": torch.ones(2)}, 3, directory=str(mine))  # attempt 1 saved step 3
+    theirs = _planted(tmp_path)
+    os.rename(mine, tmp_path / "moved")
+    os.symlink(theirs, mine)  # swapped before the restart resumes
+    with pytest.raises(ConfigurationError, match="without following a link"):
+        checkpoint.load(str(mine))
+    with pytest.raises(ConfigurationError, match="without following a link"):
+        checkpoint.save({"w": torch.ones(2)}, 4, directory=str(mine))
+    assert sorted(os.listdir(theirs)) == ["LATEST", "step-000000000999.pt"]
+
+
+def test_checkpoint_files_are_private_to_their_user(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    d = tmp_path / "new" / "ckpt"
+    checkpoint.save({"w": torch.ones(2)}, 1, directory=str(d))
+    assert os.stat(d).st_mode & 0o777 == 0o700
+    assert {f: os.stat(d / f).st_mode & 0o777 for f in os.listdir(d)} == {
+        "LATEST": 0o600,
+        "step-000000000001.pt": 0o600,
+    }
+
+
+def test_a_failed_background_write_on_a_full_disk_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """A 1 MiB tmpfs as checkpoint_dir: a 3 MB state fails with ENOSPC, its half-written temporary
+    file is removed, so the next small save fits; LATEST stays the previous step throughout."""
+    import subprocess
+
+    monkeypatch.setenv("RANK", "0")
+    disk = tmp_path / "small"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(disk)], check=True)
+    try:
+        d = str(disk)
+        checkpoint.save({"w": torch.ones(100)}, 1, directory=d)
+        checkpoint.save({"w": torch.ones(750_000)}, 2, directory=d, blocking=False)
+        with pytest.raises(CollectionError, match="No space left on device"):
+            checkpoint.wait()
+        assert sorted(os.listdir(disk)) == ["LATEST", "step-000000000001.pt"]  # no temporary left
+        assert checkpoint.latest_step(d) == 1
+        checkpoint.save({"w": torch.full((1000,), 3.0)}, 3, directory=d, blocking=False)
+        assert checkpoint.wait() == 3 and torch.equal(checkpoint.load(d)["w"], torch.full((1000,), 3.0))
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+
+
+def test_a_step_saved_again_never_leaves_the_directory_without_a_loadable_latest(tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "0")
+    d = str(tmp_path)
+    checkpoint.save({"w": torch.ones(3)}, 5, directory=d)
+    real_put = checkpoint._put
+
+    def latest_fails(folder, name, data):
+        if name == "LATEST":
+            raise OSError(28, "No space left on device")
+        real_put(folder, name, data)
+
+    monkeypatch.setattr(checkpoint, "_put", latest_fails)
+    with pytest.raises(OSError):
+        checkpoint.save({"w": torch.zeros(3)}, 5, directory=d)  # the same step, then LATEST fails
+    monkeypatch.setattr(checkpoint, "_put", real_put)
+    assert torch.equal(checkpoint.load(d)["w"], torch.ones(3))  # the first save of step 5, whole
+    checkpoint.save({"w": torch.full((3,), 2.0)}, 5, directory=d)  # saved again: a new name, committed
+    assert torch.equal(checkpoint.load(d)["w"], torch.full((3,), 2.0))
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]
