@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from ..errors import ConfigurationError
+from ..parallel.agreement import check_alike
 from . import _collectives, _ranks
 
 Average = "average"
@@ -71,6 +72,7 @@ def allreduce(
     _ranks._need_init("allreduce")
     tensor, torch_out = _as_tensor(value)
     if _ranks.distributed():
+        check_alike([tensor], "hvd.allreduce", [name])
         _collectives.allreduce_([tensor], op == Average, compression, prescale_factor, postscale_factor)
     elif prescale_factor * postscale_factor != 1.0:
         tensor = tensor * (prescale_factor * postscale_factor)
@@ -91,7 +93,9 @@ def broadcast(value, root_rank: int, name: Optional[str] = None):
     _ranks._need_init("broadcast")
     tensor, torch_out = _as_tensor(value)
     if _ranks.distributed():
-        _collectives.broadcast_([tensor], root=_root(root_rank))
+        root = _root(root_rank)
+        check_alike([tensor], "hvd.broadcast", [name])
+        _collectives.broadcast_([tensor], root=root)
     return _back(tensor, torch_out)
 
 
@@ -102,7 +106,10 @@ def broadcast_variables(variables: Iterable, root_rank: int) -> None:
     if not variables or not _ranks.distributed():
         return
     values = [_as_tensor(v)[0] for v in variables]
-    _collectives.broadcast_(values, root=_root(root_rank))
+    root = _root(root_rank)
+    names = [getattr(v, "path", None) or getattr(v, "name", None) for v in variables]
+    check_alike(values, "hvd.broadcast_variables", names)  # one by one, named
+    _collectives.broadcast_(values, root=root)
     for v, t in zip(variables, values):
         v.assign(t)
 

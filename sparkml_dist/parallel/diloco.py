@@ -6,7 +6,9 @@ optimizer for ``sync_every`` = H steps, with no communication; then the ranks av
 their parameters moved since the last synchronization (one all-reduce of the parameters, not of
 every step's gradients: about H times fewer bytes) and every rank applies that average change
 with the same *outer* optimizer (SGD with Nesterov momentum, as DiLoCo; Douillard et al., 2023).
-After each outer step the ranks hold identical parameters.  With H=1, an outer SGD of lr 1 and no
+After each outer step the ranks hold identical parameters. Before the first, every rank is
+checked to hold the same parameter shapes and the same settings (``sync_every``, the outer
+optimizer's), refused naming both ranks' values (:mod:`.agreement`).  With H=1, an outer SGD of lr 1 and no
 momentum this is plain data-parallel SGD (tested).  ``torch.distributed.rpc`` (the old parameter
 server's transport) is being retired by PyTorch and is not used.
 
@@ -37,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import ConfigurationError
+from .agreement import check_alike, check_same
 
 __all__ = ["DiLoCo"]
 
@@ -70,7 +73,21 @@ class DiLoCo:
             raise ConfigurationError(f"DiLoCo: sync_every must be a positive integer, got {sync_every!r}")
         if nesterov and not outer_momentum:
             raise ConfigurationError("DiLoCo: nesterov=True needs outer_momentum > 0 (or nesterov=False)")
-        self.params: List[torch.nn.Parameter] = [p for p in model.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        # before anything is averaged: the same parameters and settings on every rank (a
+        # Linear(4, 3) here and a Linear(4, 5) there would otherwise be broadcast into each other)
+        check_alike([p for _, p in named], "DiLoCo", [n for n, _ in named], process_group)
+        check_same(
+            {
+                "sync_every": sync_every,
+                "outer_lr": outer_lr,
+                "outer_momentum": outer_momentum,
+                "nesterov": nesterov,
+            },
+            "DiLoCo",
+            process_group,
+        )
+        self.params: List[torch.nn.Parameter] = [p for _, p in named]
         self.sync_every, self.group, self.steps, self.syncs = sync_every, process_group, 0, 0
         self.bytes_reduced = 0
         with torch.no_grad():

@@ -270,3 +270,19 @@ def horovod_settings(second_threshold_mb=None):
             out["second"] = f"{type(exc).__name__}: {exc}"
     hvd.join()
     return out
+
+
+def diloco_disagreeing(kind):
+    """DiLoCo on ranks that disagree: ``"model"`` (Linear(4, 3) on rank 0, Linear(4, 5) on rank 1)
+    or ``"sync_every"`` (3 and 4); what each rank's construction says."""
+    from sparkml_dist.parallel.diloco import DiLoCo
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    rank = context().rank
+    model = torch.nn.Linear(4, 3 if kind != "model" or rank == 0 else 5)
+    try:
+        DiLoCo(model, sync_every=(3 if rank == 0 else 4) if kind == "sync_every" else 8)
+    except Exception as exc:  # noqa: BLE001 - the refusal is what the test reads
+        return f"{type(exc).__name__}: {exc}"
+    return "accepted"

@@ -147,6 +147,34 @@ def keras_on_data(epochs=2):
     }
 
 
+def keras_mismatched_broadcasts():
+    """Each rank passes values that do not match the other's: every call is refused on both ranks
+    (Horovod: "Mismatched BROADCAST tensor shapes"); the refusals, by case."""
+    import keras
+
+    import sparkml_dist.keras as hvd
+
+    hvd.init()
+    rank = hvd.rank()
+    cases = {
+        "shape": lambda: hvd.broadcast(np.zeros((2, 3) if rank == 0 else (3, 2), "float32"), 0),
+        "dtype": lambda: hvd.broadcast(np.array([0.0, 1.0, 2.0], "float32" if rank == 0 else "int32"), 0),
+        "count": lambda: hvd.broadcast(np.zeros(3 if rank == 0 else 4, "float32"), 0),
+        "allreduce": lambda: hvd.allreduce(np.zeros(3 if rank == 0 else 4, "float32")),
+        "variables": lambda: hvd.broadcast_variables(
+            keras.Sequential([keras.Input((4,)), keras.layers.Dense(3 if rank == 0 else 4)]).variables, 0
+        ),
+        "alike": lambda: hvd.broadcast(np.full(3, float(rank), "float32"), 0).tolist(),
+    }
+    out = {}
+    for case, call in cases.items():
+        try:
+            out[case] = call()
+        except Exception as exc:  # noqa: BLE001 - the refusal is what the test reads
+            out[case] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
 def keras_imported_first():
     """A program that imports keras before sparkml_dist.keras, under the environment's backend."""
     import keras  # noqa: F401

@@ -91,3 +91,15 @@ def test_the_gpu_checks_keras_program_runs_here_on_the_cpu():
 def test_load_model_keeps_the_optimizer_state_and_distributes_it(tmp_path):
     out = BarrierRunner(-1, timeout=300).run(fh.keras_load_model, str(tmp_path / "m.keras"))
     assert out == {"class": "Adam", "distributed": True, "state": True, "plain": False}
+
+
+def test_broadcasts_of_values_that_differ_between_ranks_are_refused_naming_both():
+    out = BarrierRunner(-2, timeout=180).run(fh.keras_mismatched_broadcasts, return_all=True)
+    for o in out:  # every rank refuses the same way: none is left waiting in a collective
+        assert "rank 0 has (2, 3) float32, rank 1 has (3, 2) float32" in o["shape"]
+        assert "rank 0 has (3,) float32, rank 1 has (3,) int32" in o["dtype"]
+        assert "rank 0 has (3,) float32, rank 1 has (4,) float32" in o["count"]
+        assert o["allreduce"].startswith("ConfigurationError: hvd.allreduce")
+        # Dense(3) vs Dense(4): the first variable named, with both shapes
+        assert "'sequential/dense/kernel': rank 0 has (4, 3) float32, rank 1 has (4, 4)" in o["variables"]
+        assert o["alike"] == [0.0, 0.0, 0.0]  # matching values still broadcast
