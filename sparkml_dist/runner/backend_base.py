@@ -74,6 +74,7 @@ class Backend:
     # set in each rank process unless its environment (the executor's, or env=) already has them
     env_defaults: Dict[str, str] = {}
     extra = ""  # the package extra that installs the framework (named when it is missing)
+    reserved_env: Tuple[str, ...] = ()  # what the backend sets for each rank itself: refused in env=
 
     def check_installed(self) -> None:
         """Driver: raise ConfigurationError when the backend cannot run here."""

@@ -92,6 +92,21 @@ class HorovodBackend(Backend):
     name = "horovod"
     start_call = "hvd.init()"
     extra = "horovod"
+    reserved_env = (
+        "HOROVOD_HOSTNAME",
+        "HOROVOD_RANK",
+        "HOROVOD_SIZE",
+        "HOROVOD_LOCAL_RANK",
+        "HOROVOD_LOCAL_SIZE",
+        "HOROVOD_CROSS_RANK",
+        "HOROVOD_CROSS_SIZE",
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+        "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        "HOROVOD_CONTROLLER",
+        "HOROVOD_CPU_OPERATIONS",
+        "HOROVOD_GLOO_TIMEOUT_SECONDS",
+        "HOROVOD_GLOO_IFACE",
+    )  # fmt: skip  (horovod_env: the Gloo rendezvous and its timeout, the collective_timeout's)
     peer_lost = COMMON_PEER_LOST + ("Horovod has been shut down",)
 
     def check_installed(self) -> None:
@@ -198,6 +213,12 @@ def horovod_env(
 BACKENDS: Dict[str, Backend] = {
     b.name: b for b in (TorchBackend(), HorovodBackend(), TensorFlowBackend(), JaxBackend())
 }
+
+
+def reserved_env() -> Dict[str, str]:
+    """Every variable a backend sets for its ranks itself -> which backend (refused in ``env=``
+    whatever the run's backend: set by hand it would misplace a rank)."""
+    return {name: f"the {b.name} backend" for b in BACKENDS.values() for name in b.reserved_env}
 
 
 def get(name: str) -> Backend:

@@ -30,6 +30,7 @@ Example::
 from __future__ import annotations
 
 import json
+import math
 import os
 from typing import Any, Dict, Optional, Tuple
 
@@ -61,25 +62,45 @@ BY_BACKEND = {
 COMPRESSIONS_BY_BACKEND = {"torch": COMPRESSIONS, "horovod": (None, "fp16")}
 
 
+# the largest value of each numeric setting: beyond it a setting is a typo or an attack, and a
+# cycle time must also leave the first all-reduce well inside the run's collective_timeout
+LIMITS = {
+    "bucket_cap_mb": 1 << 20,  # MiB: 1 TiB of gradients in one bucket
+    "accumulate": 1 << 20,
+    "powersgd_rank": 4096,
+    "powersgd_start": 1 << 31,
+    "cycle_time_ms": 1000.0,  # Horovod's default is 1 ms; a second is already a long tick
+}
+
+
 def _positive(where: str, name: str, value: Any, integer: bool) -> None:
     kinds = (int,) if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds) or value <= 0:
+    ok = not isinstance(value, bool) and isinstance(value, kinds)
+    if not ok or not math.isfinite(value) or value <= 0 or value > LIMITS[name]:
         what = "a positive integer" if integer else "a positive number"
-        raise ConfigurationError(f"{where}: {name} must be {what}, got {value!r}")
+        raise ConfigurationError(
+            f"{where}: {name} must be {what} (finite, <= {LIMITS[name]:g}), got {value!r}"
+        )
 
 
-def check_values(where: str, settings: Dict[str, Any], backend: str = "torch") -> None:
-    """Each value in range, refused naming ``where`` (``comm={...}``, ``comm.ddp``) and the setting."""
-    for name in ("accumulate", "powersgd_rank"):
+def check_values(
+    where: str, settings: Dict[str, Any], backend: str = "torch", collective_timeout: Optional[float] = None
+) -> None:
+    """Each value finite and in range, refused naming ``where`` (``comm={...}``, ``comm.ddp``) and
+    the setting; ``cycle_time_ms`` also below a tenth of ``collective_timeout`` (seconds)."""
+    for name in ("accumulate", "powersgd_rank", "powersgd_start"):
         if name in settings:
             _positive(where, name, settings[name], integer=True)
-    if "powersgd_start" in settings:
-        start = settings["powersgd_start"]
-        if isinstance(start, bool) or not isinstance(start, int) or start < 1:
-            raise ConfigurationError(f"{where}: powersgd_start must be an integer >= 1, got {start!r}")
     for name in ("bucket_cap_mb", "cycle_time_ms"):
         if settings.get(name) is not None:
             _positive(where, name, settings[name], integer=False)
+    cycle = settings.get("cycle_time_ms")
+    if cycle is not None and collective_timeout and cycle / 1000.0 > collective_timeout / 10:
+        raise ConfigurationError(
+            f"{where}: cycle_time_ms={cycle} is more than a tenth of collective_timeout="
+            f"{collective_timeout:g} s: each all-reduce would wait that long before it starts; lower it "
+            "(Horovod's default is 1 ms) or raise collective_timeout"
+        )
     for name in ("static_graph", "hierarchical"):
         if name in settings and not isinstance(settings[name], bool):
             raise ConfigurationError(f"{where}: {name} must be True or False, got {settings[name]!r}")
@@ -91,7 +112,9 @@ def check_values(where: str, settings: Dict[str, Any], backend: str = "torch") -
         )
 
 
-def check(comm: Optional[dict], backend: str, use_gpu: bool) -> Dict[str, Any]:
+def check(
+    comm: Optional[dict], backend: str, use_gpu: bool, collective_timeout: Optional[float] = None
+) -> Dict[str, Any]:
     """``BarrierRunner(comm=...)``: the settings, each name one ``backend`` knows and each value in
     range; what the backend cannot do on this run's devices refused naming it."""
     if comm is None:
@@ -115,7 +138,7 @@ def check(comm: Optional[dict], backend: str, use_gpu: bool) -> Dict[str, Any]:
             f"comm: {foreign} mean nothing to the {backend} backend (its settings: {list(known)}); "
             "leave them out or choose the backend they belong to"
         )
-    check_values("comm", comm, backend)
+    check_values("comm", comm, backend, collective_timeout)
     if comm.get("compression") == "bf16" and not use_gpu:
         raise ConfigurationError(
             "comm: compression='bf16' needs the nccl backend (use_gpu=True); on CPU the ranks use gloo, "
@@ -149,6 +172,11 @@ def rank_env(settings: Dict[str, Any], backend: str) -> Tuple[Tuple[str, str], .
     if backend == "horovod":
         env.update(horovod_env(settings))
     return tuple(env.items())
+
+
+def reserved_env(settings: Dict[str, Any], backend: str) -> Dict[str, str]:
+    """The variables ``settings`` set for every rank -> "comm=" (refused in ``env=``)."""
+    return {name: "comm=" for name, _ in rank_env(settings, backend)}
 
 
 def of_run() -> Dict[str, Any]:

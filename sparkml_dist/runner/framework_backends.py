@@ -86,6 +86,7 @@ class TensorFlowBackend(Backend):
     every_rank_listens = True
     framework_rebinds_port = True
     extra = "tensorflow"
+    reserved_env = ("TF_CONFIG",)
     env_defaults = {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "1"}
     peer_lost = COMMON_PEER_LOST + (
         "Collective ops is aborted by",
@@ -174,6 +175,11 @@ class JaxBackend(Backend):
     start_call = "jax.distributed.initialize()"
     framework_rebinds_port = True
     extra = "jax"
+    reserved_env = (
+        "KERAS_DISTRIBUTION_JOB_ADDRESSES",
+        "KERAS_DISTRIBUTION_NUM_PROCESSES",
+        "KERAS_DISTRIBUTION_PROCESS_ID",
+    )
     env_defaults = {"KERAS_BACKEND": "jax"}
     peer_lost = COMMON_PEER_LOST + (
         "detected fatal errors",

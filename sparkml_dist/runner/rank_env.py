@@ -13,17 +13,18 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Dict, Optional
 
 from ..errors import ConfigurationError
 
 RESERVED_ENV = (
-    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
-    "MASTER_PORT", "CUDA_VISIBLE_DEVICES", "HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK",
-    "HOROVOD_LOCAL_SIZE", "HOROVOD_CROSS_RANK", "HOROVOD_CROSS_SIZE", "HOROVOD_HOSTNAME",
-    "HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_GLOO_RENDEZVOUS_PORT", "TF_CONFIG",
+    "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "NODE_RANK",
+    "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE",
+    "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED",
 )  # fmt: skip
 _SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "KEY", "CREDENTIAL", "AUTH")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # POSIX: what execve can carry as a name
 
 
 def looks_secret(name: str) -> bool:
@@ -31,20 +32,37 @@ def looks_secret(name: str) -> bool:
     return any(w in name.upper() for w in _SECRET_WORDS)
 
 
-def check_env(env: Any) -> tuple:
-    """``env=``: a mapping of names to string values for every rank, each attempt; the names the
-    runner sets itself (ranks, rendezvous, GPUs, its own ``SPARKML_DIST_*``) refused by name."""
+def check_env(env: Any, reserved: Optional[Dict[str, str]] = None) -> tuple:
+    """``env=``: a mapping of names to string values for every rank, each attempt. A name must be
+    a POSIX name (letters, digits, ``_``; no ``=``, no NUL) and a value hold no NUL; the names the
+    runner sets itself (ranks, rendezvous, GPUs, its own ``SPARKML_DIST_*``) and those in
+    ``reserved`` (name -> who sets it: a backend, ``comm=``) are refused by name, never silently
+    replaced."""
     if env is None:
         return ()
-    if not isinstance(env, dict) or not all(isinstance(k, str) and k for k in env):
+    if not isinstance(env, dict):
         raise ConfigurationError(f"env must be a dict of variable names to values, got {type(env).__name__}")
-    reserved = sorted(k for k in env if k in RESERVED_ENV or k.startswith("SPARKML_DIST_"))
-    if reserved:
+    names = [k for k in env if not (isinstance(k, str) and _NAME.fullmatch(k))]
+    if names:
         raise ConfigurationError(
-            f"env={{...}} sets {reserved}, which the runner sets itself for each rank (its place in "
-            "the run, the rendezvous, its GPUs); leave them out"
+            f"env: {names[0]!r} is not a variable name: a name is letters, digits and '_', not starting "
+            "with a digit (no '=', spaces or NUL), e.g. {'NCCL_SOCKET_IFNAME': 'eth0'}"
+        )
+    owners = {**(reserved or {}), **{k: "the runner" for k in RESERVED_ENV}}
+    taken = sorted(k for k in env if k in owners or k.startswith("SPARKML_DIST_"))
+    if taken:
+        who = sorted({owners.get(k, "the runner") for k in taken})
+        raise ConfigurationError(
+            f"env={{...}} sets {taken}, which {' and '.join(who)} set(s) itself for each rank (its "
+            "place in the run, the rendezvous, its GPUs, the comm= settings): leave them out "
+            "(a comm= setting is changed in comm={...})"
         )
     bad = [k for k, v in env.items() if not isinstance(v, (str, int, float, bool))]
     if bad:
         raise ConfigurationError(f"env: the values of {bad} must be strings (or numbers)")
+    nul = [k for k, v in env.items() if "\x00" in str(v)]
+    if nul:
+        raise ConfigurationError(
+            f"env: the value of {nul[0]!r} holds a NUL character, which no environment can"
+        )
     return tuple((k, str(v)) for k, v in env.items())

@@ -185,13 +185,15 @@ class BarrierRunner:
         env: Optional[dict] = None,
         comm: Optional[dict] = None,
     ) -> None:
+        self.backend_spec = backends.get(backend)  # first: what else is checked depends on it
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
-        self.comm = comm_settings.check(comm, backend, bool(use_gpu))
-        self.env = rank_env.check_env(env) + comm_settings.rank_env(self.comm, backend)
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
-        self.backend_spec = backends.get(backend)  # what differs between torch.distributed and Horovod
+        self.collective_timeout = collective_timeout or min(timeout or 600.0, DEFAULT_COLLECTIVE_TIMEOUT)
+        self.comm = comm_settings.check(comm, backend, bool(use_gpu), self.collective_timeout)
+        reserved = {**backends.reserved_env(), **comm_settings.reserved_env(self.comm, backend)}
+        self.env = rank_env.check_env(env, reserved) + comm_settings.rank_env(self.comm, backend)
         self.backend_spec.check_installed()
         self.np, self.world_size = np, abs(np)
         self.min_np = admission.check_min_np(min_np, np, max_restarts)
@@ -201,7 +203,6 @@ class BarrierRunner:
         self.start_timeout = start_timeout
         self.data_timeout = data_timeout
         self.timeout = timeout
-        self.collective_timeout = collective_timeout or min(timeout or 600.0, DEFAULT_COLLECTIVE_TIMEOUT)
         self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
         self.read_files, self.model_bytes, self.checkpoint_dir = bool(read_files), model_bytes, checkpoint_dir
         self.staging_dir = admission.check_staging_dir(staging_dir)

@@ -68,6 +68,18 @@ def test_diloco_with_one_step_and_a_plain_outer_sgd_is_data_parallel_sgd():
         assert all(equal for _, equal in o["equal_after"])
 
 
+@pytest.mark.parametrize(
+    "kind,says",
+    [
+        ("model", "tensor 0 'weight': rank 0 has (3, 4) float32, rank 1 has (5, 4) float32"),
+        ("sync_every", "sync_every=3 on rank 0 but 4 on rank 1"),
+    ],
+)
+def test_diloco_on_ranks_that_disagree_is_refused_on_every_rank_before_a_step(kind, says):
+    out = BarrierRunner(-2, timeout=120).run(ch.diloco_disagreeing, kind, return_all=True)
+    assert all(o.startswith("ConfigurationError: DiLoCo") and says in o for o in out), out
+
+
 def test_diloco_ranks_drift_between_outer_steps_and_meet_at_each():
     out = BarrierRunner(-2, timeout=120).run(ch.diloco, 8, 0.7, 0.9, True, 16, return_all=True)
     for o in out:
@@ -112,6 +124,11 @@ def test_horovod_takes_the_same_names_fusion_threshold_cycle_time_fp16_and_accum
         ("torch", {"bucket_cap_mb": "25"}, "bucket_cap_mb must be a positive number"),
         ("tensorflow", {"accumulate": 2}, "backend='tensorflow' has its own"),
         ("torch", ["fp16"], "comm must be a dict"),
+        ("torch", {"bucket_cap_mb": float("nan")}, "bucket_cap_mb must be a positive number (finite"),
+        ("torch", {"bucket_cap_mb": float("inf")}, "bucket_cap_mb must be a positive number (finite"),
+        ("torch", {"accumulate": 2**40}, "accumulate must be a positive integer (finite, <= 1.04858e+06)"),
+        ("horovod", {"cycle_time_ms": 1e9}, "cycle_time_ms must be a positive number (finite, <= 1000)"),
+        ("horovod", {"cycle_time_ms": 500.0}, "more than a tenth of collective_timeout=2 s"),
     ],
 )
 def test_a_comm_setting_the_backend_cannot_take_is_refused_on_the_driver_naming_it(backend, comm, says):
@@ -119,9 +136,42 @@ def test_a_comm_setting_the_backend_cannot_take_is_refused_on_the_driver_naming_
     from sparkml_dist.runner import comm_settings
 
     with pytest.raises(ConfigurationError, match=None) as info:
-        comm_settings.check(comm, backend, use_gpu=False)
+        comm_settings.check(comm, backend, use_gpu=False, collective_timeout=2.0)
     assert says in str(info.value)
     assert comm_settings.check(None, "torch", False) == {} and comm_settings.rank_env({}, "torch") == ()
+
+
+@pytest.mark.parametrize(
+    "backend,env,says",
+    [
+        ("torch", {"A=B": "1"}, "'A=B' is not a variable name"),
+        ("torch", {"A\x00B": "1"}, "is not a variable name"),
+        ("torch", {"OK": "a\x00b"}, "holds a NUL character"),
+        ("torch", {"PYTHONUNBUFFERED": "0"}, "['PYTHONUNBUFFERED'], which the runner"),
+        ("horovod", {"HOROVOD_GLOO_TIMEOUT_SECONDS": "9"}, "which the horovod backend"),
+        ("horovod", {"HOROVOD_CONTROLLER": "mpi"}, "which the horovod backend"),
+        ("torch", {"TF_CONFIG": "{}"}, "which the tensorflow backend"),
+        ("horovod", {"HOROVOD_FUSION_THRESHOLD": "1"}, "which comm="),
+    ],
+)
+def test_env_names_values_and_what_the_runner_sets_itself_are_refused_on_the_driver(backend, env, says):
+    from sparkml_dist.errors import ConfigurationError
+
+    comm = {"bucket_cap_mb": 4} if "HOROVOD_FUSION_THRESHOLD" in env else None
+    with pytest.raises(ConfigurationError) as info:
+        BarrierRunner(-2, backend=backend, env=env, comm=comm)
+    assert says in str(info.value), str(info.value)
+    assert BarrierRunner(-2, backend="horovod", env={"HOROVOD_FUSION_THRESHOLD": "1"}).env  # no comm=: yours
+
+
+def test_a_misspelled_backend_is_named_before_its_comm_settings_are_read():
+    from sparkml_dist.errors import ConfigurationError
+
+    with pytest.raises(
+        ConfigurationError,
+        match=r"backend must be one of \('torch', 'horovod', 'tensorflow', 'jax'\), got 'tourch'",
+    ):
+        BarrierRunner(-2, backend="tourch", comm={"accumulate": 2})
 
 
 def test_cli_comm_values_are_read_as_numbers_booleans_or_text():
