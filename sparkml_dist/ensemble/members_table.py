@@ -20,6 +20,10 @@ another table is refused.  Reading a table back checks all of that, then decodes
 a forged row is refused as a forged model file is.  Tables written before the table id existed
 (their digests cover record + model only) still load; signed ones with a warning that their rows'
 set and other columns are not covered.
+
+A table saved with no models holds one row that says so (format ``none``, no model bytes, its
+record ``{"empty": true, "table": ...}``, digested like any row): a table with no rows at all had
+its rows deleted, and is refused at load rather than read back as a model of nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ SCHEMA = (
     "sha256 string"
 )
 COLUMNS = ["group", "rows", "format", "model", "metrics", "record", "sha256"]
+EMPTY = "none"  # the format of the one row of a table saved with no models
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,9 @@ def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = N
     signing = key_bytes(key)
     entries = list(entries)
     table_id, rows = uuid.uuid4().hex, []
+    if not entries:  # saved empty: one signed row says so (see the module docstring)
+        text = json.dumps({"empty": True, "table": {"id": table_id, "row": 0, "rows": 1}}, sort_keys=True)
+        return [("", 0, EMPTY, bytearray(), {}, text, row_digest("", 0, EMPTY, {}, text, b"", signing))]
     for i, (group, n, model, metrics, record) in enumerate(entries):
         try:
             fmt, data = model_formats.encode(model)
@@ -108,7 +116,14 @@ def decode_rows(
     from ..formats.store import key_bytes
 
     signing = key_bytes(key)
+    if not rows:
+        raise UnsafeModelError(
+            "the members table has no rows: a table saved with no models holds a row that says so, "
+            "so its rows were deleted after it was written (or it is not a members table)"
+        )
     checked = _checked_rows(rows, signing)
+    if len(checked) == 1 and checked[0][1].get("empty") is True and checked[0][0]["format"] == EMPTY:
+        return []  # saved empty, and its signed row says so
     out = []
     for r, record in checked:
         model = model_formats.decode(

@@ -81,3 +81,16 @@ def test_a_table_of_an_earlier_release_still_loads_and_a_signed_one_warns(caplog
     mixed = rows[:2] + _rows()[2:]
     with pytest.raises(UnsafeModelError, match="mixes rows"):
         members_table.decode_rows(mixed, KEY)
+
+
+def test_a_table_with_every_row_deleted_is_refused_and_one_saved_empty_loads_empty():
+    with pytest.raises(UnsafeModelError, match="has no rows: a table saved with no models holds a row"):
+        members_table.decode_rows([], KEY)  # every row of a signed table deleted
+    empty = [dict(zip(members_table.COLUMNS, r)) for r in members_table.table_rows([], KEY)]
+    assert len(empty) == 1 and empty[0]["format"] == members_table.EMPTY  # the row that says so
+    assert members_table.decode_rows(empty, KEY) == []
+    forged = dict(empty[0], record=json.dumps({"empty": True, "table": {"id": "x", "row": 0, "rows": 1}}))
+    with pytest.raises(UnsafeModelError, match="does not match its sha256"):
+        members_table.decode_rows([forged], KEY)  # a stranger cannot write "empty" without the key
+    with pytest.raises(UnsafeModelError, match="2 different tables"):
+        members_table.decode_rows(empty + _rows()[:1], KEY)  # nor add rows to an empty table
