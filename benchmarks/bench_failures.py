@@ -80,7 +80,7 @@ def _rank_process(pid: int):
 
     try:
         proc = psutil.Process(pid)
-        return proc if "sparkml_dist.runner._rank" in " ".join(proc.cmdline()) else None
+        return proc if "sparkml_dist.runner.tasks.rank" in " ".join(proc.cmdline()) else None
     except (psutil.Error, OSError):
         return None
 

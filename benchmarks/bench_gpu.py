@@ -85,7 +85,7 @@ def shard_to_gpu(rows=1_000_000, device=None):
     import pyarrow as pa
     import torch
 
-    from sparkml_dist.runner.data import Shard
+    from sparkml_dist.runner.data.shard import Shard
 
     dev = torch.device(device) if device else _device()
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)

@@ -61,6 +61,11 @@ def master_of(spark) -> str:
     return spark.conf.get("spark.master", "") or ""
 
 
+def local_master(spark) -> bool:
+    """Is ``spark``'s master ``local`` / ``local[N]`` (every task in the driver's own JVM)?"""
+    return is_local(master_of(spark))
+
+
 def is_local(master: str) -> bool:
     """``local`` / ``local[N]`` / ``local[*]``: executors are threads of the driver."""
     return master.startswith("local") and not master.startswith("local-cluster")
@@ -245,7 +250,7 @@ def executor_python_warning(spark) -> Optional[str]:
     import shutil
     import sys
 
-    if is_connect(spark) or not (is_local(master_of(spark)) or master_of(spark).startswith("local-cluster")):
+    if is_connect(spark) or not (local_master(spark) or master_of(spark).startswith("local-cluster")):
         return None
     conf = conf_of(spark)
     python = conf("spark.pyspark.python") or os.environ.get("PYSPARK_PYTHON") or "python3"

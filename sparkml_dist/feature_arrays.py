@@ -12,8 +12,8 @@ model cannot take sparse input or most entries are stored anyway (one rule, :fun
 XGBoost and LightGBM's scikit-learn classes, pipelines whose first step does): a model fitted
 either way predicts the same from either form.
 
-Columns for tensors (a rank's shard, :mod:`sparkml_dist.runner.data`, its loader
-:mod:`sparkml_dist.runner.loader`, and ``predict_batch``'s workers) go through the same room without
+Columns for tensors (a rank's shard, :mod:`sparkml_dist.runner.data.shard`, its loader
+:mod:`sparkml_dist.runner.data.loader`, and ``predict_batch``'s workers) go through the same room without
 extra copies: a list column becomes an ``(n, d)`` array, a scalar column ``(n,)``, each in the torch
 dtype its Arrow type maps to (:func:`torch_dtype`, :func:`fill`); binary and string columns stay
 Python values (an object array) for the user's ``transform``.

@@ -128,7 +128,7 @@ def resources_profile(spark, resources: Optional[Dict[str, Any]], name: str):
             f"{name} asks {res['cpus']} CPUs per task but an executor has {cluster.cores_per_executor} "
             f"cores: lower {name}['cpus'] or give executors more cores"
         )
-    if _spark_env.is_local(_spark_env.master_of(spark)):
+    if _spark_env.local_master(spark):
         return None
     return task_profile(res["cpus"] or cluster.task_cpus, res["gpus"])
 
@@ -157,7 +157,7 @@ def rank_profile(spark, use_gpu: bool, per_rank: int = 1):
 
     if not use_gpu or spark.conf.get("spark.task.resource.gpu.amount", None):
         return None
-    if _spark_env.is_local(_spark_env.master_of(spark)):
+    if _spark_env.local_master(spark):
         return None  # local mode schedules no task resources: the ranks get the driver's GPUs
     return task_profile(_spark_env.task_cpus(_spark_env.conf_of(spark)), per_rank)
 
@@ -176,7 +176,7 @@ def assign_local(
         return None
     from . import _spark_env
 
-    if not local_processes and not _spark_env.is_local(_spark_env.master_of(spark)):
+    if not local_processes and not _spark_env.local_master(spark):
         return None
     gpus, source = local(spark)
     need = world * per_rank
@@ -251,7 +251,7 @@ def plan_models(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optio
         )
     from . import _spark_env
 
-    if _spark_env.is_local(_spark_env.master_of(spark)):
+    if _spark_env.local_master(spark):
         gpus, _ = local(spark)
         if not gpus:
             raise InsufficientResourcesError(

@@ -174,15 +174,8 @@ def matched_columns(df, input_cols: Sequence[str], names: Optional[Sequence[str]
 
 def _function_spec(make_predict_fn: Callable) -> dict:
     from . import serialization
-    from .serialization import unpicklable_part
 
-    try:
-        blob = serialization.dumps(make_predict_fn)
-    except Exception as exc:  # noqa: BLE001 - whatever the captured object raises
-        raise ConfigurationError(
-            f"cannot send make_predict_fn to the executors: {type(exc).__name__}: {exc}."
-            f"{unpicklable_part(make_predict_fn)}"
-        ) from None
+    blob = serialization.travelling(make_predict_fn, "make_predict_fn", make_predict_fn)
     return dict(make_fn=blob, key=uuid.uuid4().hex)
 
 

@@ -40,7 +40,6 @@ Example::
 
 from __future__ import annotations
 
-import hmac
 import json
 import os
 import re
@@ -54,7 +53,6 @@ from .formats.mlflow import (  # noqa: F401 - the writer's half, here for the AP
     SIGNATURE,
     SPARK_DIR,
     STAGE_DIR,
-    _mac,
     log_model,
     log_network,
     save_model,
@@ -68,7 +66,8 @@ _STAGE = re.compile(rf"({STAGE_DIR}|{NETWORK_DIR}|{SPARK_DIR}/stages/[A-Za-z0-9]
 def _verify(root: str) -> None:
     from .formats import UnsafeModelError
     from .formats.files import read_regular
-    from .formats.store import KEY_ENV, key_bytes
+    from .formats.mlflow import mlmodel_mac
+    from .formats.signing import KEY_ENV, key_bytes, same
 
     key = key_bytes(None)
     if key is None:
@@ -80,7 +79,7 @@ def _verify(root: str) -> None:
         mac = ""
     if mac is None:
         raise UnsafeModelError(f"the MLflow model {root!r} is not signed, and {KEY_ENV} is set: refused")
-    if not hmac.compare_digest(str(mac), _mac(key, root)):
+    if not same(mac, mlmodel_mac(key, root)):
         raise UnsafeModelError(f"the MLmodel of {root!r} does not match its signature: refused")
 
 

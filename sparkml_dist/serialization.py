@@ -56,6 +56,23 @@ def dumps(obj: Any) -> bytes:
     return buf.getvalue()
 
 
+def travelling(obj: Any, what: str, fn: Any = None) -> bytes:
+    """``obj`` as the bytes the executors load, or a ConfigurationError saying that ``what``
+    cannot be sent there, why, and which captured object (of ``fn``, the user's function inside
+    ``obj``) is the cause: the one check every feature that ships user code makes."""
+    try:
+        return dumps(obj)
+    except Exception as exc:  # noqa: BLE001 - whatever a captured object raises while pickled
+        from .errors import ConfigurationError
+
+        culprit = unpicklable_part(fn) if callable(fn) else ""
+        raise ConfigurationError(
+            f"cannot send {what} to the executors: {type(exc).__name__}: {exc}.{culprit} Define the "
+            "function at module level (or in an importable module) and keep locks, sessions and "
+            "open files out of what it captures"
+        ) from None
+
+
 def unpicklable_part(fn: Callable) -> str:
     """Name what a function captures that cannot be pickled (closure cells, then globals)."""
     code = getattr(fn, "__code__", None)

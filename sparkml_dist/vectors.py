@@ -2,7 +2,7 @@
 
 A vector column is stored as a struct (``type`` 0 sparse / 1 dense, ``size``, ``indices``,
 ``values``); Spark's ``VectorUDT`` refuses a struct it could not have written. A file read in
-place by the ranks (:mod:`sparkml_dist.parquet_split`) may have been written by anyone, so
+place by the ranks (:mod:`sparkml_dist.runner.data.parquet_split`) may have been written by anyone, so
 :func:`vector_lists` checks every struct of a batch the same way, and against the width the driver
 read, *before* anything is allocated for the rows: a type code other than 0/1, a sparse vector
 without a size or indices, indices and values of different lengths, an index out of range, out of

@@ -21,7 +21,7 @@ from hashlib import sha256
 from typing import Callable, Dict, Optional
 
 from .. import channel
-from ..channel import ACK, MAX_FRAME, NONCE
+from . import ACK, MAX_FRAME, NONCE
 from .inbox import Inbox, Tally
 
 log = logging.getLogger(__name__)

@@ -131,12 +131,13 @@ def _run_arguments(p: argparse.ArgumentParser) -> None:
         "compression=fp16|powersgd, powersgd_rank=4, ... (repeat it for several; "
         "see sparkml_dist.runner.comm_settings)",
     )
+    from ..runner.backends import BACKENDS
+
     p.add_argument(
         "--backend",
-        choices=("torch", "horovod", "tensorflow", "jax"),
+        choices=tuple(BACKENDS),
         default="torch",
-        help="torch: a torchrun-style script; horovod: a horovodrun-style script; tensorflow: "
-        "TF_CONFIG for MultiWorkerMirroredStrategy; jax: jax.distributed initialized first",
+        help="; ".join(f"{name}: {b.summary}" for name, b in BACKENDS.items()),
     )
     p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
     p.add_argument("--start-timeout", type=float, default=180.0)

@@ -120,12 +120,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
                     f"weightCol={self.getWeightCol()!r} is set but estimator="
                     f"{est!r}.fit() takes no sample_weight; unset weightCol."
                 )
-        try:
-            return serialization.dumps(est)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"estimator={est!r} cannot be pickled to send to executors: {type(exc).__name__}: {exc}"
-            ) from exc
+        return serialization.travelling(est, f"estimator={est!r}")
 
     def _prepare(self, dataset, weight_col: str):
         """The features, label (and weight) columns as fit reads them, and the columns rows are keyed by."""

@@ -104,10 +104,7 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
                 f"estimator={est!r} cannot be cloned: {type(exc).__name__}: {exc}; pass an estimator "
                 "whose get_params() returns its constructor arguments"
             ) from exc
-        try:
-            return serialization.dumps(est)
-        except Exception as exc:
-            raise ConfigurationError(f"estimator cannot be sent to the executors ({exc})") from None
+        return serialization.travelling(est, f"estimator={est!r}")
 
     def _prepare(self, dataset):
         """(the key, features and label columns, whether the label is a string)."""

@@ -32,11 +32,6 @@ def new_store(members_dir: str, uid: str) -> "ModelStore | None":
     return ModelStore(posixpath.join(members_dir.rstrip("/"), f"{uid}-{uuid.uuid4().hex[:12]}"))
 
 
-def committed(store: ModelStore, results: List[dict]) -> "LazyMembers":
-    """On the driver: commit what the tasks wrote; the members, loaded lazily."""
-    return LazyMembers(store.uri, commit_checked(store, [meta for r in results for meta in r["metas"]]))
-
-
 def commit_checked(store: ModelStore, metas: List[dict]) -> List[dict]:
     """Commit the files the tasks wrote; their metadata.  Files the driver cannot see (a local
     membersDir on several hosts) are refused now, not at the first load."""
@@ -49,6 +44,19 @@ def commit_checked(store: ModelStore, metas: List[dict]) -> List[dict]:
             "(s3://, hdfs://, /dbfs/...)"
         )
     return manifest["objects"]
+
+
+_open: Dict[str, ModelStore] = {}  # the stores this process has read members from, by uri
+
+
+def decode_stored(uri: str, meta: dict, trusted_types: Sequence[str] = ()) -> Any:
+    """One object of the committed store at ``uri`` (the file's ``meta``), its SHA-256 checked and
+    decoded through the safe formats: the one way a lazily held member is loaded (a bagging or
+    grouped model's :class:`LazyMembers`, a :class:`~.per_group.GroupMember`'s ``model``)."""
+    store = _open.get(uri)
+    if store is None:
+        store = _open[uri] = ModelStore(uri)
+    return store.decode(meta, trusted_types)
 
 
 class LazyMembers(Sequence):
@@ -64,14 +72,13 @@ class LazyMembers(Sequence):
             (by_group[g][RECORD], by_group[g][MODEL]) for g in sorted(by_group) if g >= 0
         ]
         self._loaded: "List[Any] | None" = None
-        self._store: "ModelStore | None" = None  # opened once, on first load
 
     def __getstate__(self):  # the metadata travels, never the models
         return {"uri": self.uri, "metas": self._metas, "trusted": self.trusted_types}
 
     def __setstate__(self, state):
         self.uri, self._metas, self.trusted_types = state["uri"], state["metas"], state["trusted"]
-        self._loaded, self._store = None, None
+        self._loaded = None
 
     @property
     def records(self) -> List[dict]:
@@ -82,11 +89,10 @@ class LazyMembers(Sequence):
         return len(self._metas)
 
     def _load(self, i: int) -> Any:
-        if self._store is None:
-            self._store = ModelStore(self.uri)
-        store = self._store
         rec, mod = self._metas[i]
-        return from_record(store.decode(rec, self.trusted_types), store.decode(mod, self.trusted_types))
+        return from_record(
+            decode_stored(self.uri, rec, self.trusted_types), decode_stored(self.uri, mod, self.trusted_types)
+        )
 
     def __getitem__(self, i):  # type: ignore[override]
         if isinstance(i, slice):

@@ -28,8 +28,6 @@ its rows deleted, and is refused at load rather than read back as a model of not
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import logging
 import uuid
@@ -37,6 +35,7 @@ from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
 from .. import formats as model_formats
 from ..errors import ConfigurationError
+from ..formats import signing
 from ..formats.checks import UnsafeModelError
 
 SCHEMA = (
@@ -49,19 +48,15 @@ EMPTY = "none"  # the format of the one row of a table saved with no models
 log = logging.getLogger(__name__)
 
 
-def _mac(body: bytes, key: Optional[bytes]) -> str:
-    return hmac.new(key, body, hashlib.sha256).hexdigest() if key else hashlib.sha256(body).hexdigest()
-
-
 def _legacy_digest(record: str, data: bytes, key: Optional[bytes]) -> str:
     """The digest of tables written before the table id: record + model only."""
-    return _mac(record.encode() + b"\0" + data, key)
+    return signing.mac(record.encode() + b"\0" + data, key)
 
 
 def row_digest(group: str, rows: int, fmt: str, metrics: dict, record: str, data: bytes, key) -> str:
     """The digest of one row: every column but the digest itself (metrics in key order)."""
     head = json.dumps([group, int(rows), fmt, sorted((str(k), float(v)) for k, v in metrics.items()), record])
-    return _mac(head.encode() + b"\0" + data, key)
+    return signing.mac(head.encode() + b"\0" + data, key)
 
 
 def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None):
@@ -72,14 +67,14 @@ def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: An
 def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None) -> List[tuple]:
     """The rows of :func:`to_table`, in :data:`COLUMNS` order: each model encoded in a safe format,
     each row placed in one new table and digested whole."""
-    from ..formats.store import key_bytes
+    from ..formats.signing import key_bytes
 
-    signing = key_bytes(key)
+    key_b = key_bytes(key)
     entries = list(entries)
     table_id, rows = uuid.uuid4().hex, []
     if not entries:  # saved empty: one signed row says so (see the module docstring)
         text = json.dumps({"empty": True, "table": {"id": table_id, "row": 0, "rows": 1}}, sort_keys=True)
-        return [("", 0, EMPTY, bytearray(), {}, text, row_digest("", 0, EMPTY, {}, text, b"", signing))]
+        return [("", 0, EMPTY, bytearray(), {}, text, row_digest("", 0, EMPTY, {}, text, b"", key_b))]
     for i, (group, n, model, metrics, record) in enumerate(entries):
         try:
             fmt, data = model_formats.encode(model)
@@ -92,7 +87,7 @@ def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = N
         place = {"id": table_id, "row": i, "rows": len(entries)}
         text = json.dumps({**record, "table": place}, sort_keys=True)
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}
-        digest = row_digest(str(group), int(n), fmt, metrics, text, data, signing)
+        digest = row_digest(str(group), int(n), fmt, metrics, text, data, key_b)
         rows.append((str(group), int(n), fmt, bytearray(data), metrics, text, digest))
     return rows
 
@@ -113,15 +108,15 @@ def decode_rows(
 ) -> List[Tuple[str, int, Any, dict, dict]]:
     """:func:`read_table` on rows already collected (dicts of :data:`COLUMNS`): every row's digest
     and the table's rows as a whole checked (see the module docstring), then each model decoded."""
-    from ..formats.store import key_bytes
+    from ..formats.signing import key_bytes
 
-    signing = key_bytes(key)
+    key_b = key_bytes(key)
     if not rows:
         raise UnsafeModelError(
             "the members table has no rows: a table saved with no models holds a row that says so, "
             "so its rows were deleted after it was written (or it is not a members table)"
         )
-    checked = _checked_rows(rows, signing)
+    checked = _checked_rows(rows, key_b)
     if len(checked) == 1 and checked[0][1].get("empty") is True and checked[0][0]["format"] == EMPTY:
         return []  # saved empty, and its signed row says so
     out = []
@@ -148,7 +143,7 @@ def _record(r: dict) -> dict:
     return record
 
 
-def _checked_rows(rows: List[dict], signing: Optional[bytes]) -> List[Tuple[dict, dict]]:
+def _checked_rows(rows: List[dict], key_b: Optional[bytes]) -> List[Tuple[dict, dict]]:
     """Each row with its parsed record, once every digest and the table's set of rows passed."""
     parsed = [(r, _record(r)) for r in rows]
     current = [isinstance(rec.get("table"), dict) for _, rec in parsed]
@@ -157,24 +152,24 @@ def _checked_rows(rows: List[dict], signing: Optional[bytes]) -> List[Tuple[dict
             "the members table mixes rows of this release's tables with rows of an older table; "
             "rows were added or replaced after it was written"
         )
-    with_key = " (HMAC with the signing key)" if signing else ""
+    with_key = " (HMAC with the signing key)" if key_b else ""
     for r, rec in parsed:
         if not isinstance(r["rows"], int) or not isinstance(r["model"], (bytes, bytearray)):
             raise UnsafeModelError(f"the row of group {r['group']!r} has no row count or no model bytes")
         data, text = bytes(r["model"]), r["record"] or "{}"
         if rec.get("table") is not None:
             metrics = dict(r["metrics"] or {})
-            good = row_digest(str(r["group"]), r["rows"], str(r["format"]), metrics, text, data, signing)
+            good = row_digest(str(r["group"]), r["rows"], str(r["format"]), metrics, text, data, key_b)
         else:
-            good = _legacy_digest(text, data, signing)
-        if not isinstance(r["sha256"], str) or not hmac.compare_digest(good, r["sha256"]):
+            good = _legacy_digest(text, data, key_b)
+        if not signing.same(r["sha256"], good):
             raise UnsafeModelError(
                 f"the row of group {r['group']!r} does not match its sha256{with_key}: its group, rows, "
                 "format, metrics, record or model changed after it was written"
             )
     if parsed and all(current):
         _check_table(parsed)
-    elif parsed and signing:
+    elif parsed and key_b:
         log.warning(
             "this members table was written by an earlier release: its signature covers each model and "
             "record, not the group, metrics or the set of rows. Write it again with to_table() / "

@@ -66,10 +66,7 @@ class GroupMember:
     @property
     def model(self) -> Any:
         if self._model is None and self._stored is not None:
-            from ..formats.store import ModelStore
-
-            uri, meta = self._stored
-            self._model = ModelStore(uri).decode(meta)
+            self._model = member_store.decode_stored(*self._stored)
         return self._model
 
     def __repr__(self) -> str:
@@ -130,13 +127,7 @@ def _payload(fn: Callable) -> bytes:
 
     if not callable(fn):
         raise ConfigurationError(f"fn must be a function fn(data, key), got {type(fn).__name__}")
-    try:
-        return serialization.dumps(fn)
-    except Exception as exc:  # noqa: BLE001 - whatever the captured object raises
-        raise ConfigurationError(
-            f"cannot send fn to the executors: {type(exc).__name__}: {exc}."
-            f"{serialization.unpicklable_part(fn)}"
-        ) from None
+    return serialization.travelling(fn, "fn", fn)
 
 
 def _check_columns(df, features: Sequence[str], label: Optional[str]) -> None:

@@ -17,12 +17,12 @@ Example::
 from __future__ import annotations
 
 import glob
-import hashlib
-import hmac
 import json
 import os
 import tempfile
 from typing import Any, Optional
+
+from . import signing
 
 FLAVOR = "sparkml_dist"
 LOADER = "sparkml_dist.mlflow_flavor"  # what every MLmodel names as its pyfunc loader: never renamed
@@ -130,17 +130,16 @@ def log_network(
     )
 
 
-def _mac(key: bytes, root: str) -> str:
+def mlmodel_mac(key: bytes, root: str) -> str:
+    """The signature of ``root``'s ``MLmodel`` under ``key`` (what ``MLmodel.sig`` holds)."""
     with open(os.path.join(root, "MLmodel"), "rb") as fh:
-        return hmac.new(key, fh.read(), hashlib.sha256).hexdigest()
+        return signing.mac(fh.read(), key)
 
 
 def _sign(root: str) -> None:
     """``MLmodel.sig`` beside ``MLmodel`` when a signing key is set (the stage's store is signed
     with the same key)."""
-    from .store import key_bytes
-
-    key = key_bytes(None)
+    key = signing.key_bytes(None)
     if key is not None:
         with open(os.path.join(root, SIGNATURE), "w", encoding="utf-8") as fh:
-            json.dump({"alg": "HMAC-SHA256", "mac": _mac(key, root)}, fh)
+            json.dump({"alg": signing.ALG, "mac": mlmodel_mac(key, root)}, fh)

@@ -29,7 +29,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import hmac
 import importlib
 import json
 import os
@@ -38,6 +37,7 @@ import re
 from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
 from ..errors import CollectionError, ConfigurationError
+from . import signing
 from .checks import UnsafeModelError
 
 WEIGHTS = "weights.safetensors"
@@ -120,8 +120,7 @@ def _tensors(state: Dict[str, Any]):
 
 
 def _sign(meta: dict, key: Optional[bytes]) -> dict:
-    body = json.dumps({k: v for k, v in meta.items() if k != "signature"}, sort_keys=True)
-    return {**meta, "signature": hmac.new(key, body.encode(), hashlib.sha256).hexdigest()} if key else meta
+    return {**meta, "signature": signing.document_mac(meta, key)} if key else meta
 
 
 def save(
@@ -151,7 +150,7 @@ def save(
         raise ConfigurationError(
             f"builder_kwargs must be plain JSON values (numbers, strings, lists, dicts): {exc}"
         ) from exc
-    signing = model_store.key_bytes(key)
+    key_b = model_store.key_bytes(key)
     state = full_state(module)
     if state is None or not _writer_rank():
         return None
@@ -168,7 +167,7 @@ def save(
     }
     fs, root = model_store.filesystem(path)
     fs.create_dir(root, recursive=True)
-    for fname, data in ((WEIGHTS, blob), (META, json.dumps(_sign(meta, signing), indent=1).encode())):
+    for fname, data in ((WEIGHTS, blob), (META, json.dumps(_sign(meta, key_b), indent=1).encode())):
         tmp = posixpath.join(root, f".{fname}.tmp-{os.getpid()}")
         with fs.open_output_stream(tmp) as fh:
             fh.write(data)
@@ -197,10 +196,10 @@ def read_meta(path: str, key: Optional[Union[str, bytes]] = None) -> dict:
         raise CollectionError(f"{path} holds no readable {META}: {exc}") from exc
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise UnsafeModelError(f"{path}/{META} is not a saved network ({FORMAT})")
-    signing = model_store.key_bytes(key)
-    if signing is not None:
-        want = _sign(meta, signing).get("signature")
-        if not isinstance(meta.get("signature"), str) or not hmac.compare_digest(meta["signature"], want):
+    key_b = model_store.key_bytes(key)
+    if key_b is not None:
+        want = _sign(meta, key_b).get("signature")
+        if not signing.same(meta.get("signature"), want):
             raise UnsafeModelError(
                 f"{path}/{META}: the signature does not verify with the signing key (unsigned, or "
                 "changed after it was written)"

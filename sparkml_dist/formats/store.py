@@ -39,7 +39,6 @@ Example::
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 import os
 import posixpath
@@ -50,14 +49,12 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 import pyarrow as pa
 
 from .. import formats as model_formats
-from ..errors import CollectionError, ConfigurationError
-from . import UnsafeModelError
+from ..errors import CollectionError
+from . import UnsafeModelError, signing
 from .files import checked_name, read_file
+from .signing import KEY_ENV, MIN_KEY_BYTES, key_bytes  # noqa: F401 - where they were
 
-KEY_ENV = "SPARKML_DIST_MODEL_KEY"
-MIN_KEY_BYTES = 16
 MAX_MANIFEST = 64 << 20
-_ALG = "HMAC-SHA256"
 _FILE = re.compile(r"objects/[A-Za-z0-9][A-Za-z0-9_.-]{0,200}")
 _EXTENSIONS = {f.name: f.extension for f in model_formats.FORMATS}
 
@@ -74,29 +71,6 @@ def filesystem(uri: str):
         return pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, OSError) as exc:
         raise CollectionError(f"cannot open model store {uri!r}: {exc}") from exc
-
-
-def key_bytes(key: Optional[Union[str, bytes]]) -> Optional[bytes]:
-    where = "key=" if key is not None else KEY_ENV
-    if key is None and os.environ.get(KEY_ENV) == "":
-        raise ConfigurationError(
-            f"{KEY_ENV} is set but empty, which would turn signing off without a word: unset it "
-            "(unsigned models) or set it to a key of at least 16 random bytes"
-        )
-    key = key if key is not None else os.environ.get(KEY_ENV)
-    key = key.encode() if isinstance(key, str) else key
-    if key is not None and len(key) < MIN_KEY_BYTES:
-        raise ConfigurationError(
-            f"the model signing key ({where}) is {len(key)} bytes long; use at least {MIN_KEY_BYTES} "
-            "random bytes (e.g. python -c 'import secrets; print(secrets.token_hex(32))')"
-        )
-    return key
-
-
-def _mac(key: bytes, manifest: dict) -> str:
-    """The HMAC of a manifest without its ``signature`` (as written: sorted keys, indent 1)."""
-    body = json.dumps({k: v for k, v in manifest.items() if k != "signature"}, indent=1, sort_keys=True)
-    return hmac.new(key, body.encode(), hashlib.sha256).hexdigest()
 
 
 class ModelStore:
@@ -176,7 +150,7 @@ class ModelStore:
         self._fs.create_dir(self._root, recursive=True)
         key = key_bytes(self._key)
         if key is not None:
-            manifest["signature"] = {"alg": _ALG, "mac": _mac(key, manifest)}
+            manifest["signature"] = {"alg": signing.ALG, "mac": signing.document_mac(manifest, key, indent=1)}
         self._put(self._path(self.MANIFEST), json.dumps(manifest, indent=1, sort_keys=True).encode())
         keep = {m["file"] for m in manifest["objects"]}
         self._remove_own(keep, replaced - keep)
@@ -241,7 +215,7 @@ class ModelStore:
         signature = manifest.get("signature")
         if signature is not None:
             mac = signature.get("mac", "") if isinstance(signature, dict) else ""
-            expected = _mac(key, manifest)
+            expected = signing.document_mac(manifest, key, indent=1)
         else:
             legacy = self._read(self.SIGNATURE, 4096)  # a store signed by an earlier release
             if legacy is None:
@@ -253,8 +227,8 @@ class ModelStore:
                 mac = json.loads(legacy.decode())["mac"]
             except (ValueError, KeyError, TypeError):
                 mac = ""
-            expected = hmac.new(key, body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(str(mac), expected):
+            expected = signing.mac(body, key)
+        if not signing.same(mac, expected):
             raise UnsafeModelError(
                 f"the signature of model store {self.uri!r} does not match its manifest "
                 "under the signing key: it was modified or signed with another key"

@@ -57,11 +57,11 @@ def _check_keras() -> None:
             f"sparkml_dist.keras needs Keras 3 (this is Keras {version}). A tf.keras (Keras 2) program "
             "runs under backend='tensorflow' with tf.distribute.MultiWorkerMirroredStrategy"
         )
-    backend = keras.backend.backend()
-    if backend != "torch":
+    keras_backend = keras.backend.backend()
+    if keras_backend != "torch":
         raise ConfigurationError(
             f"sparkml_dist.keras runs Keras 3 on the torch backend, but this process's Keras uses "
-            f"{backend!r} (KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}). Set KERAS_BACKEND=torch "
+            f"{keras_backend!r} (KERAS_BACKEND={os.environ.get('KERAS_BACKEND')!r}). Set KERAS_BACKEND=torch "
             "before keras is imported (the runner does for backend='torch' unless env= or the "
             "executors' environment sets another). A tf.keras program runs under "
             "backend='tensorflow' with MultiWorkerMirroredStrategy; Keras on JAX under backend='jax' "

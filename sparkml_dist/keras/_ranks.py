@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigurationError
-from ..runner import protocol
+from ..runner import backends, protocol
 
 _INITIALIZED = []  # [True] once init() ran in this process
 
@@ -38,7 +38,7 @@ def init(comm=None, process_sets=None) -> None:
             "here every rank of the run takes part: call init() with no arguments"
         )
     backend = os.environ.get(protocol.BACKEND_ENV)
-    if backend not in (None, "torch"):
+    if backend is not None and not backends.get(backend).torch_group:
         raise _backend_error(backend)
     import torch.distributed as dist
 

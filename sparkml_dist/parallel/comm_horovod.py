@@ -57,7 +57,7 @@ def horovod(
             "hierarchical": hierarchical,
         }
     )
-    comm_settings.check_values("comm.horovod", settings, backend="horovod")
+    comm_settings.check_values("comm.horovod", settings, (None, "fp16"), backend="horovod")
     wanted = comm_settings.horovod_env(settings)
     if not hvd.is_initialized():
         os.environ.update(wanted)

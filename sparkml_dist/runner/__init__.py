@@ -13,7 +13,7 @@ Spark's environment (masters, slots, memory, sessions, JVM calls) is read in
 
 from . import checkpoint
 from .context import RankContext, context, init_process_group, log_metrics, log_to_driver
-from .data import Shard, shard
+from .data.shard import Shard, shard
 
 __all__ = [
     "BarrierRunner",

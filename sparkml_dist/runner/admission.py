@@ -65,26 +65,6 @@ def check_staging_dir(staging_dir: Any) -> Any:
     return staging_dir if "://" in staging_dir else os.path.abspath(staging_dir)
 
 
-def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:
-    """``min_np``: None, or 1 <= min_np <= np for Spark tasks (np > 0) with restarts to use it."""
-    if min_np is None:
-        return None
-    arg_checks.integer("min_np", min_np, 1, fix="the fewest ranks a restart may run with (1 <= min_np <= np)")
-    if np_ < 0:
-        raise ConfigurationError(
-            f"min_np={min_np} with np={np_}: local processes (np < 0) always start all {-np_}; "
-            "min_np is for Spark barrier tasks (np > 0), whose slots a lost host takes away"
-        )
-    if min_np > np_:
-        raise ConfigurationError(f"min_np={min_np} is more than np={np_}: use 1 <= min_np <= np")
-    if max_restarts < 1:
-        raise ConfigurationError(
-            f"min_np={min_np} only changes restarts, and max_restarts={max_restarts}: set "
-            "max_restarts >= 1 (and checkpoint_dir, so a restart resumes)"
-        )
-    return min_np
-
-
 def parse_log_ranks(value, world: int) -> tuple:
     """``log_ranks`` ("all", "none", a rank, "0,2" or a list) as a tuple of ranks."""
     if value is None or value == "none":
@@ -108,13 +88,8 @@ def payload(main: Callable, args, kwargs, want_result: bool = True) -> bytes:
     function or what it captures cannot travel."""
     if not callable(main):
         raise ConfigurationError(f"main must be callable, got {type(main).__name__}")
-    try:
-        return serialization.dumps((main, args, kwargs, want_result))
-    except Exception as exc:
-        raise ConfigurationError(
-            f"cannot send {getattr(main, '__name__', main)!r} and its arguments to the ranks: "
-            f"{type(exc).__name__}: {exc}.{serialization.unpicklable_part(main)}"
-        ) from None
+    what = f"{getattr(main, '__name__', main)!r} and its arguments"
+    return serialization.travelling((main, args, kwargs, want_result), what, main)
 
 
 def check_cluster(
@@ -141,7 +116,7 @@ def check_cluster(
     if model_bytes:
         plan.plan_concurrency(spark, model_bytes)  # raises when one model cannot fit a worker
         if use_gpu:
-            local = _spark_env.is_local(_spark_env.master_of(spark))
+            local = _spark_env.local_master(spark)
             plan.check_fits_gpu(model_bytes, plan.gpu_bytes(spark, on_this_machine=local))
     check_slots(world, master, conf, _live_slots(spark, master, world, wait_s, say))
     if use_gpu and not _spark_env.is_local(master) and not _spark_env.schedules_gpus(conf):
@@ -318,7 +293,7 @@ def ranks_per_task(spark, np_: int, use_gpu: bool, per_rank: int = 1) -> int:
     """How many ranks each barrier task runs: one per ``per_rank`` GPUs it holds
     (``spark.task.resource.gpu.amount`` whole and >= 2 on a cluster), else 1.  ``np`` counts
     ranks, as on Databricks; it must then be a multiple of that number."""
-    if not use_gpu or _spark_env.is_local(_spark_env.master_of(spark)):
+    if not use_gpu or _spark_env.local_master(spark):
         return 1
     if per_rank > 1:
         return _ranks_per_task_of(spark, np_, per_rank)

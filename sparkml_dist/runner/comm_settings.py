@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..errors import ConfigurationError
 
@@ -48,18 +48,8 @@ DEFAULTS: Dict[str, Any] = {
     "cycle_time_ms": None,
     "hierarchical": False,
 }
-BY_BACKEND = {
-    "torch": (
-        "bucket_cap_mb",
-        "accumulate",
-        "compression",
-        "powersgd_rank",
-        "powersgd_start",
-        "static_graph",
-    ),
-    "horovod": ("bucket_cap_mb", "accumulate", "compression", "cycle_time_ms", "hierarchical"),
-}
-COMPRESSIONS_BY_BACKEND = {"torch": COMPRESSIONS, "horovod": (None, "fp16")}
+# which settings and compressions a backend takes is the backend's to say
+# (Backend.comm_names, Backend.compressions: sparkml_dist.runner.backends)
 
 
 # the largest value of each numeric setting: beyond it a setting is a typo or an attack, and a
@@ -84,7 +74,11 @@ def _positive(where: str, name: str, value: Any, integer: bool) -> None:
 
 
 def check_values(
-    where: str, settings: Dict[str, Any], backend: str = "torch", collective_timeout: Optional[float] = None
+    where: str,
+    settings: Dict[str, Any],
+    compressions: Sequence = COMPRESSIONS,
+    collective_timeout: Optional[float] = None,
+    backend: str = "torch",
 ) -> None:
     """Each value finite and in range, refused naming ``where`` (``comm={...}``, ``comm.ddp``) and
     the setting; ``cycle_time_ms`` also below a tenth of ``collective_timeout`` (seconds)."""
@@ -104,27 +98,28 @@ def check_values(
     for name in ("static_graph", "hierarchical"):
         if name in settings and not isinstance(settings[name], bool):
             raise ConfigurationError(f"{where}: {name} must be True or False, got {settings[name]!r}")
-    allowed = COMPRESSIONS_BY_BACKEND.get(backend, COMPRESSIONS)
-    if settings.get("compression") not in allowed:
+    if settings.get("compression") not in compressions:
         raise ConfigurationError(
-            f"{where}: compression must be one of {allowed} on the {backend} backend, "
+            f"{where}: compression must be one of {tuple(compressions)} on the {backend} backend, "
             f"got {settings['compression']!r}"
         )
 
 
 def check(
-    comm: Optional[dict], backend: str, use_gpu: bool, collective_timeout: Optional[float] = None
+    comm: Optional[dict], backend, use_gpu: bool, collective_timeout: Optional[float] = None
 ) -> Dict[str, Any]:
-    """``BarrierRunner(comm=...)``: the settings, each name one ``backend`` knows and each value in
-    range; what the backend cannot do on this run's devices refused naming it."""
+    """``BarrierRunner(comm=...)``: the settings, each name one ``backend`` (its
+    :class:`~sparkml_dist.runner.backends.base.Backend`) knows and each value in range; what it
+    cannot do on this run's devices refused naming it."""
     if comm is None:
         return {}
     if not isinstance(comm, dict):
         raise ConfigurationError(
             f"comm must be a dict of settings ({sorted(DEFAULTS)}), got {type(comm).__name__}"
         )
-    known = BY_BACKEND.get(backend)
-    if known is None:
+    spec = backend
+    known, backend = spec.comm_names, spec.name
+    if not known:
         raise ConfigurationError(
             f"comm={{...}} sets torch DDP's and Horovod's communication; backend={backend!r} has its "
             "own (TensorFlow's CollectiveCommunication, JAX's collectives): leave comm out"
@@ -138,7 +133,7 @@ def check(
             f"comm: {foreign} mean nothing to the {backend} backend (its settings: {list(known)}); "
             "leave them out or choose the backend they belong to"
         )
-    check_values("comm", comm, backend, collective_timeout)
+    check_values("comm", comm, spec.compressions, collective_timeout, backend)
     if comm.get("compression") == "bf16" and not use_gpu:
         raise ConfigurationError(
             "comm: compression='bf16' needs the nccl backend (use_gpu=True); on CPU the ranks use gloo, "
@@ -164,17 +159,16 @@ def horovod_env(settings: Dict[str, Any]) -> Dict[str, str]:
     return env
 
 
-def rank_env(settings: Dict[str, Any], backend: str) -> Tuple[Tuple[str, str], ...]:
-    """What every rank's environment holds for ``settings`` (nothing when there are none)."""
+def rank_env(settings: Dict[str, Any], backend) -> Tuple[Tuple[str, str], ...]:
+    """What every rank's environment holds for ``settings`` (nothing when there are none): the
+    settings as JSON, and what ``backend`` reads of them at its start (``Backend.comm_env``)."""
     if not settings:
         return ()
-    env = {ENV: json.dumps(settings, sort_keys=True)}
-    if backend == "horovod":
-        env.update(horovod_env(settings))
+    env = {ENV: json.dumps(settings, sort_keys=True), **backend.comm_env(settings)}
     return tuple(env.items())
 
 
-def reserved_env(settings: Dict[str, Any], backend: str) -> Dict[str, str]:
+def reserved_env(settings: Dict[str, Any], backend) -> Dict[str, str]:
     """The variables ``settings`` set for every rank -> "comm=" (refused in ``env=``)."""
     return {name: "comm=" for name, _ in rank_env(settings, backend)}
 

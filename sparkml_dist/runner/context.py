@@ -20,7 +20,8 @@ from typing import Optional, Tuple
 
 from ..errors import ConfigurationError
 from ..gpus import DEVICE_ENV, DEVICES_ENV
-from . import _rank, backends, protocol
+from . import backends, protocol
+from .tasks import rank as _rank
 
 
 @dataclass(frozen=True)

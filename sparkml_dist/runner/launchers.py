@@ -5,7 +5,7 @@
 methods, so a run never asks which it holds.
 
 Both launch paths hand the same :class:`~sparkml_dist.runner.task_spec.TaskSpec` to the same
-:func:`~sparkml_dist.runner._task.supervise`; they differ in who gang-schedules the ranks (Spark's
+:func:`~sparkml_dist.runner.tasks.task.supervise`; they differ in who gang-schedules the ranks (Spark's
 barrier stage, or threads on the driver) and in how a run is cancelled (its job tag, or an event).
 :func:`wait` is shared: it returns on success and cancels on a reported failure, the run's
 :class:`Deadline`, or Ctrl-C.
@@ -20,13 +20,14 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
-from .. import _spark_env, collection, launch
+from .. import _spark_env, arg_checks, collection, launch
 from ..errors import ConfigurationError, RunTimeoutError
 from ..gpus import assign_local, rank_profile
-from . import _task, admission, protocol
+from . import admission, protocol
 from .failures import FAILURE_GRACE_S, Monitor, results_too_large, translate
-from .gangs import ThreadGang
 from .task_spec import TaskSpec
+from .tasks import task as _task
+from .tasks.gangs import ThreadGang
 
 
 @dataclass(frozen=True)
@@ -200,6 +201,8 @@ def launch_local(data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline):
 class SparkLauncher:
     """The ranks as Spark barrier tasks of ``spark`` (``np > 0``)."""
 
+    local, what = False, "barrier tasks"  # its ranks run where Spark puts its barrier tasks
+
     def __init__(self, spark) -> None:
         self.spark = spark
 
@@ -216,7 +219,7 @@ class SparkLauncher:
             allow_unencrypted=runner.allow_unencrypted,
             allow_unauthenticated=runner.allow_unauthenticated,
             model_bytes=runner.model_bytes,
-            wait_s=deadline.remaining(runner.start_timeout or 60.0),
+            wait_s=deadline.remaining(runner.timeouts.start or 60.0),
             say=runner.sink,
         )
 
@@ -232,6 +235,8 @@ class SparkLauncher:
 class LocalLauncher:
     """``-np`` rank processes on the driver (``np < 0``); ``spark``: the session of the DataFrame
     whose rows they read, if any (no Spark job runs otherwise)."""
+
+    local, what = True, "local processes"  # its ranks are processes of this machine
 
     def __init__(self, spark: Any = None) -> None:
         self.spark = spark
@@ -253,6 +258,26 @@ class LocalLauncher:
 
     def launch(self, runner, data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline):
         return launch_local(data_df, spec, monitor, deadline)
+
+
+def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:
+    """``min_np``: None, or 1 <= min_np <= np for Spark tasks (np > 0) with restarts to use it."""
+    if min_np is None:
+        return None
+    arg_checks.integer("min_np", min_np, 1, fix="the fewest ranks a restart may run with (1 <= min_np <= np)")
+    if np_ < 0:
+        raise ConfigurationError(
+            f"min_np={min_np} with np={np_}: local processes (np < 0) always start all {-np_}; "
+            "min_np is for Spark barrier tasks (np > 0), whose slots a lost host takes away"
+        )
+    if min_np > np_:
+        raise ConfigurationError(f"min_np={min_np} is more than np={np_}: use 1 <= min_np <= np")
+    if max_restarts < 1:
+        raise ConfigurationError(
+            f"min_np={min_np} only changes restarts, and max_restarts={max_restarts}: set "
+            "max_restarts >= 1 (and checkpoint_dir, so a restart resumes)"
+        )
+    return min_np
 
 
 def choose(np_: int, df, spark) -> "SparkLauncher | LocalLauncher":

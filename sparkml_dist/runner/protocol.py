@@ -1,8 +1,8 @@
 """Every name and message exchanged between a barrier task and its rank process.  [anywhere]
 
 The *task* is the Spark barrier task on an executor (or a driver thread for ``np < 0``,
-:mod:`sparkml_dist.runner._task`); the *rank process* is the child it starts
-(:mod:`sparkml_dist.runner._rank`); the *driver* listens on the log channel
+:mod:`sparkml_dist.runner.tasks.task`); the *rank process* is the child it starts
+(:mod:`sparkml_dist.runner.tasks.rank`); the *driver* listens on the log channel
 (:mod:`sparkml_dist.channel`).  Nothing else defines these names.
 
 Lifecycle of one rank:
@@ -48,7 +48,7 @@ STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
 SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's shard manifest (JSON: where its streams are)
 CHECKPOINT_DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
 
-RANK_ENTRY = "from sparkml_dist.runner._rank import run; run()"
+RANK_ENTRY = "from sparkml_dist.runner.tasks.rank import run; run()"
 
 # ---------------------------------------------------------------- work directory files
 FN_FILE = "fn.pkl"  # cloudpickled (main, args, kwargs, want_result), written by the task

@@ -5,7 +5,7 @@
 session, the tasks, the deadline, the attempts and the MLflow run.  Two calls of one runner from
 two threads therefore never share state.
 
-Steps: check (:mod:`.admission`) -> shard the data (:mod:`.sharding`) -> attempt: a fresh run id,
+Steps: check (:mod:`.admission`) -> plan the data (:mod:`.data`) -> attempt: a fresh run id,
 log channel and rendezvous, launched by the launcher (:mod:`.launchers`) -> rank 0's result (or
 every rank's); on a failure, its root cause (:mod:`.failures`) and a restart if allowed.
 """
@@ -17,13 +17,15 @@ import os
 import threading
 import time
 import uuid
+from dataclasses import replace
 from typing import Any, Callable, List, Optional, Tuple
 
 from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel.server import listen
 from ..errors import WorkerError
-from . import admission, elastic, failures, launchers, sharding, staging
+from . import admission, elastic, failures, launchers
+from .data.plan import plan
 from .launchers import Deadline
 from .task_spec import TaskSpec
 
@@ -44,15 +46,10 @@ class Run:
         replicas=None,
         streams=None,
     ):
-        # the files of a plain Parquet scan are read as they are (vectors become arrays as they are
-        # read); Spark's rows and staged ones get vectors as arrays from Spark; refusals by name
-        self.scan = df
-        self.widths = sharding.vector_widths(df) if df is not None else {}
-        df = sharding.rank_columns(df, self.widths) if df is not None else None
-        self.runner, self.df, self.return_all, self.replicas = runner, df, return_all, replicas
-        self.streams = streams
-        self.main = main
         self.launcher = launchers.choose(runner.np, df, runner.spark)
+        self.data = plan(df, runner, replicas, streams, self.launcher.local)  # refusals by name
+        self.runner, self.return_all = runner, return_all
+        self.main = main
         self.spark = self.launcher.spark
         script = getattr(main, "__module__", "") == "sparkml_dist.runner.script" and len(args) > 1
         self.job = str(args[1]) if script else getattr(main, "__qualname__", "function")  # names kept dirs
@@ -61,7 +58,6 @@ class Run:
         self.world = runner.world_size  # this attempt's ranks: fewer after an elastic restart (min_np)
         self.attempt = 0
         self.track: Any = tracking.NullRun()  # rank 0's metrics land there
-        self._staged: Optional[staging.Staged] = None  # the rows as Parquet files, for this run
 
     def execute(self):
         """The whole run, restarts included, inside its MLflow run (when tracking is on)."""
@@ -69,14 +65,14 @@ class Run:
         settings = {
             "np": r.np,
             "backend": r.backend,
-            "use_gpu": r.use_gpu,
-            "timeout": r.timeout,
+            "use_gpu": r.placement.use_gpu,
+            "timeout": r.timeouts.total,
             "max_restarts": r.max_restarts,
             "function": getattr(self.main, "__qualname__", repr(self.main)),
-            "with_data": self.df is not None,
+            "with_data": self.data is not None,
         }
         started = time.perf_counter()
-        where = "local processes" if r.np < 0 else "barrier tasks"
+        where = self.launcher.what
         with (
             tracking.job_run("BarrierRunner", r.mlflow, settings) as self.track,
             progress.phase(f"running {self.world} ranks of {settings['function']} on {where}"),
@@ -84,8 +80,8 @@ class Run:
             try:
                 return self._attempts()
             finally:
-                if self._staged is not None:
-                    self._staged.remove()
+                if self.data is not None:
+                    self.data.remove()
                 self.track.log_metrics(
                     {"wall_seconds": time.perf_counter() - started, "attempts": self.attempt}
                 )
@@ -93,7 +89,7 @@ class Run:
     def _attempts(self):
         r = self.runner
         self.per_task = self.launcher.ranks_per_task(r)
-        deadline = Deadline.after(r.timeout)  # the whole run's: planning, slot wait, restarts
+        deadline = Deadline.after(r.timeouts.total)  # the whole run's: planning, slot wait, restarts
         self.launcher.check(r, self.world // self.per_task, deadline)
         data, data_df = self._shards(deadline)
         tries: List[WorkerError] = []
@@ -105,7 +101,7 @@ class Run:
                         r.world_size,
                         r.min_np,
                         self.per_task,
-                        deadline.remaining(r.start_timeout or 60.0),
+                        deadline.remaining(r.timeouts.start or 60.0),
                         r.sink,
                     )
                     if world != self.world:
@@ -136,76 +132,42 @@ class Run:
 
     def _shards(self, deadline: Deadline):
         """(the TaskSpec's ``data``, the DataFrame whose partition r is task r's rows or None)."""
-        df, r = self.df, self.runner
-        if df is None:
+        if self.data is None:
             return None, None
-        with launchers.within(self.spark, deadline, "dealing the DataFrame's rows to ranks"):
-            if r.read_files:
-                scan = self._staged.df if self._staged else self.scan
-                files, why = sharding.file_split(scan, *self._cut, widths=self.widths)
-                if files is None and self._staged is None:
-                    files = self._stage(why)
-                if files is not None:
-                    return files, None
-            return sharding.spark_shards(df, self.world, r.seed, self.per_task, self.replicas, self.streams)
-
-    @property
-    def _cut(self):
-        return self.world, self.replicas, self.streams
-
-    def _stage(self, not_files: str):
-        """Not a plain Parquet scan: the rows written once as Parquet and read from there (once
-        per run: restarts and resizes re-cut the same files), or None for the exact deal."""
-        where, why = staging.root(self.spark, self.runner.staging_dir, self.runner.np < 0)
-        why = why or staging.why_not(self.df, bool(self.runner.checkpoint_dir or self.streams))
-        if why:
-            log.info("run_with_data: the rows are dealt through Spark (%s; %s)", not_files, why)
-            return None
-        self._staged = staging.stage(self.df, where)
-        files, why = sharding.file_split(self._staged.df, *self._cut)
-        if files is None:  # the staged files cannot be read from here (a remote Connect server's)
-            log.info("run_with_data: the staged rows are dealt through Spark: %s", why)
-            self._staged.remove()
-            self._staged = None
-        return files
+        return self.data.deal(self.world, self.per_task, deadline)
 
     def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark
-        env = r.env + tracking.rank_env(self.track)
+        checkpoint = ()
         if r.checkpoint_dir:
             from .protocol import CHECKPOINT_DIR_ENV
 
             d = r.checkpoint_dir
-            env += ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
+            checkpoint = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
+        env = replace(r.env, tracking=tracking.rank_env(self.track), checkpoint=checkpoint)
         return TaskSpec(
             run_id=run_id,
             world_size=self.world,
             payload=self.payload,
             backend=r.backend,
-            use_gpu=r.use_gpu,
-            log_ranks=tuple(k for k in r.log_ranks if k < self.world),
             channel=channel,
             secret=secret,
-            start_timeout=r.start_timeout,
-            data_timeout=r.data_timeout,
-            collective_timeout=float(r.collective_timeout),
-            data=data,
             return_all=self.return_all,
-            env=env,
             max_result_bytes=_spark_env.max_result_bytes(spark),
+            timeouts=r.timeouts,
+            placement=r.placement,
+            logs=r.logs.within(self.world),
+            workdir=r.workdir,
+            env=env,
+            data=data,
             local_gpus=self.launcher.rank_gpus(r),
-            gpus_per_rank=r.gpus_per_rank,
             ranks_per_task=self.per_task,
-            log_dir=r.log_dir,
             attempt=self.attempt,
-            nodes=r.nodes,
             launch=(_spark_env.driver_host(spark), os.getcwd()),
-            work_dir=r.work_dir,
-            clean_work_dir=r.clean_work_dir,
             job=self.job,
             # on a local master a task's stderr is the driver's console, which already shows the
             # streamed lines: copying them there too would print each line twice
-            echo=spark is not None and not _spark_env.is_local(_spark_env.master_of(spark)),
+            echo=spark is not None and not _spark_env.local_master(spark),
         )
 
     def _attempt(self, data, data_df, deadline: Deadline):
@@ -232,7 +194,7 @@ class Run:
             server.close()
             monitor.end(ok)
             if server.dropped:  # never silently: how many, whose, and where every line is
-                r.sink(_not_shown(server.lines.not_shown(), r.log_dir))
+                r.sink(_not_shown(server.lines.not_shown(), r.logs.directory))
         if self.return_all:
             return [results[(k, 0)] for k in range(self.world)]
         return results[(0, 0)]
@@ -290,7 +252,8 @@ class _QuietChannel:
         if self.said or self.spark is None or self.server.accepted:
             return
         self.said = True
-        kept = f"log_dir={self.runner.log_dir!r} and " if self.runner.log_dir else ""
+        where = self.runner.logs.directory
+        kept = f"log_dir={where!r} and " if where else ""
         self.runner.sink(
             f"[sparkml_dist] live logs are off: no rank has reached the driver's log channel at "
             f"{self.server.address}:{self.server.port} (a firewall, or an address executors cannot "

@@ -26,18 +26,15 @@ Example::
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import arg_checks
-from . import admission, backends, comm_settings, elastic, rank_env
+from . import admission, backends, comm_settings, elastic, launchers, settings
+from .data.sample_order import check_streams
 from .run import Run
-from .sample_order import check_streams
 
 log = logging.getLogger(__name__)
-
-DEFAULT_COLLECTIVE_TIMEOUT = 600.0  # seconds: NCCL's own default; torch's gloo default is 1800
 
 
 def _resolved_np(np, spark, use_gpu: bool, gpus_per_rank) -> Any:
@@ -103,10 +100,10 @@ class BarrierRunner:
             launching (see :mod:`sparkml_dist.plan`).
         read_files: the ranks read :meth:`run_with_data`'s rows from Parquet files with pyarrow
             (contiguous row ranges whose sizes differ by at most one row, in file order; see
-            :mod:`sparkml_dist.parquet_split`): a plain Parquet scan's own files
+            :mod:`sparkml_dist.runner.data.parquet_split`): a plain Parquet scan's own files
             (``spark.read.parquet(path)``, ``spark.table(t)``, a ``select`` of its columns), any
             other DataFrame's rows written once as Parquet under ``staging_dir`` (one Spark job, no
-            shuffle; see :mod:`sparkml_dist.runner.staging`). False deals the rows through Spark
+            shuffle; see :mod:`sparkml_dist.runner.data.staging`). False deals the rows through Spark
             by a hash of their content (a counting job, one shuffle): the same shards whatever
             the input's partitioning, and the DataFrame is never written.
         staging_dir: where a DataFrame that is not a plain Parquet scan is written for the ranks
@@ -156,65 +153,47 @@ class BarrierRunner:
     """
 
     def __init__(
-        self,
-        np: int,
-        *,
-        backend: str = "torch",
-        use_gpu: bool = False,
-        log_ranks: Union[str, int, Sequence[int], None] = "0",
-        start_timeout: Optional[float] = 180.0,
-        data_timeout: Optional[float] = 300.0,
-        timeout: Optional[float] = None,
-        collective_timeout: Optional[float] = None,
-        allow_unencrypted: bool = False,
-        allow_unauthenticated: bool = False,
-        max_restarts: int = 0,
-        checkpoint_dir: Optional[str] = None,
-        model_bytes: Optional[int] = None,
-        read_files: bool = True,
-        staging_dir: Union[str, bool, None] = None,
-        spark=None,
-        log_sink: Optional[Callable[[str], Any]] = None,
-        log_dir: Optional[str] = None,
-        mlflow: Optional[bool] = None,
-        nodes: str = "host",
-        work_dir: Optional[str] = None,
-        clean_work_dir: bool = False,
-        gpus_per_rank: int = 1,
-        min_np: Optional[int] = None,
-        env: Optional[dict] = None,
-        comm: Optional[dict] = None,
-    ) -> None:
-        self.backend_spec = backends.get(backend)  # first: what else is checked depends on it
+        self, np: int, *, backend: str = "torch", use_gpu: bool = False, gpus_per_rank: int = 1,
+        nodes: str = "host", spark=None, env: Optional[dict] = None, comm: Optional[dict] = None,
+        log_ranks: Union[str, int, Sequence[int], None] = "0", log_dir: Optional[str] = None,
+        log_sink: Optional[Callable[[str], Any]] = None, mlflow: Optional[bool] = None,
+        start_timeout: Optional[float] = 180.0, data_timeout: Optional[float] = 300.0,
+        timeout: Optional[float] = None, collective_timeout: Optional[float] = None,
+        allow_unencrypted: bool = False, allow_unauthenticated: bool = False,
+        max_restarts: int = 0, min_np: Optional[int] = None, checkpoint_dir: Optional[str] = None,
+        model_bytes: Optional[int] = None, read_files: bool = True, work_dir: Optional[str] = None,
+        staging_dir: Union[str, bool, None] = None, clean_work_dir: bool = False,
+    ) -> None:  # fmt: skip
+        self.backend_spec = spec = backends.get(backend)  # first: what else is checked depends on it
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
-        self.collective_timeout = collective_timeout or min(timeout or 600.0, DEFAULT_COLLECTIVE_TIMEOUT)
-        self.comm = comm_settings.check(comm, backend, bool(use_gpu), self.collective_timeout)
-        reserved = {**backends.reserved_env(), **comm_settings.reserved_env(self.comm, backend)}
-        self.env = rank_env.check_env(env, reserved) + comm_settings.rank_env(self.comm, backend)
-        self.backend_spec.check_installed()
-        self.np, self.world_size = np, abs(np)
-        self.min_np = admission.check_min_np(min_np, np, max_restarts)
-        self.backend = backend
-        self.use_gpu = bool(use_gpu)
-        self.log_ranks = admission.parse_log_ranks(log_ranks, self.world_size)
-        self.start_timeout = start_timeout
-        self.data_timeout = data_timeout
-        self.timeout = timeout
+        self.np, self.world_size, self.backend = np, abs(np), backend
+        self.timeouts = settings.Timeouts.of(start_timeout, data_timeout, timeout, collective_timeout)
+        gpus = admission.check_gpus_per_rank(gpus_per_rank, bool(use_gpu))
+        self.placement = settings.Placement(bool(use_gpu), gpus, admission.check_nodes(nodes))
+        self.logs = settings.Logs.of(admission.parse_log_ranks(log_ranks, self.world_size), log_dir)
+        self.workdir = settings.WorkDir(work_dir, bool(clean_work_dir))
+        self.comm = comm_settings.check(comm, spec, self.placement.use_gpu, self.timeouts.collective)
+        reserved = {**backends.reserved_env(), **comm_settings.reserved_env(self.comm, spec)}
+        user = settings.check_env(env, reserved)
+        self.env = settings.RankEnv(user=user, comm=comm_settings.rank_env(self.comm, spec))
+        spec.check_installed()
+        self.min_np, self.max_restarts = launchers.check_min_np(min_np, np, max_restarts), max_restarts
+        self.checkpoint_dir, self.model_bytes, self.mlflow = checkpoint_dir, model_bytes, mlflow
+        self.read_files, self.staging_dir = bool(read_files), admission.check_staging_dir(staging_dir)
         self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
-        self.read_files, self.model_bytes, self.checkpoint_dir = bool(read_files), model_bytes, checkpoint_dir
-        self.staging_dir = admission.check_staging_dir(staging_dir)
-        self.log_dir = os.path.abspath(log_dir) if log_dir else None
-        self.max_restarts = max_restarts
-        self.spark = spark
+        self.spark, self.seed = spark, 0  # the seed of the shared split that deals a DataFrame's rows
         self.sink = log_sink or (lambda text: sys.stdout.write(text))
-        self.seed = 0  # of the shared split that deals a DataFrame's rows to ranks
-        self.mlflow = mlflow
-        self.nodes = admission.check_nodes(nodes)
-        self.gpus_per_rank = admission.check_gpus_per_rank(gpus_per_rank, self.use_gpu)
-        self.work_dir, self.clean_work_dir = work_dir, bool(clean_work_dir)
+
+    @property
+    def use_gpu(self) -> bool:
+        return self.placement.use_gpu
+
+    @property
+    def gpus_per_rank(self) -> int:
+        return self.placement.gpus_per_rank
 
     # ------------------------------------------------------------------ public API
     def run(self, main: Callable, *args, return_all: bool = False, **kwargs):
@@ -248,7 +227,7 @@ class BarrierRunner:
         ``streams``: how many parts the rows are cut into for the sample order (default: one per
         data rank); fix it (e.g. 12) to make ``shard().dataloader(global_batch_size=G, seed=s)``
         give the same samples at every step on any world size it is a multiple of, and to resume
-        a checkpoint's position on another world size.  See :mod:`sparkml_dist.runner.loader`.
+        a checkpoint's position on another world size.  See :mod:`sparkml_dist.runner.data.loader`.
         """
         replicas = admission.check_replicas(replicas, self.world_size)
         if streams is not None:
@@ -259,7 +238,7 @@ class BarrierRunner:
     # ------------------------------------------------------------------ running
     def _run(self, df, main, args, kwargs, return_all: bool, replicas=None, streams=None):
         from ..errors import SparkMLDistError
-        from . import frameworks
+        from .backends import needs as frameworks
 
         try:
             frameworks.check(main, self.backend)  # a missing framework, a program for another backend

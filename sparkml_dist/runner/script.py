@@ -116,7 +116,7 @@ def install(files: ScriptFiles, workdir: str, cwd: Optional[str] = None) -> None
     directory) and ``--archives`` into ``cwd`` (its working directory, once per machine: see
     :func:`.workdirs.place_archive`; default ``workdir``), and extend ``sys.path`` as torchrun and
     spark-submit would: the script's folder first, then ``--py-files``."""
-    from .workdirs import place_archive
+    from .tasks.workdirs import place_archive
 
     src = os.path.join(workdir, "script-src")
     extract_zip(files.folder, src, "the script's folder")

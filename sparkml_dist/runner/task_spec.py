@@ -1,8 +1,8 @@
 """What the driver hands each barrier task: its :class:`TaskSpec`, and where its rows come from.  [anywhere]
 
 Built on the driver by :class:`~sparkml_dist.runner.run.Run`, pickled into the barrier job (or
-handed to the threads of local processes), read by :mod:`sparkml_dist.runner._task` and
-:mod:`sparkml_dist.runner.feeding`: plain values only.
+handed to the threads of local processes), read by :mod:`sparkml_dist.runner.tasks.task` and
+:mod:`sparkml_dist.runner.data.feeding`: plain values only.
 """
 
 from __future__ import annotations
@@ -11,14 +11,15 @@ import os
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple, Union
 
-from .. import parquet_split
 from . import protocol
-from .sample_order import rank_streams
+from .data import parquet_split
+from .data.sample_order import rank_streams
+from .settings import Logs, Placement, RankEnv, Timeouts, WorkDir
 
 
 @dataclass(frozen=True)
 class Streams:
-    """The rows cut into ``len(sizes)`` streams (:mod:`.sample_order`), dealt to ``data_world``
+    """The rows cut into ``len(sizes)`` streams (:mod:`.data.sample_order`), dealt to ``data_world``
     data ranks; ``per_data_rank`` ranks share one data rank's streams (a pipeline's stages), so
     rank ``r`` is data rank ``r // per_data_rank``."""
 
@@ -58,49 +59,44 @@ Data = Optional[Union[SparkRows, ParquetSlices]]  # a TaskSpec's ``data``: None,
 
 @dataclass(frozen=True)
 class TaskSpec:
-    """Everything a barrier task needs, as plain values built on the driver."""
+    """Everything a barrier task needs, as plain values built on the driver; the runner's settings
+    in their groups (:mod:`.settings`)."""
 
     run_id: str
     world_size: int
     payload: bytes  # serialized (main, args, kwargs, want_result)
     backend: str  # a name in backends.BACKENDS
-    use_gpu: bool
-    log_ranks: Tuple[int, ...]  # ranks whose output is streamed
     channel: Optional[Tuple[str, int]]  # the driver's log server, or None
     secret: bytes
-    start_timeout: Optional[float]
-    collective_timeout: float
     return_all: bool
     max_result_bytes: int
-    env: Tuple[Tuple[str, str], ...] = field(default=(), repr=False)  # values may be secrets: never shown
+    timeouts: Timeouts = Timeouts()
+    placement: Placement = Placement()
+    logs: Logs = Logs()  # whose lines stream (this attempt's ranks), every rank's output kept where
+    workdir: WorkDir = WorkDir()
+    env: RankEnv = field(default=RankEnv(), repr=False)  # values may be secrets: never shown
     data: Data = None  # where the ranks' shards come from: None (no data), SparkRows, ParquetSlices
     local_gpus: Optional[Tuple[str, ...]] = None  # rank r's GPU, when the ranks share the driver's machine
     ranks_per_task: int = 1  # a task holding k GPUs runs k ranks, one per GPU
-    log_dir: Optional[str] = None  # every rank's whole output, one file per rank and attempt
     attempt: int = 1
-    nodes: str = "host"  # what LOCAL_RANK / GROUP_RANK count: a host's ranks, or a task's
     launch: Optional[Tuple[str, str]] = None  # (driver host, driver's cwd): torchrun's cwd rule
-    work_dir: Optional[str] = None  # BarrierRunner(work_dir=): every rank's cwd
-    clean_work_dir: bool = False
     job: str = "function"  # names the kept working directory on executors
-    gpus_per_rank: int = 1
     echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
-    data_timeout: Optional[float] = None  # seconds the data phase may go without a new batch
 
     def rank_env(self, rank: int, gpus: Optional[List[str]]) -> Dict[str, str]:
         """The environment rank ``rank``'s process starts with (the rendezvous comes later, in its
         start message): this process's, without Spark's secrets, plus the run's settings."""
         env = {
             **protocol.without_spark_secrets(os.environ),
-            **dict(self.env),
+            **dict(self.env.items()),
             "RANK": str(rank),
             "WORLD_SIZE": str(self.world_size),
             "PYTHONUNBUFFERED": "1",
-            protocol.TIMEOUT_ENV: str(self.collective_timeout),
-            protocol.START_TIMEOUT_ENV: str(self.start_timeout or ""),
+            protocol.TIMEOUT_ENV: str(self.timeouts.collective),
+            protocol.START_TIMEOUT_ENV: str(self.timeouts.start or ""),
             protocol.BACKEND_ENV: self.backend,
             protocol.RUN_ENV: self.run_id,
-            protocol.USE_GPU_ENV: "1" if self.use_gpu else "0",
+            protocol.USE_GPU_ENV: "1" if self.placement.use_gpu else "0",
         }
         if gpus is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)

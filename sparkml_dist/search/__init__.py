@@ -253,14 +253,7 @@ class ParallelSearchCV(BaseSearchCV):
         job = Job(
             base_estimator, X, y, candidates, [(np.asarray(tr), np.asarray(te)) for tr, te in splits], kwargs
         )
-        try:
-            payload = serialization.dumps(job)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"the estimator, data or scoring cannot be sent to the executors "
-                f"({type(exc).__name__}: {exc}); define custom classes and "
-                "functions in an importable module"
-            ) from None
+        payload = serialization.travelling(job, "the estimator, data or scoring")
         n_units = len(candidates) * len(splits)
         p, n_parts = self._tasks(spark, base_estimator, X, y, len(payload), n_units)
         gpus, profile = gpus_mod.plan_models(spark, base_estimator, self.use_gpu, "use_gpu")

@@ -117,13 +117,7 @@ class Tuner:
         self.grid = spaces.grid_values(self.dists) if sampler == "grid" else None
         self.pruner = policies.pruner_of(early_stopping)
         self.resources = resources.check(trial_resources)
-        try:
-            self.payload = serialization.dumps(fn)
-        except Exception as exc:
-            raise ConfigurationError(
-                f"fn cannot be sent to the executors ({type(exc).__name__}: {exc}); define it at "
-                "module level or in an importable module"
-            ) from None
+        self.payload = serialization.travelling(fn, "fn", fn)
         self.fn, self.space, self.metric, self.mode = fn, space, metric, mode
         self.sampler, self.max_trials, self.max_concurrent = sampler, max_trials, max_concurrent
         self.early_stopping, self.timeout, self.seed = early_stopping, timeout, seed

@@ -117,7 +117,7 @@ def test_hostile_members_are_refused_by_every_load_entry_point(saved, tmp_path):
 @masters("local")
 def test_metadata_naming_another_class_is_refused_without_importing_it(saved):
     path, _ = saved["bagging"]
-    _edit_metadata(path, lambda m: m.update({"class": "sparkml_dist.runner._rank.run"}))
+    _edit_metadata(path, lambda m: m.update({"class": "sparkml_dist.runner.tasks.rank.run"}))
     with pytest.raises(UnsafeModelError, match="not a sparkml_dist stage"):
         BaggingClassificationModel.load(path)
 

@@ -1,12 +1,12 @@
 """The exact deal of run_with_data's Spark path: contiguous balanced ranges moved by one shuffle
-(sparkml_dist.runner.range_deal), checked on the cases that stress it: buckets straddling streams, more
+(sparkml_dist.runner.data.range_deal), checked on the cases that stress it: buckets straddling streams, more
 streams than tasks, streams several tasks read (replicas), few rows, every row the same."""
 
 import pytest
 from pyspark.sql import functions as F
 
 from sparkml_dist import partitioning
-from sparkml_dist.runner import range_deal
+from sparkml_dist.runner.data import range_deal
 
 
 def _dealt(df, streams, readers, tasks):

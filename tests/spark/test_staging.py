@@ -1,6 +1,6 @@
 """Any DataFrame fed at the speed of a Parquet scan: a computed DataFrame (a join, a feature
 pipeline's vectors) written once as Parquet under the staging directory and read by the ranks
-like a scan (sparkml_dist.runner.staging), and when the exact deal is taken instead."""
+like a scan (sparkml_dist.runner.data.staging), and when the exact deal is taken instead."""
 
 import os
 

@@ -60,7 +60,7 @@ def test_unpicklable_estimator_is_named(df):
 
     est = DecisionTreeClassifier()
     est.lock = threading.Lock()  # a closure-captured lock, captured by a closure
-    with pytest.raises(ConfigurationError, match="cannot be pickled"):
+    with pytest.raises(ConfigurationError, match=r"cannot send estimator=.* to the executors: TypeError"):
         BaggingClassifier(estimator=est, numModels=2).fit(df)
 
 

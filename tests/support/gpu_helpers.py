@@ -49,7 +49,7 @@ def ddp_on_gpu_with_shard_batches(steps=20):
     import torch
 
     from sparkml_dist.runner import context, init_process_group
-    from sparkml_dist.runner.data import Shard
+    from sparkml_dist.runner.data.shard import Shard
 
     init_process_group()
     dev = torch.device(context().device)

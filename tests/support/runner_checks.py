@@ -11,7 +11,7 @@ from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.runner import BarrierRunner
 from tests.support import runner_helpers as h
 
-RANK_MARK = "sparkml_dist.runner._rank import run"
+RANK_MARK = "sparkml_dist.runner.tasks.rank import run"
 SUITE_ENV = "SPARKML_DIST_TEST_SUITE"  # set once per pytest run (tests/conftest.py), inherited by
 # every process the run starts (Spark's JVMs, their Python workers, the ranks): the leak check sees
 # only this run's ranks, so a pass can run beside another suite or a user's own job.

@@ -133,12 +133,13 @@ def test_horovod_takes_the_same_names_fusion_threshold_cycle_time_fp16_and_accum
 )
 def test_a_comm_setting_the_backend_cannot_take_is_refused_on_the_driver_naming_it(backend, comm, says):
     from sparkml_dist.errors import ConfigurationError
-    from sparkml_dist.runner import comm_settings
+    from sparkml_dist.runner import backends, comm_settings
 
     with pytest.raises(ConfigurationError, match=None) as info:
-        comm_settings.check(comm, backend, use_gpu=False, collective_timeout=2.0)
+        comm_settings.check(comm, backends.get(backend), use_gpu=False, collective_timeout=2.0)
     assert says in str(info.value)
-    assert comm_settings.check(None, "torch", False) == {} and comm_settings.rank_env({}, "torch") == ()
+    torch = backends.get("torch")
+    assert comm_settings.check(None, torch, False) == {} and comm_settings.rank_env({}, torch) == ()
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from sparkml_dist import ConfigurationError, parquet_split
+from sparkml_dist import ConfigurationError
+from sparkml_dist.runner.data import parquet_split
 
 VECTOR = pa.struct(
     [

@@ -11,7 +11,7 @@ import pytest
 from sparkml_dist import WorkerError, network
 from sparkml_dist.errors import ConfigurationError
 from sparkml_dist.runner import BarrierRunner, backends
-from sparkml_dist.runner.backend_base import after_import
+from sparkml_dist.runner.backends.base import after_import
 from sparkml_dist.tensorflow_distributor import MirroredStrategyRunner
 from tests.support import framework_helpers as fh
 
@@ -109,7 +109,7 @@ def test_horovods_tensorflow_bindings_are_refused_on_the_driver_naming_what_runs
 
 
 def test_a_horovod_built_with_tensorflow_runs_its_bindings_unrefused(tmp_path, monkeypatch):
-    from sparkml_dist.runner import frameworks
+    from sparkml_dist.runner.backends import needs as frameworks
 
     (tmp_path / "horovod" / "tensorflow").mkdir(parents=True)
     (tmp_path / "horovod" / "__init__.py").write_text("")
@@ -196,7 +196,7 @@ def test_a_ranks_batch_is_cut_over_its_own_replicas_in_order_each_part_within_a_
     import numpy as np
     import tensorflow as tf
 
-    from sparkml_dist.runner.framework_data import _replica_batches
+    from sparkml_dist.runner.data.framework_data import _replica_batches
 
     ids = np.arange(13, dtype="float32")
     batches = tf.data.Dataset.from_tensor_slices((ids, ids * 2)).batch(5)  # 5, 5, 3 rows

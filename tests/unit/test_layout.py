@@ -233,7 +233,76 @@ def back_arrows(root: pathlib.Path, package: str) -> List[str]:
 def test_no_arrow_runs_back_up_and_the_top_floor_stays_small():
     assert back_arrows(ROOT, "sparkml_dist") == []
     top = sorted(p.name for p in (ROOT / "sparkml_dist").glob("*.py"))
-    assert len(top) <= 28, top
+    assert len(top) <= 27, top
+
+
+def test_the_runner_wing_is_in_rooms():
+    """The runner's data path, backends, checkpoints and executor side each in a room of its own;
+    its top level small."""
+    runner = ROOT / "sparkml_dist" / "runner"
+    top = sorted(p.name for p in runner.glob("*.py"))
+    assert len(top) <= 20, top
+    rooms = {
+        d.name: sorted(p.stem for p in d.glob("*.py"))
+        for d in runner.iterdir()
+        if (d / "__init__.py").exists()
+    }
+    assert set(rooms) >= {"data", "backends", "checkpoint", "tasks"}, rooms
+    data_path = {"sharding", "staging", "range_deal", "sample_order", "feeding", "sources", "shard", "loader"}
+    assert data_path | {"framework_data", "parquet_split", "plan"} <= set(rooms["data"])
+
+
+# ------------------------------------------------------------------ only a backend names a backend
+BACKEND_NAMES = {"torch", "horovod", "tensorflow", "jax"}
+
+
+def backend_names_outside(root: pathlib.Path, package: str, inside: str) -> List[str]:
+    """Where a module outside ``inside`` (the backends' room) tests a backend's name: a comparison
+    of one of :data:`BACKEND_NAMES` with something named ``*backend*`` (Keras's own backend aside),
+    or a literal listing two of them (a hard-coded choice of backends)."""
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if rel.startswith(inside):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                named = [
+                    getattr(n, "id", None) or getattr(n, "attr", None)
+                    for side in sides
+                    for n in ast.walk(side)
+                    if isinstance(n, (ast.Name, ast.Attribute))
+                ]
+                names = {c.value for side in sides for c in ast.walk(side) if isinstance(c, ast.Constant)}
+                if names & BACKEND_NAMES and any(
+                    "backend" in n.lower() and "keras" not in n.lower() for n in named
+                ):
+                    out.append(f"{rel}:{node.lineno} compares a backend's name: {ast.unparse(node)}")
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                listed = {e.value for e in node.elts if isinstance(e, ast.Constant)} & BACKEND_NAMES
+                if len(listed) >= 2:
+                    out.append(f"{rel}:{node.lineno} lists backends by name: {ast.unparse(node)}")
+    return out
+
+
+def test_only_the_backends_room_names_a_backend():
+    assert backend_names_outside(ROOT, "sparkml_dist", "sparkml_dist/runner/backends/") == []
+
+
+def test_the_backend_name_checker_finds_each_kind(tmp_path):
+    files = {
+        "pkg/__init__.py": '"""Pkg.  [anywhere]"""\n',
+        "pkg/cli.py": '"""Cli.  [driver]"""\nCHOICES = ("torch", "horovod")\n',
+        "pkg/comm.py": '"""Comm.  [anywhere]"""\n\n\ndef f(backend):\n    return backend == "horovod"\n',
+        "pkg/keras.py": '"""K.  [rank]"""\n\n\ndef f(keras_backend):\n    return keras_backend == "torch"\n',
+        "pkg/backends/__init__.py": '"""B.  [anywhere]"""\nNAMES = ("torch", "jax")\n',
+    }
+    found = backend_names_outside(_package(tmp_path, files), "pkg", "pkg/backends/")
+    assert found == [
+        "pkg/cli.py:2 lists backends by name: ('torch', 'horovod')",
+        "pkg/comm.py:5 compares a backend's name: backend == 'horovod'",
+    ], found
 
 
 def test_the_rooms_checker_finds_each_back_arrow(tmp_path):

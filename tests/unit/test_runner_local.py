@@ -135,7 +135,7 @@ def test_huge_lines_and_progress_bars_do_not_cost_a_rank_its_logs(tmp_path):
 
 
 def test_rank_process_copies_every_line_to_the_task_stderr(tmp_path, capsys):
-    from sparkml_dist.runner._rank_process import RankProcess
+    from sparkml_dist.runner.tasks.rank_process import RankProcess
 
     p = RankProcess(3, str(tmp_path), {"PATH": os.environ.get("PATH", "")})  # exits at once: no task env
     p.watch(echo=True, log_path=str(tmp_path / "r3.log"))

@@ -17,11 +17,13 @@ import pytest
 from sparkml_dist import ConfigurationError, InsufficientResourcesError, WorkerError, gpus, serialization
 from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel.server import LogServer
-from sparkml_dist.runner import _task, admission, protocol, rendezvous
-from sparkml_dist.runner.data import Shard
-from sparkml_dist.runner.gangs import ThreadGang
+from sparkml_dist.runner import admission, protocol, rendezvous
+from sparkml_dist.runner.data.shard import Shard
 from sparkml_dist.runner.launchers import Deadline
+from sparkml_dist.runner.settings import Logs, Timeouts
 from sparkml_dist.runner.task_spec import SparkRows, Streams
+from sparkml_dist.runner.tasks import task as _task
+from sparkml_dist.runner.tasks.gangs import ThreadGang
 
 pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
 
@@ -194,18 +196,15 @@ def _spec(
     rows=2000,
 ):
     return _task.TaskSpec(
-        data_timeout=data_timeout,
+        timeouts=Timeouts(start=start_timeout, data=data_timeout, collective=60.0),
         ranks_per_task=per_task,
         run_id="t" + str(time.time_ns()),
         world_size=world,
         payload=serialization.dumps((fn, args, {}, True)),
         backend="torch",
-        use_gpu=False,
-        log_ranks=(),
+        logs=Logs(ranks=()),
         channel=None,
         secret=b"s",
-        start_timeout=start_timeout,
-        collective_timeout=60.0,
         data=SparkRows(Streams(tuple(rows for _ in range(world)), world))
         if data_timeout is not None
         else None,
@@ -485,7 +484,7 @@ def test_a_read_still_blocked_after_the_stall_report_ends_the_task(monkeypatch):
     (in a Spark task: its Python worker) instead of waiting forever."""
     import threading
 
-    from sparkml_dist.runner import feeding
+    from sparkml_dist.runner.data import feeding
 
     monkeypatch.setattr(feeding, "STUCK_GRACE", 0.5)
     release, stuck = threading.Event(), []
@@ -545,7 +544,8 @@ def test_a_full_disk_while_spilling_reaches_the_driver_with_its_cause(tmp_path):
     import pyarrow as pa
 
     from sparkml_dist.group_rows import GROUP_COL
-    from sparkml_dist.runner import feeding, protocol
+    from sparkml_dist.runner import protocol
+    from sparkml_dist.runner.data import feeding
     from sparkml_dist.runner.task_spec import SparkRows, Streams
 
     disk = tmp_path / "small"
@@ -558,7 +558,7 @@ def test_a_full_disk_while_spilling_reaches_the_driver_with_its_cause(tmp_path):
             rank, address, gang = 0, "127.0.0.1", types.SimpleNamespace(echo_output=False)
             workdir = str(disk / "rank0")
             spec = types.SimpleNamespace(
-                data=SparkRows(Streams((200_000,), 1)), data_timeout=None, payload=b""
+                data=SparkRows(Streams((200_000,), 1)), timeouts=Timeouts(data=None), payload=b""
             )
 
             def fail(self, message, code=None, phase="run"):
@@ -620,7 +620,7 @@ def test_the_stuck_line_names_the_ranks_in_the_collective_and_each_one_missing()
 
     import torch.distributed as dist
 
-    from sparkml_dist.runner import stall_watch
+    from sparkml_dist.runner.tasks import stall_watch
 
     store = dist.HashStore()  # the rendezvous store's interface, in memory
     world = 12
@@ -647,7 +647,7 @@ def test_a_vector_columns_width_is_read_from_what_spark_ml_declares():
     from pyspark.ml.linalg import VectorUDT
     from pyspark.sql.types import StructField
 
-    from sparkml_dist.runner.sharding import declared_width
+    from sparkml_dist.runner.data.sharding import declared_width
 
     def field(metadata):
         return StructField("f", VectorUDT(), metadata=metadata)

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from sparkml_dist import ConfigurationError
-from sparkml_dist.runner import checkpoint, loader
-from sparkml_dist.runner.data import Shard
-from sparkml_dist.runner.sample_order import rank_streams
-from sparkml_dist.runner.shard_sources import TableSource
+from sparkml_dist.runner import checkpoint
+from sparkml_dist.runner.data import loader
+from sparkml_dist.runner.data.sample_order import rank_streams
+from sparkml_dist.runner.data.shard import Shard
+from sparkml_dist.runner.data.sources import TableSource
 from tests.support import png
 
 
@@ -222,8 +223,8 @@ def test_binary_columns_reach_a_transform_as_bytes_and_decode_in_workers_in_orde
 def _spill_shard(workdir, rows):
     """A task's spill of ``rows`` rows (50 float64 columns and a label) and the rank's manifest."""
     from sparkml_dist.group_rows import GROUP_COL
-    from sparkml_dist.runner.feeding import CHUNK_ROWS, Spill, route
-    from sparkml_dist.runner.shard_sources import write_manifest
+    from sparkml_dist.runner.data.feeding import CHUNK_ROWS, Spill, route
+    from sparkml_dist.runner.data.sources import write_manifest
 
     def batches():  # the task's rows, as Spark hands them
         rng = np.random.default_rng(0)
@@ -256,7 +257,7 @@ _BOUNDED = textwrap.dedent(
     """
     import json, os, resource, sys
     from sparkml_dist.errors import ConfigurationError
-    from sparkml_dist.runner import data
+    from sparkml_dist.runner.data import shard as data
 
     limit_mib = int(sys.argv[1])
     data.load_from_env()
@@ -308,7 +309,7 @@ def _parquet_shards(tmp_path, world, streams=4, rows=10_000):
     ``rows`` ids in row groups of 3,000, as run_with_data deals a plain scan."""
     import pyarrow.parquet as pq
 
-    from sparkml_dist.runner.shard_sources import ParquetSource
+    from sparkml_dist.runner.data.sources import ParquetSource
 
     path = str(tmp_path / "ids.parquet")
     if not os.path.exists(path):

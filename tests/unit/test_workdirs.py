@@ -10,7 +10,7 @@ import pytest
 
 from sparkml_dist import ConfigurationError
 from sparkml_dist.formats.files import extract_tar
-from sparkml_dist.runner import workdirs
+from sparkml_dist.runner.tasks import workdirs
 
 
 def test_ranks_here_run_in_the_launch_directory_and_elsewhere_in_a_kept_directory(tmp_path, monkeypatch):

@@ -1,7 +1,7 @@
 """A rank's batches in the global order: bounded memory, read-ahead, decoders, a resumable position.  [rank]
 
 Made by ``shard().dataloader(...)`` (or ``.batches(...)``); see
-:mod:`sparkml_dist.runner.sample_order` for the order.  Each of the rank's streams is read one
+:mod:`sparkml_dist.runner.data.sample_order` for the order.  Each of the rank's streams is read one
 *window* at a time (``window_rows`` rows of whole chunks, converted to numpy once and permuted),
 with ``read_ahead`` more windows read by a background thread while the current one is used: what
 the rank holds is ``(1 + read_ahead)`` windows per stream plus the batches in flight, whatever the
@@ -28,8 +28,8 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from .. import feature_arrays
-from ..errors import ConfigurationError
+from ... import feature_arrays
+from ...errors import ConfigurationError
 from .sample_order import Plan, StreamOrder
 
 _live: "weakref.WeakSet[ShardLoader]" = weakref.WeakSet()

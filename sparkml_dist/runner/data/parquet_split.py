@@ -41,8 +41,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import pyarrow as pa
 
-from .feature_arrays import is_vector
-from .vectors import vector_lists
+from ...feature_arrays import is_vector
+from ...vectors import vector_lists
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ def _optimized_plan(df) -> str:
     before = spark.conf.get(key, None)
     spark.conf.set(key, str(1 << 30))
     try:
-        from . import _spark_env
+        from ... import _spark_env
 
         text = _spark_env.explain_extended(df)
     finally:
@@ -191,7 +191,7 @@ def split_files(df, num_parts: int, widths=None) -> Tuple[Optional[ParquetSplit]
         if name in vectors:
             i = expected.get_field_index(name)
             field = expected.field(i)
-            meta = dict(field.metadata or {}, **{WIDTH_KEY: str(int(width)).encode()})
+            meta = {**(field.metadata or {}), WIDTH_KEY: str(int(width)).encode()}
             expected = expected.set(i, field.with_metadata(meta))
     uris = sorted(df.inputFiles())
     if not uris:

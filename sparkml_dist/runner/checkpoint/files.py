@@ -1,4 +1,4 @@
-"""The checkpoint directory's files, as :mod:`.checkpoint` reads and writes them.  [rank]
+"""The checkpoint directory's files, as :mod:`sparkml_dist.runner.checkpoint` reads and writes them.  [rank]
 
 A *local* ``checkpoint_dir`` is held to ``work_dir``'s rule: a directory of this user, not a link,
 not writable by other users (:func:`sparkml_dist.formats.files.private_dir_fault`). It is checked
@@ -26,8 +26,8 @@ import posixpath
 import uuid
 from typing import List, Optional
 
-from ..errors import ConfigurationError
-from ..formats.files import private_dir_fault, read_file
+from ...errors import ConfigurationError
+from ...formats.files import private_dir_fault, read_file
 
 
 def open_dir(where: str):
@@ -82,7 +82,7 @@ class LocalDir:
 
     def read(self, name: str, limit: int, what: str) -> Optional[bytes]:
         """File ``name`` (None if there is none): a regular file, no link, at most ``limit`` bytes."""
-        from ..formats.files import read_regular
+        from ...formats.files import read_regular
 
         return read_regular(name, limit, what, dir_fd=self.fd)
 
@@ -115,7 +115,7 @@ class RemoteDir:
     """A checkpoint directory on a store pyarrow opens (see the module docstring)."""
 
     def __init__(self, uri: str) -> None:
-        from ..formats import store as model_store
+        from ...formats import store as model_store
 
         self.fs, self.root = model_store.filesystem(uri)
 

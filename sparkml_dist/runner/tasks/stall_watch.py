@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, NamedTuple, Optional
 
-from . import protocol
+from .. import protocol
 
 STALL_ENV = "SPARKML_DIST_STALL_REPORT"
 DEFAULT_AFTER = 50.0  # + one sample (<= 5 s): a stuck collective is named within a minute

@@ -1,6 +1,6 @@
 """One rank process, started by the barrier task with ``python -c`` calling :func:`run`.  [rank]
 
-Started by the barrier task (:mod:`sparkml_dist.runner._task`) with RANK/WORLD_SIZE set; every name
+Started by the barrier task (:mod:`sparkml_dist.runner.tasks.task`) with RANK/WORLD_SIZE set; every name
 and message it exchanges with the task is in :mod:`sparkml_dist.runner.protocol`.  Steps:
 
 1. die with the task (``PR_SET_PDEATHSIG``), so a killed task never leaves a rank behind;
@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 
-from . import backends, protocol
+from .. import backends, protocol
 
 
 def _die_with_parent() -> None:
@@ -97,8 +97,8 @@ def main() -> int:
     os.environ.update(message["env"])
     state = backend.join(state, rank, message, store_fd, _once(lambda: ctrl.send(protocol.EVENT_RENDEZVOUS)))
 
-    from .. import serialization
-    from . import data
+    from ... import serialization
+    from ..data import shard as data
 
     data.load_from_env()
     fn_path = os.path.join(workdir, protocol.FN_FILE)

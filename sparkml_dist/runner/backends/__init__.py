@@ -1,8 +1,11 @@
 """The distributed backends a rank can run: torch.distributed, Horovod, TensorFlow, JAX.  [anywhere]
 
-torch.distributed and Horovod are here; TensorFlow's and JAX's own contracts in
-:mod:`.framework_backends`. A :class:`~.backend_base.Backend` says everything that differs
-between them, and nothing outside these modules tests a backend's name:
+The backends' room: the registry and torch.distributed and Horovod here; TensorFlow's and JAX's
+own contracts in :mod:`.frameworks`; Horovod inside a rank in :mod:`.horovod_rank`; what a
+function imports, checked against its backend on the driver, in :mod:`.needs`. A
+:class:`~.base.Backend` says everything that differs between them (the ``comm=`` settings and
+compressions it takes, the environment it sets and reserves, its extra, what it refuses), and
+nothing outside this room tests a backend's name (``tests/unit/test_layout.py`` holds it):
 
 * driver: :meth:`~Backend.check_installed`, :attr:`~Backend.start_call` (named in errors) and
   :attr:`~Backend.peer_lost` (output that only says another rank went away);
@@ -24,12 +27,12 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-from .. import arg_checks, network
-from ..errors import ConfigurationError
-from ..gpus import gpu_env
-from . import protocol, rendezvous
-from .backend_base import COMMON_PEER_LOST, Backend, collective_timeout, report_first_call
-from .framework_backends import JaxBackend, TensorFlowBackend, refuse_multi_worker_strategy
+from ... import arg_checks, network
+from ...errors import ConfigurationError
+from ...gpus import gpu_env
+from .. import comm_settings, protocol, rendezvous
+from .base import COMMON_PEER_LOST, Backend, collective_timeout, report_first_call
+from .frameworks import JaxBackend, TensorFlowBackend, refuse_multi_worker_strategy
 
 __all__ = ["Backend", "BACKENDS", "collective_timeout", "get", "horovod_env", "horovod_slots"]
 
@@ -40,6 +43,17 @@ class TorchBackend(Backend):
     name = "torch"
     start_call = "init_process_group"
     extra = "torch"
+    comm_names = (
+        "bucket_cap_mb",
+        "accumulate",
+        "compression",
+        "powersgd_rank",
+        "powersgd_start",
+        "static_graph",
+    )
+    compressions = comm_settings.COMPRESSIONS
+    torch_group = True
+    summary = "a torchrun-style script"
     env_defaults = {"KERAS_BACKEND": "torch"}  # Keras 3 programs (sparkml_dist.keras) run on torch
 
     def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1):
@@ -55,7 +69,7 @@ class TorchBackend(Backend):
     def join(self, state, rank, message, store_fd, reached):
         import torch.distributed as dist
 
-        from . import store_watch
+        from ..tasks import store_watch
 
         # joining the store is reaching the rendezvous, whichever c10d path connects to it
         # (init_process_group, init_device_mesh, rpc.init_rpc, a launcher); the hook is the
@@ -92,6 +106,9 @@ class HorovodBackend(Backend):
     name = "horovod"
     start_call = "hvd.init()"
     extra = "horovod"
+    comm_names = ("bucket_cap_mb", "accumulate", "compression", "cycle_time_ms", "hierarchical")
+    compressions = (None, "fp16")
+    summary = "a horovodrun-style script"
     reserved_env = (
         "HOROVOD_HOSTNAME",
         "HOROVOD_RANK",
@@ -109,12 +126,15 @@ class HorovodBackend(Backend):
     )  # fmt: skip  (horovod_env: the Gloo rendezvous and its timeout, the collective_timeout's)
     peer_lost = COMMON_PEER_LOST + ("Horovod has been shut down",)
 
+    def comm_env(self, settings):
+        return comm_settings.horovod_env(settings)  # read when hvd.init() starts Horovod
+
     def check_installed(self) -> None:
         import importlib.util
         import sys
 
         if importlib.util.find_spec("horovod") is None:
-            from ._horovod import INSTALL_HINT
+            from .horovod_rank import INSTALL_HINT
 
             raise ConfigurationError(
                 f"backend='horovod' needs Horovod, which is not installed in this "
@@ -131,12 +151,12 @@ class HorovodBackend(Backend):
         return env, ({"slots": horovod_slots(hosts)} if rank == 0 else {})
 
     def prepare(self, rank, world, store_fd):
-        from . import _horovod
+        from . import horovod_rank as _horovod
 
         return _horovod.import_horovod_torch()  # imported while the task writes the shard
 
     def join(self, state, rank, message, store_fd, reached):
-        from . import _horovod
+        from . import horovod_rank as _horovod
 
         hvd, server = state, None
         if rank == 0:  # served before any rank can call hvd.init(): peers wait in the backlog

@@ -36,7 +36,7 @@ from typing import Callable, List, Sequence, Union
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 
 Columns = Union[str, Sequence[str]]
 

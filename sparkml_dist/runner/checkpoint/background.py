@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 from typing import Any, Optional
 
-from ..errors import CollectionError
+from ...errors import CollectionError
 
 
 def to_host(state: Any) -> Any:

@@ -3,7 +3,7 @@
 A DataFrame that is not a plain Parquet scan (a join, a feature pipeline's output, a filter) is
 written once by the executors as Parquet files under a *staging directory*, one Spark job with no
 shuffle, and the ranks then read those files exactly as they read a Parquet scan
-(:mod:`sparkml_dist.parquet_split`: contiguous row ranges whose sizes differ by at most one row).
+(:mod:`sparkml_dist.runner.data.parquet_split`: contiguous row ranges whose sizes differ by at most one row).
 The exact deal through Spark (``read_files=False``: rows dealt by a hash of their content, the same
 shards however the input is partitioned) costs a counting job, a shuffle and a sort; this costs
 the write.  The files serve every attempt of the run (a restart, an elastic resize re-cuts them)
@@ -34,8 +34,9 @@ import tempfile
 import uuid
 from typing import Optional, Tuple
 
-from .. import _spark_env, parquet_split
-from ..errors import ConfigurationError
+from ... import _spark_env
+from ...errors import ConfigurationError
+from . import parquet_split
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """This rank's shard of the DataFrame: streamed batches, or whole as numpy / torch.  [rank]
 
-A rank's rows are one or more *streams* (:mod:`sparkml_dist.runner.sample_order`) read chunk by
-chunk from where they lie (:mod:`sparkml_dist.runner.shard_sources`): rows that came through Spark
+A rank's rows are one or more *streams* (:mod:`sparkml_dist.runner.data.sample_order`) read chunk by
+chunk from where they lie (:mod:`sparkml_dist.runner.data.sources`): rows that came through Spark
 from the Arrow IPC file the task spilled them to on local disk (opened, then removed from the
 directory at once, so the space goes back when the process ends, whatever way it ends); a plain
 Parquet scan from its files, with no local copy.  No rows are pickled.
@@ -15,7 +15,7 @@ Inside ``main``::
     X = data.to_torch(["features"])        # the whole shard as one tensor (refused when too big)
 
 ``dataloader`` streams: what it holds is a few windows of rows, whatever the shard's size, and its
-order is the same for any number of ranks (see :mod:`sparkml_dist.runner.loader`).  Every rank
+order is the same for any number of ranks (see :mod:`sparkml_dist.runner.data.loader`).  Every rank
 yields the same number of batches per epoch, so DDP never hangs on uneven shards.
 ``to_numpy`` / ``to_torch`` / ``table`` build the whole shard in memory: they refuse a shard that
 does not fit, naming the streaming API.
@@ -30,12 +30,12 @@ from typing import Callable, Iterator, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from .. import arg_checks, feature_arrays
-from ..errors import ConfigurationError
+from ... import arg_checks, feature_arrays
+from ...errors import ConfigurationError
+from ..protocol import SHARD_ENV
 from .loader import ShardLoader
-from .protocol import SHARD_ENV
 from .sample_order import rank_streams
-from .shard_sources import TableSource, open_manifest
+from .sources import TableSource, open_manifest
 
 Columns = Optional[Union[str, Sequence[str]]]
 WINDOW_ROWS = 16384  # rows a stream's window holds by default: the shuffle's reach and its memory
@@ -107,7 +107,7 @@ class Shard:
 
     @property
     def streams(self) -> List[int]:
-        """The streams this rank holds (see :mod:`sparkml_dist.runner.sample_order`)."""
+        """The streams this rank holds (see :mod:`sparkml_dist.runner.data.sample_order`)."""
         return list(self._source.streams)
 
     def _chunks(self) -> Iterator[pa.RecordBatch]:

@@ -1,16 +1,16 @@
 """How ``run_with_data`` turns a DataFrame into the ranks' streams.  [driver]
 
 The rows are cut into ``S`` *streams* (``streams=``, default the number of data ranks; see
-:mod:`sparkml_dist.runner.sample_order`), which depend on the data and the seed only, and rank
+:mod:`sparkml_dist.runner.data.sample_order`), which depend on the data and the seed only, and rank
 ``r`` of ``D`` data ranks holds streams ``r, r + D, ...``.  Two ways, decided before launching:
 
 * a plain Parquet scan is read straight from its files by the ranks themselves
-  (:func:`sparkml_dist.parquet_split.split_files`: ``S`` contiguous row ranges whose sizes differ by
-  at most one row): no Spark job moves the rows, no local copy is made; any other DataFrame is
-  first written once as Parquet files (:mod:`sparkml_dist.runner.staging`) and read the same way;
+  (:func:`.parquet_split.split_files`: ``S`` contiguous row ranges whose sizes differ by at most
+  one row): no Spark job moves the rows, no local copy is made; any other DataFrame is first
+  written once as Parquet files (:mod:`.staging`) and read the same way;
 * with ``read_files=False`` (or no staging directory on a cluster) the rows move through Spark:
   they are dealt to streams as contiguous ranges of the package's one order of rows
-  (:func:`sparkml_dist.runner.range_deal.ranges`: a job counts the rows per key bucket, one shuffle moves
+  (:func:`sparkml_dist.runner.data.range_deal.ranges`: a job counts the rows per key bucket, one shuffle moves
   them; sizes differ by at most one row whatever the rows, duplicates included; the same rows and
   seed give the same streams however the input is partitioned), each task's partition holding its
   ranks' streams in that order, which the task spills to its ranks' local disk.
@@ -25,12 +25,12 @@ from __future__ import annotations
 import logging
 from typing import Dict, Optional, Tuple
 
-from .. import parquet_split, partitioning
-from ..errors import ConfigurationError
-from ..vectors import MAX_DENSE_VECTOR
-from . import range_deal
+from ... import partitioning
+from ...errors import ConfigurationError
+from ...vectors import MAX_DENSE_VECTOR
+from ..task_spec import ParquetSlices, SparkRows, Streams
+from . import parquet_split, range_deal
 from .sample_order import check_streams
-from .task_spec import ParquetSlices, SparkRows, Streams
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def vector_widths(df) -> Dict[str, int]:
     metadata (``ml_attr``), else that of the first rows (a small job: it computes them). A vector
     wider than :data:`~sparkml_dist.MAX_DENSE_VECTOR` entries is refused on the
     driver, naming the column and what to do."""
-    from ..feature_arrays import vector_shape
+    from ...feature_arrays import vector_shape
 
     widths = {}
     for field in df.schema.fields:
@@ -114,7 +114,7 @@ def declared_width(field) -> Optional[int]:
 
 def vector_arrays(name: str):
     """``vector_to_array(name)`` that keeps a null vector null (Spark's fails the job on one), as
-    the files' reader does (:func:`sparkml_dist.parquet_split.vector_lists`)."""
+    the files' reader does (:func:`sparkml_dist.runner.data.parquet_split.vector_lists`)."""
     from pyspark.ml.functions import vector_to_array
     from pyspark.sql import functions as F
 
@@ -144,7 +144,7 @@ def spark_shards(
     """``(SparkRows, rows)``: ``rows`` has ``world / per_task`` partitions, task t's holding the
     streams of its ranks (``t*per_task ...``), each row with its stream in ``GROUP_COL``, sorted by
     stream then by the rows' keys; a stream several tasks read (replicas) is copied to each.  The
-    streams are contiguous ranges of the rows' one order (:func:`sparkml_dist.runner.range_deal.ranges`):
+    streams are contiguous ranges of the rows' one order (:func:`sparkml_dist.runner.data.range_deal.ranges`):
     one job counts the rows, one shuffle moves them.  Lazy but for that job."""
     _check_hashable(df.schema)
     data_world, per, count = layout(world, replicas, streams)

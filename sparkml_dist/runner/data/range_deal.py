@@ -28,7 +28,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 
-from .. import partitioning, spark_compat
+from ... import partitioning, spark_compat
 
 TASK_COL = "__sd_task"
 _POS = "__sd_pos"

@@ -1,8 +1,8 @@
 """What every distributed backend is, and the helpers a backend's rank side uses.  [anywhere]
 
-The backends themselves are in :mod:`.backends` (torch.distributed, Horovod) and
-:mod:`.framework_backends` (TensorFlow's ``TF_CONFIG``, ``jax.distributed``); nothing outside those
-modules tests a backend's name.
+The backends themselves are in :mod:`sparkml_dist.runner.backends` (torch.distributed, Horovod)
+and :mod:`.frameworks` (TensorFlow's ``TF_CONFIG``, ``jax.distributed``); nothing outside that room
+tests a backend's name.
 
 Example::
 
@@ -20,7 +20,7 @@ import sys
 from datetime import timedelta
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from . import protocol
+from .. import protocol
 
 # what a rank prints when it only noticed that a peer failed or left: a symptom, not a cause
 COMMON_PEER_LOST = (
@@ -75,6 +75,14 @@ class Backend:
     env_defaults: Dict[str, str] = {}
     extra = ""  # the package extra that installs the framework (named when it is missing)
     reserved_env: Tuple[str, ...] = ()  # what the backend sets for each rank itself: refused in env=
+    comm_names: Tuple[str, ...] = ()  # the comm= settings it takes (none: it has its own)
+    compressions: Tuple[Optional[str], ...] = (None,)  # the comm= compressions it can do
+    torch_group = False  # its ranks hold a torch.distributed process group (sparkml_dist.keras needs one)
+    summary = ""  # what a script run on it is, for the command line's help
+
+    def comm_env(self, settings: Dict[str, Any]) -> Dict[str, str]:
+        """Variables the framework reads of ``comm=`` settings when it starts (before the function)."""
+        return {}
 
     def check_installed(self) -> None:
         """Driver: raise ConfigurationError when the backend cannot run here."""

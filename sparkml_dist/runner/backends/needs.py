@@ -17,8 +17,8 @@ import importlib.util
 import sys
 from typing import Callable, Dict, Set, Tuple
 
-from .. import serialization
-from ..errors import ConfigurationError
+from ... import serialization
+from ...errors import ConfigurationError
 
 # module a function imports -> (the modules it needs, the extra that installs them)
 NEEDS: Dict[str, Tuple[Tuple[str, ...], str]] = {

@@ -4,7 +4,7 @@ Rows that arrive from Spark (the task's partition, each row with its stream) are
 rank's local disk, one Arrow IPC record batch per chunk (:class:`Spill`); the phase is bounded by
 progress (:class:`DataWatch`), not by ``start_timeout``, and a stall fails naming the shard's rank.
 A plain Parquet scan is not read here at all: the rank reads its streams from the files as it
-trains.  Either way the rank gets a small manifest (:mod:`sparkml_dist.runner.shard_sources`).
+trains.  Either way the rank gets a small manifest (:mod:`sparkml_dist.runner.data.sources`).
 
 **A progress bound for a task's data phase: rows must keep arriving.**
 Streaming a rank's shard into its task (Spark's shuffle fetch, or the task's own reads of Parquet
@@ -26,7 +26,7 @@ Example::
     watch.check()   # raises what on_stall returned, if the data phase stalled
 
 **A task's rows into its ranks' spill files.**  Each row carries its stream in ``GROUP_COL`` (see
-:func:`sparkml_dist.runner.sharding.spark_shards`) and the partition is sorted by stream; a row goes
+:func:`sparkml_dist.runner.data.sharding.spark_shards`) and the partition is sorted by stream; a row goes
 to the file of every rank of the task that reads its stream (one, or a pipeline replica's stages),
 cut into chunks of :data:`CHUNK_ROWS` rows per stream.
 """
@@ -41,12 +41,12 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional
 import numpy as np
 import pyarrow as pa
 
-from ..errors import ConfigurationError
-from ..group_rows import GROUP_COL
-from . import protocol
-from .protocol import RankFailure
-from .shard_sources import write_manifest
-from .task_spec import ParquetSlices, SparkRows
+from ...errors import ConfigurationError
+from ...group_rows import GROUP_COL
+from .. import protocol
+from ..protocol import RankFailure
+from ..task_spec import ParquetSlices, SparkRows
+from .sources import write_manifest
 
 
 def _stalled(members: list) -> Callable[[float, int], RankFailure]:
@@ -56,7 +56,7 @@ def _stalled(members: list) -> Callable[[float, int], RankFailure]:
         source = spec.data.source
         return members[0].fail(
             f"the shard of {who} stalled: no rows arrived from {source} for {idle:.0f}s "
-            f"after {rows} rows (data_timeout={spec.data_timeout}s). A lost executor, a stuck "
+            f"after {rows} rows (data_timeout={spec.timeouts.data}s). A lost executor, a stuck "
             "shuffle fetch or slow storage; raise data_timeout if the input is just slow.",
             None,
             "data",
@@ -154,7 +154,7 @@ def _spill(members: list, where: List[dict], batches: Iterable[pa.RecordBatch]) 
         for m, w in zip(members, where)
     ]
     stuck = _end_worker if members[0].gang.echo_output else None  # Spark tasks only, not the driver
-    watch = DataWatch(spec.data_timeout, _stalled(members), stuck)
+    watch = DataWatch(spec.timeouts.data, _stalled(members), stuck)
     try:
         with watch:
             route(watch.batches(batches), spills)

@@ -31,9 +31,9 @@ import json
 import os
 from typing import Dict, Sequence
 
-from ..errors import ConfigurationError
-from . import protocol, rendezvous
-from .backend_base import COMMON_PEER_LOST, Backend, after_import, report_first_call
+from ...errors import ConfigurationError
+from .. import protocol, rendezvous
+from .base import COMMON_PEER_LOST, Backend, after_import, report_first_call
 
 KERAS3_ON_TF_FIX = (
     "Keras 3's model.fit on the TensorFlow backend fails under MultiWorkerMirroredStrategy "
@@ -87,6 +87,7 @@ class TensorFlowBackend(Backend):
     framework_rebinds_port = True
     extra = "tensorflow"
     reserved_env = ("TF_CONFIG",)
+    summary = "TF_CONFIG for MultiWorkerMirroredStrategy"
     env_defaults = {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "1"}
     peer_lost = COMMON_PEER_LOST + (
         "Collective ops is aborted by",
@@ -175,6 +176,7 @@ class JaxBackend(Backend):
     start_call = "jax.distributed.initialize()"
     framework_rebinds_port = True
     extra = "jax"
+    summary = "jax.distributed initialized first"
     reserved_env = (
         "KERAS_DISTRIBUTION_JOB_ADDRESSES",
         "KERAS_DISTRIBUTION_NUM_PROCESSES",

@@ -23,7 +23,7 @@ Layout of the directory::
 ``LATEST`` the same way, so a crash at any point leaves ``LATEST`` naming a complete file; a step
 saved again goes to a new name (``step-000000000100.<digest>.pt``), never over the file ``LATEST``
 may name. The directory's rules (a local one is this user's, no link, files 0600, checked at
-every open; a failed write's temporary file removed) are :mod:`.checkpoint_dir`'s.
+every open; a failed write's temporary file removed) are :mod:`.files`'s.
 :func:`load` checks the size and SHA-256 and reads with ``torch.load(weights_only=True)``: no code
 in the file runs, whoever wrote it.  Only rank 0 writes; ``keep`` older files are kept.
 
@@ -65,11 +65,11 @@ import re
 import sys
 from typing import Any, Optional
 
-from .. import arg_checks
-from ..errors import CollectionError, ConfigurationError
-from .background_save import BackgroundWrite, to_host
-from .checkpoint_dir import open_dir
-from .protocol import CHECKPOINT_DIR_ENV as DIR_ENV
+from ... import arg_checks
+from ...errors import CollectionError, ConfigurationError
+from ..protocol import CHECKPOINT_DIR_ENV as DIR_ENV
+from .background import BackgroundWrite, to_host
+from .files import open_dir
 
 LATEST = "LATEST"
 _CHECKPOINT_FILE = re.compile(r"step-\d{12}(\.[0-9a-f]{12})?\.pt")  # what save() names; LATEST names no other
@@ -117,7 +117,7 @@ def save(
     if _rank() != 0:
         return None
     wait()  # never two writes at once; a failed background write is raised here
-    from . import loader
+    from ..data import loader
 
     places = loader.positions()
     if places and isinstance(state, dict):
@@ -264,7 +264,7 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     calls it: the ranks check they found the same step (see the module docstring)."""
     import torch
 
-    from ..formats.files import checked_name
+    from ...formats.files import checked_name
 
     with _location(directory) as folder:
         root = folder.path("")
@@ -285,7 +285,7 @@ def load(directory: Optional[str] = None, map_location: Any = "cpu") -> Optional
     _check_torch(torch.__version__)
     state = torch.load(io.BytesIO(blob), map_location=map_location, weights_only=True)
     if isinstance(state, dict) and LOADERS_KEY in state:
-        from . import loader
+        from ..data import loader
 
         loader.resume(state.pop(LOADERS_KEY))
     return state

@@ -42,7 +42,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 
 
 def chunk_sizes(rows: int, chunk_rows: int) -> List[int]:

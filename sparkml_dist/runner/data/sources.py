@@ -1,6 +1,6 @@
 """Where a rank's rows are read from, chunk by chunk: its spill file, Parquet row ranges, a table.  [rank]
 
-A rank holds one or more *streams* (see :mod:`sparkml_dist.runner.sample_order`); each stream is a
+A rank holds one or more *streams* (see :mod:`sparkml_dist.runner.data.sample_order`); each stream is a
 list of chunks read one at a time, so what a rank holds in memory is bounded by the chunks it is
 using, never by its shard:
 
@@ -26,8 +26,8 @@ from typing import Dict, List, Sequence, Tuple
 
 import pyarrow as pa
 
-from .. import parquet_split
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
+from . import parquet_split
 from .sample_order import chunk_sizes
 
 

@@ -39,8 +39,8 @@ import tempfile
 import uuid
 from typing import Optional
 
-from ..errors import ConfigurationError
-from ..formats.files import private_dir_fault
+from ...errors import ConfigurationError
+from ...formats.files import private_dir_fault
 
 _NAME = re.compile(r"[^A-Za-z0-9_.-]+")
 

@@ -16,7 +16,7 @@ import socket
 import threading
 from typing import Sequence
 
-from ..errors import ConfigurationError
+from ...errors import ConfigurationError
 
 INSTALL_HINT = (
     "Install it in the Python the executors run (PYSPARK_PYTHON) with `make horovod` or "

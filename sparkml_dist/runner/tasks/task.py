@@ -26,15 +26,16 @@ from typing import Dict, Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 
-from .. import collection, network
-from ..channel import LogClient
-from ..channel.outbox import Outbox
-from ..gpus import rank_gpus, task_gpus
-from . import backends, protocol, workdirs
-from ._rank_process import RankProcess, exit_text
-from .feeding import feed as _feed
-from .protocol import RankFailure
-from .task_spec import TaskSpec
+from ... import collection, network
+from ...channel import LogClient
+from ...channel.outbox import Outbox
+from ...gpus import rank_gpus, task_gpus
+from .. import backends, protocol
+from ..data.feeding import feed as _feed
+from ..protocol import RankFailure
+from ..task_spec import TaskSpec
+from . import workdirs
+from .rank_process import RankProcess, exit_text
 
 
 class _RankTask:
@@ -52,9 +53,9 @@ class _RankTask:
         if spec.local_gpus is not None:
             self.gpus = list(spec.local_gpus[self.rank])
         else:
-            self.gpus = task_gpus(gang.resources(), spec.use_gpu, self.rank)
+            self.gpus = task_gpus(gang.resources(), spec.placement.use_gpu, self.rank)
             if k > 1 and self.gpus is not None:
-                self.gpus = rank_gpus(self.gpus, member, k, self.rank, spec.gpus_per_rank)
+                self.gpus = rank_gpus(self.gpus, member, k, self.rank, spec.placement.gpus_per_rank)
         dirs = [d for d in os.environ.get("SPARK_LOCAL_DIRS", "").split(",") if d]
         base = dirs[self.rank % len(dirs)] if dirs else None  # spread shard files over spark.local.dir
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)
@@ -67,8 +68,8 @@ class _RankTask:
         # the address the peers are given: the one this host reaches the driver from
         self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
         here = not gang.echo_output or network.is_this_host(launch_host)  # local processes, or this machine
-        self.cwd = workdirs.rank_cwd(spec.work_dir, launch_dir, here, spec.job)
-        self.kept_cwd = not here and not spec.work_dir  # the default directory of an executor
+        self.cwd = workdirs.rank_cwd(spec.workdir.path, launch_dir, here, spec.job)
+        self.kept_cwd = not here and not spec.workdir.path  # the default directory of an executor
 
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -121,18 +122,18 @@ class _RankTask:
                 listener.close()  # the rank process holds its own copy
         if spec.channel is not None:
             try:
-                retry = min(spec.start_timeout or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
+                retry = min(spec.timeouts.start or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
                 client = LogClient(*spec.channel, spec.secret, timeout=5.0, retry_for=retry)
                 self.client = Outbox(client)  # the rank's lines never wait on a slow driver
             except OSError as exc:  # unreachable (a remote Connect client, a firewall): no live logs
                 self.client, self.driver_error = None, f"{type(exc).__name__}: {exc}"
         log_path = (
-            os.path.join(spec.log_dir, f"rank{self.rank}-attempt{spec.attempt}-{spec.run_id}.log")
-            if spec.log_dir
+            os.path.join(spec.logs.directory, f"rank{self.rank}-attempt{spec.attempt}-{spec.run_id}.log")
+            if spec.logs.directory
             else None
         )
         self.process.watch(
-            forward=self.rank in spec.log_ranks,
+            forward=self.rank in spec.logs.ranks,
             client=self.client,
             echo=self.gang.echo_output and spec.echo,  # a Spark task: every line into the executor's log
             log_path=log_path,
@@ -142,7 +143,7 @@ class _RankTask:
                 protocol.FRAME_LINE,
                 stream="log",
                 text=f"{protocol.WORKDIR_MARK}{self.address}: {self.cwd} "
-                + ("(removed after the run)" if spec.clean_work_dir else "(kept after the run)"),
+                + ("(removed after the run)" if spec.workdir.clean else "(kept after the run)"),
             )
         return port
 
@@ -159,15 +160,15 @@ class _RankTask:
         spec = self.spec
         # one rank has no peer to wait for: a function that never distributes (one process on
         # several GPUs) is not a rank stuck before the rendezvous
-        bounded = spec.start_timeout and spec.world_size > 1
-        deadline = self.started + spec.start_timeout if bounded else None
+        bounded = spec.timeouts.start and spec.world_size > 1
+        deadline = self.started + spec.timeouts.start if bounded else None
         ev = self.process.wait_event(protocol.EVENT_RENDEZVOUS, deadline, self.cancelled)
         if ev is None and self.process.running and not self.cancelled():
             self.process.kill()
             self.process.join_output()
             raise self.fail(
                 f"rank {self.rank} did not reach the rendezvous ({self.backend.start_call}) "
-                f"within start_timeout={spec.start_timeout}s",
+                f"within start_timeout={spec.timeouts.start}s",
                 None,
                 "rendezvous",
             )
@@ -231,7 +232,7 @@ def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, s
         raise members[0].fail(unreachable, None, "driver")
     for m, shard_env in zip(members, envs):
         env, extra = m.backend.rank_env(
-            m.rank, peers, m.gpus, spec.collective_timeout, spec.nodes, spec.ranks_per_task
+            m.rank, peers, m.gpus, spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task
         )
         env.update(shard_env)
         m.local_rank = int(env.get("LOCAL_RANK", "0"))
@@ -327,7 +328,7 @@ def supervise(
         envs = _feed(members, batches)
         _exchange(members, ports, envs)
         _await(members, cancel)
-        if spec.clean_work_dir and members[0].kept_cwd:
+        if spec.workdir.clean and members[0].kept_cwd:
             _clean_work_dir(members)
         for m in members:
             yield from m.result()

@@ -1,6 +1,6 @@
 """RankProcess: one rank's child process, its output, its control events and its result.  [executor]
 
-The barrier task (:mod:`sparkml_dist.runner._task`) starts one :class:`RankProcess`; three reader
+The barrier task (:mod:`sparkml_dist.runner.tasks.task`) starts one :class:`RankProcess`; three reader
 threads cut its output into lines (:class:`Lines`: progress bars as their latest state, long lines
 cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the driver when the
 rank is streamed, copy every line to the executor's stderr and ``log_dir`` when asked, and queue
@@ -30,8 +30,8 @@ import time
 import uuid
 from typing import Callable, Dict, List, Optional, Sequence
 
-from ..channel import LogClient
-from . import protocol
+from ...channel import LogClient
+from .. import protocol
 
 TAIL_LINES = 40
 
