@@ -36,9 +36,10 @@ log = logging.getLogger(__name__)
 def session_of(df):
     """The SparkSession of a DataFrame (classic or Connect); on a local master, a warning (once)
     when its executors would start another Python than this driver's."""
-    from . import _spark_env
+    from . import _spark_env, executors
 
     spark = df.sparkSession
+    executors.use_driver_python(spark)  # a local master's executors start this Python
     _spark_env.check_executor_python(spark)
     return spark
 

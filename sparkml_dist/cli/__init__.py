@@ -46,6 +46,7 @@ import sys
 from typing import Optional, Sequence
 
 from sparkml_dist.cli import predict as cli_predict
+from sparkml_dist.cli import run_command
 
 log = logging.getLogger("sparkml_dist.cli")
 
@@ -77,80 +78,6 @@ def _setting(text: str):
         return json.loads(lowered)  # 100, 2.5, true, false
     except ValueError:
         return text
-
-
-def _run_script(spark, args) -> int:
-    from sparkml_dist.runner import BarrierRunner
-    from sparkml_dist.runner.script import bundle, run_script
-
-    with open(args.script) as fh:
-        source = fh.read()
-    files = bundle(
-        args.script, *[[p for p in (v or "").split(",") if p] for v in (args.py_files, args.archives)]
-    )
-    script_args = args.script_args[1:] if args.script_args[:1] == ["--"] else args.script_args
-    env = _pairs("--env", getattr(args, "env", []), str)
-    comm = _pairs("--comm", getattr(args, "comm", []), _setting)
-    runner = BarrierRunner(
-        args.np,
-        env=env or None,
-        comm=comm or None,
-        backend=args.backend,
-        log_ranks=args.log_ranks,
-        start_timeout=args.start_timeout,
-        timeout=args.timeout,
-        use_gpu=args.use_gpu,
-        spark=spark,
-    )
-    runner.run(run_script, source, os.path.abspath(args.script), script_args, files)
-    return 0
-
-
-def _run_arguments(p: argparse.ArgumentParser) -> None:
-    """The arguments of ``sparkml-dist run``."""
-    p.add_argument(
-        "--np",
-        type=lambda v: v if v == "auto" else int(v),
-        required=True,
-        help="ranks: > 0 Spark barrier tasks, < 0 local processes (no Spark), auto: every GPU "
-        "(--use-gpu) or task slot",
-    )
-    p.add_argument(
-        "--env",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="an environment variable for every rank (repeat it for several)",
-    )
-    p.add_argument(
-        "--comm",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a communication setting for every rank: bucket_cap_mb=100, accumulate=4, "
-        "compression=fp16|powersgd, powersgd_rank=4, ... (repeat it for several; "
-        "see sparkml_dist.runner.comm_settings)",
-    )
-    from ..runner.backends import BACKENDS
-
-    p.add_argument(
-        "--backend",
-        choices=tuple(BACKENDS),
-        default="torch",
-        help="; ".join(f"{name}: {b.summary}" for name, b in BACKENDS.items()),
-    )
-    p.add_argument("--log-ranks", default="all", help="'all', 'none' or a comma list of ranks")
-    p.add_argument("--start-timeout", type=float, default=180.0)
-    p.add_argument("--timeout", type=float, default=None)
-    p.add_argument("--use-gpu", action="store_true")
-    p.add_argument("--py-files", default=None, help=".py/.zip/.egg/.whl files for sys.path (comma list)")
-    p.add_argument(
-        "--archives",
-        default=None,
-        help="archives unpacked in each rank's directory (file#name, comma list)",
-    )
-    p.add_argument("script", help="the training script (read here, shipped to the ranks)")
-    p.add_argument("script_args", nargs=argparse.REMAINDER, help="arguments for the script, after --")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -187,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
         if name == "predict":
             cli_predict.add_arguments(p)
         if name == "run":
-            _run_arguments(p)
+            run_command.add_arguments(p)
     return parser
 
 
@@ -236,7 +163,7 @@ def _with_session(args, job: Optional[dict], base: Optional[str]) -> int:
     from sparkml_dist.session import get_session
 
     if args.command == "run" and args.np != "auto" and args.np < 0:  # local processes: no Spark session
-        return _run_script(None, args)
+        return run_command.run(None, args)
     conf_file = args.spark_conf
     if (
         conf_file is None
@@ -248,7 +175,7 @@ def _with_session(args, job: Optional[dict], base: Optional[str]) -> int:
     spark = get_session(args.master, conf_file=conf_file)
     try:
         if args.command == "run":
-            return _run_script(spark, args)
+            return run_command.run(spark, args)
         print(json.dumps(_report(spark, args, job, base), indent=2, default=str))
     finally:
         spark.stop()

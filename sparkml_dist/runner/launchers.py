@@ -204,11 +204,21 @@ class SparkLauncher:
     local, what = False, "barrier tasks"  # its ranks run where Spark puts its barrier tasks
 
     def __init__(self, spark) -> None:
+        from .. import executors
+
         self.spark = spark
+        executors.use_driver_python(spark)  # a local master's executors start this Python
 
     def ranks_per_task(self, runner) -> int:
         """One rank per task, or one per ``gpus_per_rank`` GPUs a task holds."""
         return admission.ranks_per_task(self.spark, runner.world_size, runner.use_gpu, runner.gpus_per_rank)
+
+    def check_python(self, main, tasks: int) -> None:
+        """The executors' Python can run ``main``: the packages it imports there, at the driver's
+        versions (once per session and executors: :func:`sparkml_dist.executors.check`)."""
+        from .. import executors
+
+        executors.check(self.spark, main, tasks, getattr(main, "__qualname__", "the function"))
 
     def check(self, runner, tasks: int, deadline: Deadline) -> None:
         """Refuse a run the cluster cannot hold (slots, GPUs, memory, encryption)."""
@@ -237,6 +247,9 @@ class LocalLauncher:
     whose rows they read, if any (no Spark job runs otherwise)."""
 
     local, what = True, "local processes"  # its ranks are processes of this machine
+
+    def check_python(self, main, tasks: int) -> None:
+        """Local processes run this driver's own Python: nothing to check."""
 
     def __init__(self, spark: Any = None) -> None:
         self.spark = spark

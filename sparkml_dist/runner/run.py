@@ -91,6 +91,7 @@ class Run:
         self.per_task = self.launcher.ranks_per_task(r)
         deadline = Deadline.after(r.timeouts.total)  # the whole run's: planning, slot wait, restarts
         self.launcher.check(r, self.world // self.per_task, deadline)
+        self.launcher.check_python(self.main, self.world // self.per_task)  # before any rank starts
         data, data_df = self._shards(deadline)
         tries: List[WorkerError] = []
         while True:

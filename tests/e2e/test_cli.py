@@ -76,3 +76,36 @@ def test_version_and_help_say_what_the_command_is():
     helped = _cli("--help", timeout=60)
     assert helped.returncode == 0 and "[driver]" not in helped.stdout and "``" not in helped.stdout
     assert "{demo,ensemble,search,run,tune,predict}" in helped.stdout
+
+
+def test_every_barrier_runner_argument_is_a_flag_of_run():
+    """The command line takes what the API takes: a BarrierRunner keyword with no flag fails
+    here (spark= is the command's --master, log_sink= its console)."""
+    import inspect
+
+    from sparkml_dist.cli import _parser, run_command
+    from sparkml_dist.runner import BarrierRunner
+
+    keywords = set(inspect.signature(BarrierRunner.__init__).parameters) - {"self", "np"}
+    flagged = {f.keyword for f in run_command.FLAGS}
+    assert keywords - flagged == set(run_command.NOT_FLAGS), keywords - flagged
+    assert flagged <= keywords  # no flag for a keyword that is gone
+    argv = ["run", "--np", "2", "--max-restarts", "1", "--min-np", "1", "--checkpoint-dir", "/c",
+            "--gpus-per-rank", "1", "--timeout", "none", "--collective-timeout", "30", "--no-read-files",
+            "--staging-dir", "false", "--mlflow", "off", "--env", "A=1", "--comm", "accumulate=2",
+            "--log-dir", "/l", "--work-dir", "/w", "--clean-work-dir", "--model-bytes", "1024",
+            "t.py"]  # fmt: skip
+    options = run_command.runner_options(_parser().parse_args(argv))
+    assert options["max_restarts"] == 1 and options["min_np"] == 1 and options["checkpoint_dir"] == "/c"
+    assert (
+        options["timeout"] is None
+        and options["collective_timeout"] == 30.0
+        and options["read_files"] is False
+    )
+    assert options["staging_dir"] is False and options["mlflow"] is False and options["env"] == {"A": "1"}
+    assert (
+        options["comm"] == {"accumulate": 2} and options["clean_work_dir"] and options["model_bytes"] == 1024
+    )
+    assert BarrierRunner(2, spark=object(), **options).min_np == 1  # every value is one the runner takes
+    table = open(os.path.join(ROOT, "docs", "cli.md")).read()
+    assert all(f"| `{f.flag}" in table for f in run_command.FLAGS + run_command.DATA_FLAGS)  # one table

@@ -2,7 +2,13 @@
 fresh virtual environment (nothing else: no ``make``, no activation, no PYSPARK_PYTHON), then the
 quickstart of the README and of the install page, and a first example of each other feature the
 torch extra serves (per group, search, predict_batch), run by that venv's plain ``python`` from a
-directory outside the checkout (so the installed package is the one imported)."""
+directory outside the checkout (so the installed package is the one imported); then the cluster
+hour: a plain SparkSession (the executors start this venv's Python), an executor Python without
+the package (refused in a few lines), and this venv shipped to the two executor JVMs of a
+local-cluster whose own Python (``PYSPARK_PYTHON``: the base interpreter) lacks torch.
+
+Slow (minutes): it builds and installs a wheel with torch into a fresh venv and packs that venv
+(about 2 GB) for the local-cluster: what a newcomer's first hour on a cluster does."""
 
 import os
 import re
@@ -45,6 +51,56 @@ print("scored", scored.count())
 """
 
 
+# a program as most users write it: a plain SparkSession (not get_session), the venv not activated
+PLAIN = """
+import sys
+from pyspark.sql import SparkSession
+from sparkml_dist.runner import BarrierRunner
+
+
+def world():
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    return dist.get_world_size()
+
+
+spark = SparkSession.builder.master("local[2]").getOrCreate()
+try:
+    print("WORLD", BarrierRunner(2, log_ranks="none").run(world))
+except Exception as exc:
+    print(exc, file=sys.stderr)
+    sys.exit(3)
+"""
+
+
+# the driver's environment shipped to a cluster's executors (local-cluster: two executor JVMs), whose
+# ranks then run its interpreter: prints the world size and whether every rank ran the shipped one
+SHIPPED = """
+from sparkml_dist.runner import BarrierRunner
+from sparkml_dist.session import get_session
+
+
+def world():
+    import sys
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    return [dist.get_world_size(), sys.executable]
+
+
+spark = get_session("local-cluster[2,1,1024]", ship_environment=True)
+out = BarrierRunner(2, log_ranks="none").run(world, return_all=True)
+print("SHIPPED", out[0][0], all(o[1].endswith("environment/bin/python") for o in out))
+spark.stop()
+"""
+
+
 def _run(cmd, cwd, env, timeout=900):
     done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (
@@ -64,12 +120,29 @@ def test_a_wheel_installed_into_a_fresh_venv_runs_the_quickstart_from_a_plain_py
     venv = tmp_path / "venv"
     _run([sys.executable, "-m", "venv", str(venv)], str(tmp_path), env)
     python = str(venv / "bin" / "python")
-    _run([python, "-m", "pip", "install", "-q", f"{dist / wheel}[torch]"], str(tmp_path), env)
+    _run([python, "-m", "pip", "install", "-q", f"{dist / wheel}[torch,ship]"], str(tmp_path), env)
 
     pages = [open(os.path.join(ROOT, p)).read() for p in ("README.md", os.path.join("docs", "install.md"))]
     script = tmp_path / "quickstart.py"
     script.write_text("\n\n".join(BLOCK.findall(pages[0])[:1] + BLOCK.findall(pages[1]) + [FEATURES]))
     out = _run([python, str(script)], str(tmp_path), env, timeout=600)
+    plain = tmp_path / "plain.py"
+    plain.write_text(PLAIN)
+    assert "WORLD 2" in _run([python, str(plain)], str(tmp_path), env, timeout=600)  # executors: this venv's
+    base = dict(env, PYSPARK_PYTHON=sys.base_prefix + "/bin/python3")  # without the package or pyarrow
+    bare = subprocess.run(
+        [python, str(plain)], cwd=str(tmp_path), env=base, capture_output=True, text=True, timeout=600
+    )
+    told = (
+        bare.stderr[bare.stderr.index("the executors' Python") :]
+        if "the executors' Python" in bare.stderr
+        else ""
+    )
+    assert bare.returncode == 3 and told and len(told.strip().splitlines()) <= 10, bare.stderr[-3000:]
+    assert f"{sys.base_prefix}/bin/python3" in told and "sparkml_dist" in told and "PYSPARK_PYTHON" in told
+    shipped = tmp_path / "shipped.py"
+    shipped.write_text(SHIPPED)
+    assert "SHIPPED 2 True" in _run([python, str(shipped)], str(tmp_path), base, timeout=900)
     where = _run([python, "-c", "import sparkml_dist; print(sparkml_dist.__file__)"], str(tmp_path), env)
     assert where.startswith(str(venv)), where  # the installed package, not the checkout
     lines = out.strip().splitlines()

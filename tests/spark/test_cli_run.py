@@ -1,22 +1,23 @@
 """`sparkml-dist run` in-process on the pass's session: unchanged torchrun / horovodrun scripts on
 barrier tasks (the command's argv and exit codes: tests/e2e/test_cli.py and test_runner_e2e.py)."""
 
-import argparse
 import io
 import os
 import re
 import shutil
 import tarfile
 
-from sparkml_dist.cli import _run_script
+from sparkml_dist.cli import _parser, run_command
 from tests.conftest import ROOT, masters
 
 
-def _run(spark, script, *script_args, **kw):
-    args = dict(np=2, backend="torch", log_ranks="all", start_timeout=180.0, timeout=None, use_gpu=False,
-                py_files=None, archives=None)  # fmt: skip
-    args.update(kw)
-    return _run_script(spark, argparse.Namespace(script=script, script_args=["--", *script_args], **args))
+def _run(spark, script, *script_args, flags=(), **kw):
+    """``sparkml-dist run --np 2 [flags] script -- script_args`` on the pass's session, with
+    ``kw`` set on the parsed arguments (as the flags would)."""
+    args = _parser().parse_args(["run", "--np", "2", *flags, script, "--", *script_args])
+    for name, value in kw.items():
+        setattr(args, name, value)
+    return run_command.run(spark, args)
 
 
 @masters("local")
@@ -98,3 +99,57 @@ def test_comm_settings_on_the_command_line_reach_comm_ddp_in_an_unchanged_script
     assert _run(spark, str(script), comm=comm, env=[]) == 0
     out = capsys.readouterr().out
     assert out.count("settings 3 1048576 True") == 2, out[-2000:]  # both ranks
+
+
+@masters("local")
+def test_max_restarts_and_checkpoint_dir_on_the_command_line_resume_after_a_killed_rank(
+    spark, capsys, tmp_path
+):
+    """Rank 1 is SIGKILLed once at step 4; with --max-restarts 1 --checkpoint-dir the second attempt
+    resumes from the last checkpoint (step 3) and ends with the steps counted once."""
+    script = tmp_path / "resume_train.py"
+    marker = tmp_path / "killed-once"
+    script.write_text(
+        "import os, signal, torch, torch.distributed as dist\n"
+        "from sparkml_dist.runner import checkpoint\n"
+        "dist.init_process_group('gloo')\n"
+        "state = checkpoint.load()\n"
+        "start = state['step'] + 1 if state else 0\n"
+        "total = state['total'] if state else 0\n"
+        "for step in range(start, 8):\n"
+        f"    if step == 4 and dist.get_rank() == 1 and not os.path.exists({str(marker)!r}):\n"
+        f"        open({str(marker)!r}, 'w').close()\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "    t = torch.ones(1)\n"
+        "    dist.all_reduce(t)\n"
+        "    total += int(t.item())\n"
+        "    checkpoint.save({'step': step, 'total': total}, step)\n"
+        "print('resumed from', start, 'total', total)\n"
+    )
+    flags = ["--max-restarts", "1", "--checkpoint-dir", str(tmp_path / "ckpt"), "--log-ranks", "0"]
+    assert _run(spark, str(script), flags=flags) == 0
+    out = capsys.readouterr().out
+    assert marker.exists() and "attempt 1 failed" in out and "signal 9" in out
+    assert "[rank 0] resumed from 4 total 16" in out  # 8 steps x 2 ranks, each counted once
+
+
+@masters("local")
+def test_input_on_the_command_line_feeds_each_rank_its_shard(spark, capsys, tmp_path):
+    path = str(tmp_path / "rows")
+    spark.range(0, 100, 1, 3).selectExpr("id", "id * 0.5 as x").write.parquet(path)
+    script = tmp_path / "shard_train.py"
+    script.write_text(
+        "import torch.distributed as dist\n"
+        "from sparkml_dist.runner import shard\n"
+        "dist.init_process_group('gloo')\n"
+        "ids = shard().to_numpy(['id']).ravel()\n"
+        "print('rows', len(ids), 'sum', int(ids.sum()))\n"
+    )
+    assert _run(spark, str(script), flags=["--input", path]) == 0
+    out = capsys.readouterr().out
+    rows = [
+        tuple(int(v) for v in re.search(r"rows (\d+) sum (\d+)", ln).groups())
+        for ln in out.splitlines()
+        if "rows " in ln
+    ]
+    assert sorted(n for n, _ in rows) == [50, 50] and sum(s for _, s in rows) == sum(range(100))

@@ -502,3 +502,14 @@ def shard_rows(columns):
     from sparkml_dist.runner import shard
 
     return shard().table.select(list(columns)).to_pylist()
+
+
+def world_with_tqdm():
+    """Joins the group and uses tqdm (a package whose version the executors' check compares)."""
+    import torch.distributed as dist
+    import tqdm
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    return [dist.get_world_size(), tqdm.__version__]
