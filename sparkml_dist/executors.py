@@ -25,6 +25,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -94,22 +95,27 @@ def use_driver_python(spark) -> None:
 
 def wanted_modules(fn: Optional[Callable]) -> List[str]:
     """:data:`ALWAYS`, and the installed packages (those with a distribution) ``fn`` imports."""
-    import importlib.metadata as md
-
     from . import serialization
 
     names = set(ALWAYS)
     if fn is not None:
-        installed = md.packages_distributions()
-        names |= {m.split(".")[0] for m in serialization.imported_modules(fn)} & set(installed)
+        names |= {m.split(".")[0] for m in serialization.imported_modules(fn)} & set(_distributions())
     return sorted(names)
+
+
+@functools.lru_cache(maxsize=1)
+def _distributions() -> Dict[str, List[str]]:
+    """This Python's top-level modules -> their distributions (read once: it lists every package)."""
+    import importlib.metadata as md
+
+    return md.packages_distributions()
 
 
 def _versions(modules: Sequence[str]) -> Dict[str, Tuple[str, Optional[str]]]:
     """module -> (its distribution, the driver's version of it)."""
     import importlib.metadata as md
 
-    dists = md.packages_distributions()
+    dists = _distributions()
     out = {}
     for module in modules:
         dist = (dists.get(module) or [module])[0]

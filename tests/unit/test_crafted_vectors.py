@@ -109,7 +109,8 @@ def test_a_huge_declared_size_is_refused_without_a_width_before_anything_is_allo
         f"""
         import resource, pyarrow as pa, pyarrow.parquet as pq
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-        from sparkml_dist import parquet_split, ConfigurationError
+        from sparkml_dist import ConfigurationError
+        from sparkml_dist.runner.data import parquet_split
         sl = parquet_split.Slice({str(tmp_path / "part-0.parquet")!r}, 0, 0, 1)
         schema = pa.schema([pa.field("v", pa.list_(pa.float64()))])
         split = parquet_split.ParquetSplit(("v",), schema, ((sl,),), (1,))
