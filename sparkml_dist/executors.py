@@ -213,8 +213,8 @@ def _table(what: str, problems: List[tuple]) -> str:
     lines.append(
         "Fix: point the executors at a Python with the driver's packages (spark.pyspark.python, or "
         "PYSPARK_PYTHON before the session starts), install them there, or ship the driver's "
-        "environment (sparkml_dist.environment: docs/install.md); spark.sparkml_dist.versionCheck=warn "
-        "accepts differing versions."
+        "environment (get_session(ship_environment=True): docs/install.md); "
+        "spark.sparkml_dist.versionCheck=warn accepts differing versions."
     )
     return "\n".join(lines)
 
@@ -230,12 +230,16 @@ def _unstartable(spark, exc: BaseException) -> str:
         else None
     )
     where = re.search(r"\(([\w.\-]+) executor [\w.]+\)", text)
-    first = next((ln.strip() for ln in text.splitlines() if "Error" in ln and "py4j" not in ln), text[:200])
+    lines = [ln.strip() for ln in text.splitlines() if "py4j" not in ln]
+    first = next(
+        (ln for ln in lines if "Cannot run program" in ln),  # the interpreter itself would not start
+        next((ln for ln in lines if "Error" in ln), text[:200]),
+    )
     return (
         f"the executors' Python{f' ({python})' if python else ''} could not run a Python task"
         f"{f' on {where.group(1)}' if where else ''}"
         f"{f': it cannot import {module.group(1)!r}' if module else f': {first[:300]}'}.\n"
         "Fix: point the executors at a Python with the driver's packages (spark.pyspark.python, or "
         "PYSPARK_PYTHON before the session starts), or ship the driver's environment "
-        "(sparkml_dist.environment: docs/install.md)."
+        "(get_session(ship_environment=True): docs/install.md)."
     )

@@ -94,7 +94,7 @@ def shipped(archive: str) -> dict:
 
 
 def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None) -> str:
-    """``prefix`` (default: this Python's environment) packed into an uncompressed tar that any
+    """``prefix`` (default: this Python's environment) packed into a tar.gz that any
     executor can unpack and run: venv-pack for a virtual environment, conda-pack for a conda one
     (the ``ship`` extra brings venv-pack). Returns the archive's path (default: in the temporary
     directory, named after the environment; replaced when it exists)."""
@@ -103,7 +103,8 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
     from .errors import ConfigurationError
 
     prefix = os.path.abspath(prefix or sys.prefix)
-    output = output or os.path.join(tempfile.gettempdir(), f"sparkml_dist-env-{os.path.basename(prefix)}.tar")
+    name = f"sparkml_dist-env-{os.path.basename(prefix)}.tar.gz"
+    output = output or os.path.join(tempfile.gettempdir(), name)
     conda = os.path.isdir(os.path.join(prefix, "conda-meta"))
     venv = os.path.exists(os.path.join(prefix, "pyvenv.cfg"))
     if not (conda or venv):
@@ -120,5 +121,8 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
             f"ship_environment needs {tool.replace('_', '-')} to pack {prefix}: pip install "
             f"'sparkml_dist[ship]'{' conda-pack' if conda else ''}"
         ) from None
-    packer.pack(prefix=prefix, output=output, format="tar", force=True)
+    # tar.gz, not tar: Spark unpacks a plain tar in Java, which drops every file's mode (the shipped
+    # python would not be executable) and refuses a link out of the archive (a venv's bin/python3);
+    # a gzipped one goes to the system's tar, as YARN's does. Level 1: packing time, not size, counts
+    packer.pack(prefix=prefix, output=output, format="tar.gz", compress_level=1, force=True)
     return output
