@@ -54,32 +54,6 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 _DEFAULT_CONF = os.path.join(os.path.dirname(os.path.dirname(_HERE)), "conf", "spark-local.yaml")
 
 
-def _pairs(flag: str, items, value) -> dict:
-    """``NAME=VALUE`` arguments of a repeated ``flag`` as a dict, each value read by ``value``."""
-    out = {}
-    for item in items or []:
-        name, sep, text = item.partition("=")
-        if not sep or not name:
-            from sparkml_dist.errors import ConfigurationError
-
-            raise ConfigurationError(f"{flag} {item!r}: write it as NAME=VALUE")
-        out[name] = value(text)
-    return out
-
-
-def _setting(text: str):
-    """A ``--comm`` value: a number, true/false, none, or the text itself (``fp16``)."""
-    import json
-
-    lowered = text.strip().lower()
-    if lowered in ("none", "null"):
-        return None
-    try:
-        return json.loads(lowered)  # 100, 2.5, true, false
-    except ValueError:
-        return text
-
-
 def _parser() -> argparse.ArgumentParser:
     from sparkml_dist import __version__
 

@@ -117,7 +117,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def runner_options(args) -> dict:
     """``BarrierRunner``'s keywords from the parsed flags."""
-    from . import _pairs, _setting
 
     out = {}
     for f in FLAGS:
@@ -159,3 +158,29 @@ def _input(spark, where: str):
     if "/" in where or "://" in where or os.path.exists(where) or where.endswith(".parquet"):
         return spark.read.parquet(where)
     return spark.table(where)
+
+
+def _pairs(flag: str, items, value) -> dict:
+    """``NAME=VALUE`` arguments of a repeated ``flag`` as a dict, each value read by ``value``."""
+    out = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            from ..errors import ConfigurationError
+
+            raise ConfigurationError(f"{flag} {item!r}: write it as NAME=VALUE")
+        out[name] = value(text)
+    return out
+
+
+def _setting(text: str):
+    """A ``--comm`` value: a number, true/false, none, or the text itself (``fp16``)."""
+    import json
+
+    lowered = text.strip().lower()
+    if lowered in ("none", "null"):
+        return None
+    try:
+        return json.loads(lowered)  # 100, 2.5, true, false
+    except ValueError:
+        return text

@@ -176,7 +176,7 @@ def test_a_misspelled_backend_is_named_before_its_comm_settings_are_read():
 
 
 def test_cli_comm_values_are_read_as_numbers_booleans_or_text():
-    from sparkml_dist.cli import _pairs, _setting
+    from sparkml_dist.cli.run_command import _pairs, _setting
 
     items = ["bucket_cap_mb=2.5", "accumulate=4", "hierarchical=true", "compression=fp16"]
     got = _pairs("--comm", items, _setting)
