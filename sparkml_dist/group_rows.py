@@ -3,7 +3,8 @@
 :mod:`sparkml_dist.partitioning` (driver) adds ``KEY_COL`` (a 64-bit hash of the seed and the row)
 and ``GROUP_COL`` (the group the row belongs to); executor code reads them and orders a group's rows
 with :func:`order_rows`, so a member is fitted on the same rows in the same order on every retry
-and cluster shape; :func:`group_runs` hands a task's rows over one group at a time.
+and cluster shape; :func:`group_runs` hands a task's rows over one group at a time, held, and
+:func:`group_streams` one batch at a time (a group larger than a task's memory).
 """
 
 from __future__ import annotations
@@ -15,6 +16,45 @@ import pyarrow as pa
 
 GROUP_COL = "__sd_group"
 KEY_COL = "__sd_key"
+KEY_VALUE_COL = "__sd_key_value"  # a fit by key: the key itself, read by the task that fits it
+
+
+def hashable(value):
+    """A key as Python holds it: lists (array keys) as tuples, dicts (struct keys) as tuples of
+    their items, so every key can name a group in a dict."""
+    if isinstance(value, list):
+        return tuple(hashable(v) for v in value)
+    if isinstance(value, dict):
+        return tuple((k, hashable(v)) for k, v in value.items())
+    return value
+
+
+def draw_seeds(seed: int, n: int) -> np.ndarray:
+    """One seed per group for the member's own randomness (``random_state``), drawn at once."""
+    rng = np.random.default_rng([int(seed) & 0xFFFFFFFF, 2])
+    return rng.integers(0, 2**31 - 1, size=int(n))
+
+
+class SeedDraw:
+    """:func:`draw_seeds` ``(seed, n)`` as a sequence, drawn where it is first read (an executor),
+    so 10^6 keys' seeds do not travel with every task."""
+
+    def __init__(self, seed: int, n: int) -> None:
+        self.seed, self.n, self._values = int(seed), int(n), None
+
+    def __getstate__(self):
+        return {"seed": self.seed, "n": self.n}
+
+    def __setstate__(self, state):
+        self.__init__(state["seed"], state["n"])
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, g: int) -> int:
+        if self._values is None:
+            self._values = draw_seeds(self.seed, self.n)
+        return int(self._values[g])
 
 
 def order_rows(keys: np.ndarray, *tiebreak: np.ndarray) -> np.ndarray:
@@ -30,27 +70,46 @@ def order_rows(keys: np.ndarray, *tiebreak: np.ndarray) -> np.ndarray:
     return np.lexsort(tuple(columns) + (keys,))
 
 
-def group_runs(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, List[pa.RecordBatch]]]:
-    """``(group, its batches)`` for rows that arrive sorted by ``GROUP_COL``: one group is held at
-    a time, whatever the batches' boundaries.  A group that comes back after another is an error
-    (the rows were not grouped: it would be fitted twice on halves)."""
-    pending: List[pa.RecordBatch] = []
-    current = None
-    done = set()
+def _slices(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, pa.RecordBatch]]:
+    """``(group, slice)``: each batch cut where ``GROUP_COL`` changes."""
     for batch in batches:
         groups = batch.column(GROUP_COL).to_numpy()
         if not len(groups):
             continue
         cuts = np.flatnonzero(np.diff(groups)) + 1
         for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(groups)]):
-            g = int(groups[lo])
-            if current is not None and g != current:
-                yield current, pending
-                done.add(current)
-                pending = []
-            if g in done:
-                raise RuntimeError(f"group {g}'s rows did not arrive together in this task")
-            current = g
-            pending.append(batch.slice(lo, hi - lo))
-    if current is not None:
-        yield current, pending
+            yield int(groups[lo]), batch.slice(lo, hi - lo)
+
+
+def group_streams(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, Iterator[pa.RecordBatch]]]:
+    """``(group, its batches as they arrive)`` for rows that arrive sorted by ``GROUP_COL``, whatever
+    the batches' boundaries: nothing of a group is held but the batch being read.  Each group's
+    batches are read (or what is left of them skipped) before the next group comes.  A group that
+    comes back after another is an error (the rows were not grouped: it would be fitted twice on
+    halves)."""
+    slices = _slices(batches)
+    head = [next(slices, None)]
+    done = set()
+
+    def rest(g: int) -> Iterator[pa.RecordBatch]:
+        while head[0] is not None and head[0][0] == g:
+            piece = head[0][1]
+            head[0] = next(slices, None)
+            yield piece
+
+    while head[0] is not None:
+        g = head[0][0]
+        if g in done:
+            raise RuntimeError(f"group {g}'s rows did not arrive together in this task")
+        stream = rest(g)
+        yield g, stream
+        for _ in stream:  # the consumer stopped early: skip the group's other rows
+            pass
+        done.add(g)
+
+
+def group_runs(batches: Iterable[pa.RecordBatch]) -> Iterator[Tuple[int, List[pa.RecordBatch]]]:
+    """``(group, its batches)``: :func:`group_streams` with each group's batches held (one group
+    at a time)."""
+    for g, stream in group_streams(batches):
+        yield g, list(stream)

@@ -39,7 +39,7 @@ import numpy as np
 
 from . import spark_compat
 from .errors import ConfigurationError
-from .group_rows import GROUP_COL, KEY_COL, order_rows  # noqa: F401 - the split's columns
+from .group_rows import GROUP_COL, KEY_COL, draw_seeds, order_rows  # noqa: F401 - the split's columns
 
 log = logging.getLogger(__name__)
 
@@ -163,8 +163,7 @@ def feature_subsets(n_features: int, spec: SplitSpec) -> List[np.ndarray]:
 
 def group_seeds(spec: SplitSpec) -> List[int]:
     """One seed per group for the member's own randomness (e.g. ``random_state``), drawn once."""
-    rng = np.random.default_rng([int(spec.seed) & 0xFFFFFFFF, 2])
-    return [int(s) for s in rng.integers(0, 2**31 - 1, size=spec.num_groups)]
+    return [int(s) for s in draw_seeds(spec.seed, spec.num_groups)]
 
 
 # --------------------------------------------------------------------------- checks
@@ -321,21 +320,24 @@ def deal(df, spec: SplitSpec, key_cols: Sequence[str], extra_aggs: Optional[Mapp
     return spark_compat.repartition_by_id(dealt.drop(bucket, "__sd_pos"), k, GROUP_COL), stats
 
 
+PART_COL = "__sd_part"
+
+
 def assign_keys(df, key_col: str, key_table, num_parts: int):
     """Rows grouped by the value of ``key_col``: ``GROUP_COL`` = the key's index in ``key_table``.
 
-    ``key_table`` is a small DataFrame of ``(key_col, GROUP_COL)``; rows whose key is not in it are
-    dropped (the caller decided to skip those keys).  Group ``g`` lands in partition
-    ``g mod num_parts`` and each partition is sorted by group, so a task sees its groups one after
-    another and can fit them one at a time.  Lazy: starts no Spark job.
+    ``key_table`` is a small DataFrame of ``(key_col, GROUP_COL, PART_COL)``: each key's group and
+    the partition its rows go to (runs of consecutive keys, see
+    :func:`sparkml_dist.ensemble.groups.by_key`); rows whose key is not in it are dropped (the
+    caller decided to skip those keys).  Each partition is sorted by group, so a task sees its keys
+    one after another, in key order, each key's rows in their order (by ``KEY_COL``), and can fit
+    them one at a time.  Lazy: starts no Spark job.
     """
     from pyspark.sql import functions as F
 
     joined = df.join(F.broadcast(key_table), on=key_col, how="inner")
-    part = "__sd_part"
-    placed = joined.withColumn(part, F.pmod(F.col(GROUP_COL), F.lit(int(num_parts))))
     return (
-        spark_compat.repartition_by_id(placed, int(num_parts), part)
-        .drop(part)
-        .sortWithinPartitions(GROUP_COL)
+        spark_compat.repartition_by_id(joined, int(num_parts), PART_COL)
+        .drop(PART_COL)
+        .sortWithinPartitions(GROUP_COL, KEY_COL)  # a group's rows in their order already
     )

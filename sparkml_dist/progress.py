@@ -76,33 +76,44 @@ class _Silent:
         pass
 
 
-def bar(total: int, desc: str, enabled: bool = True, unit: str = "it") -> Any:
+def bar(total: int, desc: str, enabled: bool = True, unit: str = "it", delay: float = 0.0) -> Any:
+    """``delay``: seconds before the bar first shows (work done sooner shows none)."""
     if not enabled:
         return _Silent()
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover - tqdm is a dependency; a broken install stays quiet
         return _Silent()
-    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True)
+    return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, delay=delay)
 
 
 @contextlib.contextmanager
-def fits(spark, total: int, desc: str, enabled: bool = True) -> Iterator[Optional[tuple]]:
-    """A bar of ``total`` units and the ``(host, port, secret)`` tasks report to (None when off)."""
-    if not enabled:
+def fits(
+    spark, total: int, desc: str, enabled: bool = True, *, tasks: Optional[int] = None, unit: str = "fit",
+    delay: float = 0.0,
+) -> Iterator[Optional[tuple]]:  # fmt: skip
+    """A bar of ``total`` units and the ``(host, port, secret)`` tasks report to (None when off).
+    ``tasks``: how many tasks report (default: one per unit); ``delay``: as for :func:`bar`."""
+    if not enabled or os.environ.get(PROGRESS_ENV, "1") == "0":
         yield None
         return
     from . import _spark_env
     from .channel import new_secret
     from .channel.server import listen
 
-    progress = bar(total, desc, True, unit="fit")
+    progress = bar(total, desc, True, unit=unit, delay=delay)
+
+    def done(message: dict) -> None:
+        n = message.get("n", 1)
+        if message.get("type") == FRAME_DONE and isinstance(n, int) and 0 < n <= total:
+            progress.update(n)
+
     secret = new_secret()
     server = listen(
         secret,
-        lambda message: progress.update(1) if message.get("type") == FRAME_DONE else None,
+        done,
         _spark_env.driver_host(spark),
-        expected=total,  # at most one reporting task per unit: their handshakes may all wait at once
+        expected=tasks or total,  # the reporting tasks: their handshakes may all wait at once
     )
     try:
         yield (server.address, server.port, secret)
@@ -112,11 +123,15 @@ def fits(spark, total: int, desc: str, enabled: bool = True) -> Iterator[Optiona
 
 
 class Reporter:
-    """Executor side of :func:`fits`: ``report()`` after each unit (does nothing without a channel)."""
+    """Executor side of :func:`fits`: ``report()`` after each unit (does nothing without a channel);
+    units finishing within :data:`EVERY` seconds of the last report go in one message."""
+
+    EVERY = 0.25
 
     def __init__(self, channel: Optional[tuple]) -> None:
         self._channel = channel
         self._client = None
+        self._pending, self._last = 0, 0.0
 
     def __enter__(self) -> "Reporter":
         if self._channel is not None:
@@ -126,10 +141,20 @@ class Reporter:
                 self._client = LogClient(*self._channel, timeout=5.0, retry_for=5.0)
         return self
 
-    def __call__(self) -> None:
-        if self._client is not None:
-            self._client.send({"type": FRAME_DONE})
+    def __call__(self, n: int = 1) -> None:
+        if self._client is None:
+            return
+        self._pending += n
+        now = time.monotonic()
+        if now - self._last >= self.EVERY:
+            self._flush(now)
+
+    def _flush(self, now: float) -> None:
+        if self._pending:
+            self._client.send({"type": FRAME_DONE, "n": self._pending})
+        self._pending, self._last = 0, now
 
     def __exit__(self, *exc) -> None:
         if self._client is not None:
+            self._flush(time.monotonic())
             self._client.close()

@@ -21,7 +21,7 @@ _HOMES = {
     "GlobalForestRegressor": "global_forest",
     "Member": "member_records",
     "GroupedTrainer": "grouped",
-    "GroupedModel": "grouped",
+    "GroupedModel": "grouped_model",
     "train_per_group": "per_group",
     "GroupModels": "per_group",
     "GroupMember": "per_group",

@@ -3,16 +3,22 @@
 ``GroupedTrainer(estimator, groupCol, featuresCols, labelCol).fit(df)`` trains one clone of
 ``estimator`` per distinct value of ``groupCol`` (a store, a customer segment, a sensor):
 
-1. one aggregation job counts each key's rows (:func:`sparkml_dist.ensemble.groups.count_keys`:
-   keys stay in Spark's types, so a timestamp or an array key finds all of its rows); null keys
-   are refused; keys with fewer than ``minRows`` rows are reported: an error listing them
-   (default) or, with ``onSmallGroups="skip"``, a warning and the model's ``skippedGroups``;
-2. the per-group engine (:mod:`sparkml_dist.ensemble.groups`) sends each key's rows to one task,
-   orders them by a hash of the seed and the row (the same models on any partitioning), and fits
-   one clone per key, one key's rows held at a time;
-3. the fitted models come back through the shared collection layer, or stay in ``membersDir``; a
-   key whose fit raises fails the fit with a ``WorkerError`` naming the key and its traceback, or
-   with ``onError="skip"`` is listed in ``model.failedGroups``.
+Any number of keys (10^6 in a benchmark):
+
+1. one aggregation job counts each key's rows (:func:`sparkml_dist.ensemble.key_counts.count_keys`:
+   keys stay in Spark's types, so a timestamp or an array key finds all of its rows; the driver
+   holds them as Arrow); null keys are refused; keys with fewer than ``minRows`` rows are
+   reported: an error listing them (default) or, with ``onSmallGroups="skip"``, a warning and the
+   model's ``skippedGroups``;
+2. the per-group engine (:mod:`sparkml_dist.ensemble.groups`) gives each task a run of
+   consecutive keys (cut where the rows divide evenly), orders each key's rows by a hash of the
+   seed and the row (the same models on any partitioning), and fits one clone per key, one key's
+   rows held at a time;
+3. each task writes its models in blocks as it fits them (:mod:`.key_blocks`: a few hundred
+   models a block): to ``membersDir``, or collected whole; the driver keeps counts and references
+   (:class:`~.key_models.KeyModels`), never the models.  A key whose fit raises fails the fit with
+   a ``WorkerError`` naming the key and its traceback, or with ``onError="skip"`` keeps its row in
+   its block with the reason, listed in ``model.failedGroups``.
 
 ``GroupedModel.transform(df)`` adds ``predictionCol`` from the model of each row's key; a key not
 seen in training raises (``unseenKey="error"``, default) or predicts null (``unseenKey="null"``).
@@ -32,21 +38,22 @@ Example::
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, List, Optional
+import uuid
+from typing import Any, List, Optional
 
 import numpy as np
-import pyarrow as pa
 from pyspark import keyword_only
-from pyspark.ml import Estimator, Model
+from pyspark.ml import Estimator
 
 from .. import gpus as gpus_mod
-from .. import launch, partitioning, serialization, tracking
+from .. import launch, serialization, tracking
 from ..errors import ConfigurationError
-from . import groups, member_store, validation
+from ..group_rows import SeedDraw
+from . import groups, key_counts, member_store, streamed_keys, validation
 from ._fit_groups import Clone, GroupFitSpec, Inputs, fresh_copy
-from ._key_scoring import PredictSpec, predict_batch, predict_keys
-from .member_records import FEATURES, LABEL, KeyModel
-from .members_table import TableMembers
+from .grouped_model import GroupedModel
+from .key_models import KeyModels
+from .member_records import FEATURES, LABEL
 from .params import _GroupedParams
 from .persistence import StageReadWrite
 
@@ -61,7 +68,11 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
     ``unseenKey`` ("error" | "null"), ``seed`` (0: each key's rows are ordered by a hash of it and
     the row, and an estimator whose ``random_state`` is None gets the key's own seed: the same
     models on any partitioning), ``membersDir``, ``onError`` ("raise" | "skip": ``model.failedGroups``),
-    ``useGpu``, ``mlflow``: as for :class:`~sparkml_dist.ensemble.BaggingClassifier`.
+    ``useGpu``, ``mlflow``: as for :class:`~sparkml_dist.ensemble.BaggingClassifier`;
+    ``keyTimeout`` (seconds; unset: none): a key whose fit runs longer is stopped and fails
+    (:mod:`._key_watch`: each task then fits in a child process, about a second to start);
+    ``streamAbove`` (rows; unset: what one task's memory holds): a key with more rows trains from a
+    stream with the estimator's ``partial_fit`` (:mod:`.streamed_keys`, :mod:`._fit_stream`).
     """
 
     @keyword_only
@@ -82,6 +93,8 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         membersDir: Optional[str] = None,
         onError: str = "raise",
         useGpu: bool = False,
+        keyTimeout: Optional[float] = None,
+        streamAbove: Optional[int] = None,
     ):
         super().__init__()
         self._set(**self._input_kwargs)
@@ -126,47 +139,49 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         return dataset.select(F.col(key_col), feats.alias(FEATURES), label.alias(LABEL)), is_string_label
 
     def _count_keys(self, prepared):
-        """Rows per key in one job (:func:`groups.count_keys`); refuses null keys, labels and
-        features.  (the counts, the indices of the keys kept, small keys)."""
+        """Rows per key in one job (:func:`.key_counts.count_keys`); refuses null labels and
+        features.  (the counts, the indices of the keys kept)."""
         from pyspark.sql import functions as F
 
-        key_col = self.getGroupCol()
-        counts = groups.count_keys(
+        counts = key_counts.count_keys(
             prepared,
-            key_col,
+            self.getGroupCol(),
             {
                 "null_labels": F.sum(F.when(F.col(LABEL).isNull(), 1).otherwise(0)),
                 "null_features": F.sum(F.when(F.col(FEATURES).isNull(), 1).otherwise(0)),
             },
         )
         for what, param in (("null_labels", "labelCol"), ("null_features", "features")):
-            bad = [(k, e[what]) for k, e in zip(counts.keys, counts.extras) if e[what]]
-            if bad:
+            nulls = counts.extra(what)
+            bad = np.flatnonzero(nulls > 0)
+            if bad.size:
                 raise ConfigurationError(
-                    f"{param}: {sum(n for _, n in bad)} rows are null (keys "
-                    f"{[k for k, _ in bad[:5]]}); drop or impute them first."
+                    f"{param}: {int(nulls.sum())} rows are null (keys "
+                    f"{counts.python_keys(bad[:5])}); drop or impute them first."
                 )
-        keep = [g for g, n in enumerate(counts.rows) if n >= self.getMinRows()]
-        small = {counts.keys[g]: counts.rows[g] for g in range(len(counts.keys)) if g not in set(keep)}
-        return counts, keep, small
+        keep = np.flatnonzero(counts.rows >= self.getMinRows())
+        self._check_small(counts, keep)
+        return counts, keep
 
-    def _check_small(self, small: Dict[Any, int], kept: List[int]) -> None:
-        key_col = self.getGroupCol()
-        if small and self.getOnSmallGroups() == "error":
-            listed = ", ".join(f"{k!r}: {n}" for k, n in list(small.items())[:10])
+    def _check_small(self, counts, kept: np.ndarray) -> None:
+        key_col, n_small = self.getGroupCol(), counts.n - len(kept)
+        small = np.flatnonzero(counts.rows < self.getMinRows())[:10]
+        shown = list(zip(counts.python_keys(small), counts.rows[small].tolist()))
+        if n_small and self.getOnSmallGroups() == "error":
+            listed = ", ".join(f"{k!r}: {n}" for k, n in shown)
             raise ConfigurationError(
-                f"{len(small)} key(s) of {key_col!r} have fewer than minRows={self.getMinRows()} rows "
-                f"({listed}{', ...' if len(small) > 10 else ''}). Filter them out, lower minRows, or "
+                f"{n_small} key(s) of {key_col!r} have fewer than minRows={self.getMinRows()} rows "
+                f"({listed}{', ...' if n_small > 10 else ''}). Filter them out, lower minRows, or "
                 "set onSmallGroups='skip' to train the others and list these in model.skippedGroups."
             )
-        if small:
+        if n_small:
             log.warning(
                 "GroupedTrainer: skipping %d key(s) with fewer than %d rows: %s",
-                len(small),
+                n_small,
                 self.getMinRows(),
-                list(small)[:10],
+                [k for k, _ in shown],
             )
-        if not kept:
+        if not len(kept):
             raise ConfigurationError(
                 f"no key of {key_col!r} has minRows={self.getMinRows()} rows; nothing to fit."
             )
@@ -176,145 +191,32 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
 
     def _fit_keys(self, dataset):
         self._check_params(dataset)
+        timeout, stream_above = self.getKeyTimeout(), self.getStreamAbove()  # refused before any job
         blob = self._estimator_blob()
+        est = serialization.loads(blob)
         key_col = self.getGroupCol()
         prepared, is_string_label = self._prepare(dataset)
         spark = launch.session_of(dataset)
-        counts, keep, small = self._count_keys(prepared)
-        self._check_small(small, keep)
-        n_features = len(self.getFeaturesCols()) or 1
+        counts, keep = self._count_keys(prepared)
+        bytes_per_row = ((len(self.getFeaturesCols()) or 1) + 2) * 8
+        held, stream = streamed_keys.plan(
+            spark, prepared, counts, keep, est, stream_above, bytes_per_row, LABEL
+        )
         split = groups.by_key(
-            prepared,
-            counts,
-            [FEATURES, LABEL],
-            keep=keep,
-            seed=int(self.getSeed()),
-            key_cols=[key_col, FEATURES, LABEL],
-            bytes_per_row=(n_features + 2) * 8,
-        )
-        est = serialization.loads(blob)
+            prepared, counts, [FEATURES, LABEL], keep=keep, seed=int(self.getSeed()),
+            key_cols=[key_col, FEATURES, LABEL], bytes_per_row=bytes_per_row, held_rows=held,
+        )  # fmt: skip
         gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu")
-        spec = partitioning.SplitSpec(num_groups=max(1, len(split.keys)), seed=int(self.getSeed()))
-        recipe = Clone(blob, seeds=tuple(partitioning.group_seeds(spec)), gpus=gpus)
         store = member_store.new_store(self.getMembersDir(), self.uid)
-        fitted = groups.fit(
-            split,
-            GroupFitSpec(
-                recipe, Inputs(features=(FEATURES,), label=LABEL), split.keys, self.getOnError(), store, "key"
-            ),
-            what="key",
-            description=f"sparkml_dist: fitting {len(split.keys)} models by {key_col}",
-            profile=profile,
-        )
-        if store is None:
-            members = [r.model for r in fitted.results if r is not None]
-        else:  # loaded when used; the driver names each key (a record holds no key JSON cannot)
-            members = member_store.LazyMembers(store.uri, fitted.stored)
-        kept = [r.key for r in fitted.results if r is not None]
-        model = GroupedModel(members=members, skipped=small, label_is_string=is_string_label, keys=kept)
-        model.failedGroups = dict(fitted.skipped)
+        fit_id = uuid.uuid4().hex
+        spec = GroupFitSpec(
+            Clone(blob, seeds=SeedDraw(int(self.getSeed()), split.n), gpus=gpus), Inputs((FEATURES,), LABEL),
+            None, self.getOnError(), store, "key", (fit_id, split.n, {"label_is_string": is_string_label}),
+            key_timeout=timeout, stream=stream,
+        )  # fmt: skip
+        description = f"sparkml_dist: fitting {split.n} models by {key_col}"
+        fitted = groups.fit_keys(split, spec, what="key", description=description, profile=profile)
+        models = KeyModels(split.key_array, fitted.rows, fitted.blocks, fit_id, store.uri if store else None)
+        model = GroupedModel(models=models, skipped=split.small, label_is_string=is_string_label)
+        model.failedGroups = {split.key(i): why for i, why in fitted.failed.items()}
         return self._copyValues(model)
-
-
-class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
-    """The models of a :class:`GroupedTrainer`, one per key."""
-
-    def _table_state(self) -> dict:
-        return {"label_is_string": self._label_is_string}
-
-    @classmethod
-    def _from_members(cls, members: list, state: dict):
-        return cls(
-            members=sorted(members, key=lambda m: m.group), label_is_string=bool(state.get("label_is_string"))
-        )
-
-    def __init__(
-        self,
-        members: Optional[List[KeyModel]] = None,
-        skipped: Optional[Dict[Any, int]] = None,
-        label_is_string: bool = False,
-        keys: Optional[List[Any]] = None,
-    ):
-        super().__init__()
-        lazy = isinstance(members, member_store.LazyMembers)
-        self._members = members if lazy else list(members or [])
-        self._keys = list(keys) if keys is not None else None  # the members' keys, when they are lazy
-        self._skipped = dict(skipped or {})
-        self._label_is_string = bool(label_is_string)
-        self.failedGroups: Dict[Any, str] = {}  # a fit with onError="skip": {key: why its fit failed}
-
-    @property
-    def keys(self) -> List[Any]:
-        """The keys that have a model, in sorted order."""
-        return list(self._keys) if self._keys is not None else [m.key for m in self._members]
-
-    @property
-    def models(self) -> Dict[Any, Any]:
-        """``{key: fitted model}``."""
-        return {k: m.model for k, m in zip(self.keys, self._members)}
-
-    @property
-    def groupSizes(self) -> Dict[Any, int]:
-        if isinstance(self._members, member_store.LazyMembers):  # from the records: nothing loaded
-            return {k: int(r["rows"]) for k, r in zip(self.keys, self._members.records)}
-        return {m.key: m.rows for m in self._members}
-
-    @property
-    def skippedGroups(self) -> Dict[Any, int]:
-        """Keys left without a model (fewer than minRows rows) and their row counts."""
-        return dict(self._skipped)
-
-    def predict(self, X, keys) -> np.ndarray:
-        """Local predictions: row i from the model of ``keys[i]`` (``unseenKey`` applies)."""
-        X = X.tocsr() if hasattr(X, "tocsr") else np.asarray(X, dtype=np.float64)
-        out_type = pa.string() if self._label_is_string else pa.float64()
-        preds = predict_batch(
-            pa.array(list(keys)),
-            X,
-            pa.array(self.keys),
-            [m.model for m in self._members],
-            self.getUnseenKey(),
-            out_type,
-        )
-        return np.asarray(preds.to_pylist(), dtype=object if self._label_is_string else np.float64)
-
-    def _transform(self, dataset):
-        from pyspark.sql import types as T
-
-        self._check_params(dataset)
-        feats = validation.features_column(dataset, self.getFeaturesCol(), self.getFeaturesCols())
-        if self.getPredictionCol() in dataset.columns:
-            raise ConfigurationError(
-                f"predictionCol={self.getPredictionCol()!r} is already a column; set another predictionCol"
-            )
-        lazy = isinstance(self._members, member_store.LazyMembers)  # each worker reads the store itself
-        blob = serialization.dumps((self.keys, self._members if lazy else [m.model for m in self._members]))
-        spec = PredictSpec(
-            self.getGroupCol(),
-            self.getPredictionCol(),
-            "string" if self._label_is_string else "double",
-            serialization.digest(blob),
-            blob,
-            self.getUnseenKey(),
-        )
-        out_type = T.StringType() if self._label_is_string else T.DoubleType()
-        schema = T.StructType(
-            dataset.schema.fields + [T.StructField(self.getPredictionCol(), out_type, True)]
-        )
-        from functools import partial
-
-        # the features as fit saw them (vectors stay vectors: CSR for models that take it)
-        return dataset.withColumn(FEATURES, feats).mapInArrow(partial(predict_keys, spec=spec), schema)
-
-    # persistence (StageReadWrite stores _members in the model store, this state in metadata)
-    def _persisted_state(self) -> dict:
-        return {
-            "label_is_string": self._label_is_string,
-            "skipped": [[k, n] for k, n in self._skipped.items()],
-        }
-
-    def _restore_state(self, state: dict, members: list) -> None:
-        self._members = sorted(members, key=lambda m: m.group)
-        self._keys = None
-        self._label_is_string = bool(state.get("label_is_string", False))
-        self._skipped = {k: n for k, n in state.get("skipped", [])}

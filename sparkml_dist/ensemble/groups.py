@@ -10,37 +10,45 @@ and :func:`~sparkml_dist.ensemble.train_per_group`:
 
    * :func:`by_split`: the shared split (``disjoint`` dealt in balanced groups, ``bootstrap``,
      ``subsample``), group ``g`` in partition ``g``;
-   * :func:`by_key`: one group per distinct value of a key column.  The keys never leave Spark's
-     types on their way back into the job: one job counts each key's rows (and any data checks),
-     collected as Arrow; the key table joined back is built from that Arrow table, so a timestamp
-     in a daylight-saving zone, a float, an array or a struct key finds every one of its rows.
-     Keys that Python cannot hold (a string that is not UTF-8) are refused naming the key.
+   * :func:`by_key`: one group per distinct value of a key column, counted by
+     :func:`sparkml_dist.ensemble.key_counts.count_keys` (any number of keys: 10^6 in a
+     benchmark).  Each task gets a run of consecutive keys in key order, cut where the rows, not
+     the keys, divide evenly, and each row carries its key (``KEY_VALUE_COL``), so no task is sent
+     the list of keys.
 
-2. **The fit** (:func:`fit`): :func:`sparkml_dist.ensemble._fit_groups.fit_groups` runs in every
-   task (one recipe: an estimator cloned per group, or the user's function; one error policy; one
-   output: collected, or written to ``membersDir`` in the one member record format), the results
+2. **The fit**: :func:`sparkml_dist.ensemble._fit_task.fit_groups` runs in every task (one
+   recipe: an estimator cloned per group, or the user's function; one error policy), the results
    come back through the collection layer, and every group's trained rows are checked against the
-   rows counted for it (a key whose rows did not all arrive fails the fit, naming it).
+   rows counted for it (a key whose rows did not all arrive fails the fit, naming it).  Two
+   outputs: :func:`fit` collects one result per group (a bagging member, or written to
+   ``membersDir`` in the one member record format); :func:`fit_keys` gets the models of many keys
+   in blocks (:mod:`.key_blocks`), written to ``membersDir`` as they are fitted or collected
+   whole, so the driver holds counts and references, never the models.
 
 Example::
 
     groups = by_key(df, count_keys(df, "store"), ["x1", "x2", "label"], seed=0)
-    fitted = fit(groups, GroupFitSpec(recipe, inputs, groups.keys), what="key", description="...")
-    fitted.results[0].model
+    fitted = fit_keys(groups, GroupFitSpec(recipe, inputs, None, blocks=("id", groups.n)), ...)
+    fitted.blocks[0].lo, fitted.rows, fitted.failed
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from .. import launch, partitioning, plan
-from ..errors import CollectionError, ConfigurationError
-from ..group_rows import GROUP_COL, KEY_COL
+import numpy as np
+
+from .. import launch, partitioning, plan, progress
+from ..errors import CollectionError
+from ..group_rows import GROUP_COL, KEY_COL, KEY_VALUE_COL
 from . import member_store
-from ._fit_groups import GroupFitSpec, fit_groups
+from ._fit_groups import GroupFitSpec
+from ._fit_task import fit_groups
+from .key_blocks import Block
+from .key_counts import KeyCounts, key_table
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +56,35 @@ log = logging.getLogger(__name__)
 @dataclass
 class Groups:
     """A DataFrame's rows dealt to groups: ``frame`` holds ``GROUP_COL``, ``KEY_COL`` and the
-    columns asked for, each task's rows one group after another; group ``g`` is called
-    ``keys[g]``; ``stats`` has the rows counted per group and any data checks' aggregates;
-    ``small`` the keys left out for having too few rows."""
+    columns asked for, each task's rows one group after another; ``n`` groups, ``rows`` counted
+    per group; the split's ``stats`` (its data checks' aggregates), or by key the ``counts`` and
+    the indices into them of the groups (``kept``), ``small``: the keys left out for having too
+    few rows ({key: rows}), and the number of ``tasks`` holding the rows (None: one per group)."""
 
     frame: Any
-    keys: Tuple[Any, ...]
-    stats: partitioning.GroupStats
+    n: int
+    rows: np.ndarray
+    stats: Optional[partitioning.GroupStats] = None
+    counts: Optional[KeyCounts] = None
+    kept: Optional[np.ndarray] = None
     small: Dict[Any, int] = field(default_factory=dict)
+    tasks: Optional[int] = None  # the tasks the rows are in (None: one per group)
+
+    @property
+    def keys(self) -> Optional[tuple]:
+        """The split's group names (0 .. n-1); None by key: each group's rows carry its key."""
+        return tuple(range(self.n)) if self.counts is None else None
+
+    def key(self, g: int) -> Any:
+        """Group ``g``'s key as Python holds it."""
+        return g if self.counts is None else self.counts.key(self.kept[g])
+
+    @property
+    def key_array(self):
+        """By key: the groups' keys in their Spark type (Arrow), in group order."""
+        import pyarrow as pa
+
+        return self.counts.keys.take(pa.array(self.kept, pa.int64()))
 
 
 def by_split(
@@ -77,38 +106,7 @@ def by_split(
             stats = partitioning.group_stats(grouped, spec.num_groups, extra_aggs)
     if columns is not None:
         grouped = grouped.select(GROUP_COL, KEY_COL, *columns)
-    return Groups(grouped, tuple(range(spec.num_groups)), stats)
-
-
-@dataclass
-class KeyCounts:
-    """What one job found about a key column: each distinct key (as Python holds it, in Spark's
-    order), its rows and the data checks' aggregates, and the keys as Spark gave them (Arrow)."""
-
-    key_col: str
-    keys: List[Any]
-    rows: List[int]
-    extras: List[dict]
-    arrow: Any  # a pyarrow Table of the one key column
-
-
-def count_keys(df, key_col: str, extra_aggs: Optional[Mapping[str, Any]] = None, param: str = "groupCol"):
-    """One job: the rows (and ``extra_aggs``) of each distinct value of ``key_col``, as
-    :class:`KeyCounts`; null keys, and keys Python cannot hold or tell apart, refused by name."""
-    from pyspark.sql import functions as F
-
-    if key_col not in df.columns:
-        raise ConfigurationError(f"{param}={key_col!r} is not a column; the DataFrame has {df.columns}")
-    bad = partitioning.unkeyable_part(df.schema[key_col].dataType)
-    if bad:
-        raise ConfigurationError(
-            f"{param}={key_col!r} is {bad}, which Spark cannot group by; derive a key column from it"
-        )
-    aggs = [F.count(F.lit(1)).alias("__rows")] + [c.alias(n) for n, c in (extra_aggs or {}).items()]
-    with launch.job_scope(launch.session_of(df), f"sparkml_dist: counting rows per {key_col}"):
-        counted = df.groupBy(key_col).agg(*aggs).orderBy(key_col).toArrow()
-    keys, rows, extras = _keys(counted, key_col, param)
-    return KeyCounts(key_col, keys, rows, extras, counted.select([key_col]))
+    return Groups(grouped, spec.num_groups, stats.counts(), stats=stats)
 
 
 def by_key(
@@ -120,84 +118,59 @@ def by_key(
     seed: int = 0,
     key_cols: Optional[Sequence[str]] = None,
     bytes_per_row: float = 64.0,
+    held_rows: Optional[int] = None,
 ) -> Groups:
     """One group per key of ``counts`` (those at ``keep`` when given), see the module docstring.
-    Rows are keyed by ``key_cols`` (default: every hashable column) for their order in a group."""
+    Rows are keyed by ``key_cols`` (default: every hashable column) for their order in a group.
+    ``held_rows``: groups of more rows train from a stream (:mod:`._fit_stream`), holding a
+    chunk of rows, not the group."""
+    from pyspark.sql import functions as F
+
+    from ._fit_stream import CHUNK_ROWS
+
     spark = launch.session_of(df)
-    kept = list(range(len(counts.keys))) if keep is None else list(keep)
-    table = _key_table(spark, counts.arrow.take(kept), df.schema[counts.key_col].dataType)
+    kept = np.arange(counts.n) if keep is None else np.asarray(keep, dtype=np.int64)
+    rows = counts.rows[kept]
     keyed = partitioning.row_keys(df, seed, key_cols or partitioning.hashable_columns(df))
-    biggest = max([counts.rows[g] for g in kept] or [0])
-    concurrency = plan.plan_concurrency(spark, biggest * bytes_per_row * 3)
+    held = rows if held_rows is None else np.where(rows > held_rows, np.minimum(rows, CHUNK_ROWS), rows)
+    concurrency = plan.plan_concurrency(spark, float(held.max(initial=0)) * bytes_per_row * 3)
     parts = max(1, min(len(kept), concurrency.concurrency * 4))
-    grouped = partitioning.assign_keys(keyed, counts.key_col, table, parts)
-    stats = partitioning.GroupStats(
-        num_groups=len(kept),
-        rows={i: counts.rows[g] for i, g in enumerate(kept)},
-        extras={i: counts.extras[g] for i, g in enumerate(kept)},
+    table = key_table(
+        spark,
+        counts.keys.take(_arrow_ints(kept)),
+        counts.key_col,
+        df.schema[counts.key_col].dataType,
+        {partitioning.PART_COL: _arrow_ints(runs(rows, parts), 32)},
+    )
+    grouped = partitioning.assign_keys(
+        keyed.withColumn(KEY_VALUE_COL, F.col(counts.key_col)), counts.key_col, table, parts
     )
     log.info("%r: %d keys in %d tasks (%s)", counts.key_col, len(kept), parts, concurrency.summary())
-    small = {counts.keys[g]: counts.rows[g] for g in set(range(len(counts.keys))) - set(kept)}
+    left = np.setdiff1d(np.arange(counts.n), kept)
+    small = dict(zip(counts.python_keys(left), counts.rows[left].tolist())) if len(left) else {}
     return Groups(
-        grouped.select(GROUP_COL, KEY_COL, *columns), tuple(counts.keys[g] for g in kept), stats, small
+        grouped.select(GROUP_COL, KEY_COL, KEY_VALUE_COL, *columns),
+        len(kept),
+        rows,
+        counts=counts,
+        kept=kept,
+        small=small,
+        tasks=parts,
     )
 
 
-def _keys(counted, key_col: str, param: str):
-    """(Python keys, row counts, other aggregates) of the counting job's Arrow table; a null key,
-    a key Python cannot hold, or two keys Python cannot tell apart are refused by name."""
-    if not counted.num_rows:
-        raise ConfigurationError("the input DataFrame is empty; there is nothing to train")
-    column = counted.column(key_col)
-    counts = counted.column("__rows").to_pylist()
-    if column.null_count:
-        nulls = sum(n for n, valid in zip(counts, column.is_valid().to_pylist()) if not valid)
-        raise ConfigurationError(
-            f"{param}={key_col!r} is null in {nulls} rows: fill them or filter them out "
-            f"(df.na.drop(subset=[{key_col!r}])); a null key gets no model"
-        )
-    keys = []
-    for i in range(len(column)):
-        try:
-            keys.append(_hashable(column[i].as_py()))
-        except UnicodeDecodeError:
-            raw = column.chunk(0).cast("binary")[i].as_py() if column.num_chunks == 1 else b"?"
-            raise ConfigurationError(
-                f"{param}={key_col!r}: the key {raw!r} is not valid UTF-8 text, so it cannot name a "
-                f"group; make the key column plain text or bytes first (e.g. F.hex({key_col!r}) or "
-                f"F.col({key_col!r}).cast('binary'))"
-            ) from None
-    same = [k for k, n in Counter(keys).items() if n > 1]
-    if same:
-        raise ConfigurationError(
-            f"{param}={key_col!r}: distinct keys {same[:5]} become equal in Python; derive a key "
-            "column that tells them apart (e.g. cast it to a string)"
-        )
-    rest = [c for c in counted.column_names if c not in (key_col, "__rows")]
-    extras = [{c: counted.column(c)[i].as_py() for c in rest} for i in range(counted.num_rows)]
-    return keys, counts, extras
-
-
-def _hashable(value):
-    """A key as Python holds it: lists (array keys) as tuples, dicts (struct keys) as tuples of
-    their items, so every key can name a group in a dict."""
-    if isinstance(value, list):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, dict):
-        return tuple((k, _hashable(v)) for k, v in value.items())
-    return value
-
-
-def _key_table(spark, keys, key_type):
-    """The small DataFrame (key, GROUP_COL) joined back to the rows, made from the counting job's
-    own Arrow values (never from Python objects), in the key column's own Spark type."""
+def _arrow_ints(values: np.ndarray, bits: int = 64):
     import pyarrow as pa
-    from pyspark.sql import types as T
 
-    table = keys.append_column(GROUP_COL, pa.array(range(keys.num_rows), pa.int32()))
-    name = keys.column_names[0]
-    schema = T.StructType([T.StructField(name, key_type), T.StructField(GROUP_COL, T.IntegerType())])
-    return spark.createDataFrame(table, schema=schema)
+    return pa.array(np.asarray(values, dtype=np.int64 if bits == 64 else np.int32))
+
+
+def runs(rows: np.ndarray, parts: int) -> np.ndarray:
+    """The partition of each group: ``parts`` runs of consecutive groups holding about equal
+    rows (a group is never split; a run may be empty when one group outweighs it)."""
+    before = np.cumsum(rows) - rows
+    total = max(1, int(rows.sum()))
+    return np.minimum(before * parts // total, parts - 1).astype(np.int32)
 
 
 @dataclass
@@ -219,23 +192,21 @@ def fit(
     profile: Any = None,
     frame: Any = None,
 ) -> Fitted:
-    """Every group fitted by ``spec``'s recipe in one Spark job (see the module docstring);
-    ``frame`` replaces ``groups.frame`` (the same rows, e.g. sorted within partitions)."""
+    """Every group fitted by ``spec``'s recipe in one Spark job, one result per group collected
+    (see the module docstring); ``frame`` replaces ``groups.frame`` (the same rows, e.g. sorted
+    within partitions)."""
     out = launch.run_on_groups(
         frame if frame is not None else groups.frame,
         fit_groups,
         spec,
-        expected_groups=range(len(groups.keys)),
+        expected_groups=range(groups.n),
         description=description,
         profile=profile,
     )
-    results = [out[(g, 0)] for g in range(len(groups.keys))]
-    _check_rows(groups, results, what)
+    results = [out[(g, 0)] for g in range(groups.n)]
+    _check_rows(groups, np.array([r.rows for r in results], dtype=np.int64), what)
     skipped = {r.key: r.error for r in results if r.error is not None}
-    if skipped:
-        log.warning("%d of %d %ss skipped: %s", len(skipped), len(results), what, sorted(map(str, skipped)))
-    if len(skipped) == len(results):
-        raise CollectionError(f"every {what} failed; the first: {next(iter(skipped.values()))}")
+    _check_failures(len(skipped), len(results), next(iter(skipped.values()), ""), what, skipped)
     stored = None
     if spec.store is not None:
         metas = [meta for r in results if r.error is None for meta in r.stored]
@@ -243,13 +214,71 @@ def fit(
     return Fitted([r if r.error is None else None for r in results], skipped, stored)
 
 
-def _check_rows(groups: Groups, results: List[Any], what: str) -> None:
-    """Each group trained on the rows counted for it: a key that lost rows on its way is named."""
-    for g, r in enumerate(results):
-        counted = groups.stats.rows.get(g, 0)
-        if r.rows != counted:
+@dataclass
+class FittedKeys:
+    """What :func:`fit_keys` returns: the blocks in key order (each written to the store, or its
+    bytes), the rows each key's model saw, and the keys whose fit failed ({index: why})."""
+
+    blocks: List[Block]
+    rows: np.ndarray
+    failed: Dict[int, str]
+
+
+def fit_keys(groups: Groups, spec: GroupFitSpec, *, what: str, description: str, profile: Any = None):
+    """Every key fitted by ``spec``'s recipe in one Spark job, the models in blocks (see the
+    module docstring); with a store, its manifest committed."""
+    spark = launch.session_of(groups.frame)
+    with progress.fits(spark, groups.n, f"{what}s", tasks=groups.tasks, unit=what, delay=2.0) as channel:
+        spec = dataclasses.replace(spec, progress=channel)
+        out = launch.run_on_groups(groups.frame, fit_groups, spec, description=description, profile=profile)
+    blocks = sorted(out.values(), key=lambda b: b.lo)
+    _check_cover(groups, blocks, what)
+    rows = np.concatenate([b.rows for b in blocks])
+    _check_rows(groups, rows, what)
+    failed = {i: why for b in blocks for i, why in b.failed.items()}
+    first = failed[min(failed)] if failed else ""
+    _check_failures(
+        len(failed), groups.n, first, what, {groups.key(i): w for i, w in list(failed.items())[:10]}
+    )
+    if spec.store is not None:
+        member_store.commit_checked(spec.store, [b.meta for b in blocks])
+    return FittedKeys(blocks, rows, failed)
+
+
+def _check_cover(groups: Groups, blocks: List[Block], what: str) -> None:
+    """The blocks hold every key once: keys 0 .. n-1, in runs that meet end to end."""
+    edge = 0
+    for b in blocks:
+        if b.lo != edge:
+            lost = list(range(edge, b.lo))[:10] if b.lo > edge else []
             raise CollectionError(
-                f"{what} {groups.keys[g]!r}: {counted} rows were counted for it but its task received "
-                f"{r.rows}; its rows did not all find their group (the key changed on the way). Derive "
-                "a plain key column (a string or an integer) and group by that."
-            )
+                f"the fit's blocks do not hold every {what} once: "
+                + (f"{what}s {[groups.key(i) for i in lost]} returned no model" if lost else
+                   "two attempts of a task split their keys differently")
+                + "; check the executor logs, or increase spark.task.maxFailures if tasks were lost"
+            )  # fmt: skip
+        edge = b.hi
+    if edge != groups.n:
+        lost = [groups.key(i) for i in range(edge, min(groups.n, edge + 10))]
+        raise CollectionError(
+            f"{groups.n - edge} {what}s returned no model (e.g. {lost}); check the executor logs"
+        )
+
+
+def _check_failures(failed: int, total: int, first: str, what: str, shown: Dict[Any, str]) -> None:
+    if failed:
+        log.warning("%d of %d %ss skipped: %s", failed, total, what, sorted(map(str, shown)))
+    if failed == total:
+        raise CollectionError(f"every {what} failed; the first: {first}")
+
+
+def _check_rows(groups: Groups, rows: np.ndarray, what: str) -> None:
+    """Each group trained on the rows counted for it: a key that lost rows on its way is named."""
+    bad = np.flatnonzero(rows != groups.rows)
+    if bad.size:
+        g = int(bad[0])
+        raise CollectionError(
+            f"{what} {groups.key(g)!r}: {int(groups.rows[g])} rows were counted for it but its task "
+            f"received {int(rows[g])}; its rows did not all find their group (the key changed on the "
+            "way). Derive a plain key column (a string or an integer) and group by that."
+        )

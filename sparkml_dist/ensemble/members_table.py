@@ -1,4 +1,4 @@
-"""Models as rows of a Spark table, and back, through the safe formats.  [driver]
+"""Models as rows of a Spark table, and back, through the safe formats.  [anywhere]
 
 Hivemall's pattern: the members of an ensemble (or the models of many groups) as a table that SQL
 can store, join, filter and vote over.  One row per model::
@@ -20,6 +20,9 @@ another table is refused.  Reading a table back checks all of that, then decodes
 a forged row is refused as a forged model file is.  Tables written before the table id existed
 (their digests cover record + model only) still load; signed ones with a warning that their rows'
 set and other columns are not covered.
+
+A key whose fit failed (``onError="skip"``) keeps its row: format ``failed``, no model bytes,
+its reason in the record (``"error"``); reading the table back gives it no model.
 
 A table saved with no models holds one row that says so (format ``none``, no model bytes, its
 record ``{"empty": true, "table": ...}``, digested like any row): a table with no rows at all had
@@ -44,6 +47,7 @@ SCHEMA = (
 )
 COLUMNS = ["group", "rows", "format", "model", "metrics", "record", "sha256"]
 EMPTY = "none"  # the format of the one row of a table saved with no models
+FAILED = "failed"  # the format of a key's row whose fit failed (onError="skip"): no model
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +125,10 @@ def decode_rows(
         return []  # saved empty, and its signed row says so
     out = []
     for r, record in checked:
+        if r["format"] == FAILED:  # a key whose fit failed keeps its row: no model, its reason
+            record.pop("table", None)
+            out.append((r["group"], int(r["rows"]), None, dict(r["metrics"] or {}), record))
+            continue
         model = model_formats.decode(
             r["format"],
             bytes(r["model"]),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import (
     HasFeaturesCol,
@@ -195,6 +197,18 @@ class _GroupedParams(_PerGroupParams, HasEstimatorAndFeatures, HasLabelCol, HasP
     unseenKey = declare(
         "unseenKey", "transform of a key without a model: error (default) | null", TypeConverters.toString
     )
+    streamAbove = declare(
+        "streamAbove",
+        "keys with more rows train from a stream with the estimator's partial_fit, holding a chunk of "
+        "rows at a time (unset: the rows one task's memory holds; 0: every key)",
+        TypeConverters.toInt,
+    )
+    keyTimeout = declare(
+        "keyTimeout",
+        "seconds one key's fit may take (unset: no bound); each task then fits its keys in a child "
+        "process that it kills when a fit runs past it: the key fails (onError decides)",
+        TypeConverters.toFloat,
+    )
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -220,6 +234,16 @@ class _GroupedParams(_PerGroupParams, HasEstimatorAndFeatures, HasLabelCol, HasP
 
     def getUnseenKey(self) -> str:
         return self.getOrDefault(self.unseenKey)
+
+    def getStreamAbove(self) -> Optional[int]:
+        value = self.getOrDefault(self.streamAbove) if self.isDefined(self.streamAbove) else None
+        return arg_checks.integer("streamAbove", value, 0, none_ok=True, fix="rows, or leave it unset")
+
+    def getKeyTimeout(self) -> Optional[float]:
+        value = self.getOrDefault(self.keyTimeout) if self.isDefined(self.keyTimeout) else None
+        return arg_checks.seconds(
+            "keyTimeout", value, fix="seconds one key's fit may take, or leave it unset"
+        )
 
     def _check_params(self, df) -> None:
         if not self.isDefined(self.groupCol) or not self.getGroupCol():

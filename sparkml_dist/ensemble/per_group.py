@@ -33,7 +33,12 @@ finds its GPUs with ``TaskContext.get().resources()["gpu"].addresses``); local m
 task resources.
 
 A group whose ``fn`` raises fails the call with a ``WorkerError`` naming the key and carrying the
-traceback (``on_error="raise"``), or is listed in ``skipped`` with its error (``on_error="skip"``).
+traceback (``on_error="raise"``), or is listed in ``skipped`` with its error (``on_error="skip"``;
+the members table keeps its row, with the reason).  ``key_timeout`` (seconds) bounds each group's
+``fn``: one running longer is stopped (each task then calls ``fn`` in a child process it kills,
+:mod:`._key_watch`) and fails the same way.  ``stream=True``: ``fn(batches, key)`` gets an
+iterator of the group's rows as Arrow record batches, read as Spark reads them, so a group larger
+than a task's memory trains (:mod:`._fit_stream`; what ``fn`` leaves unread is skipped).
 The camelCase spellings of earlier releases (``groupCol=``, ``numGroups=``, ...) still work, with a
 ``DeprecationWarning``.
 """
@@ -41,66 +46,101 @@ The camelCase spellings of earlier releases (``groupCol=``, ``numGroups=``, ...)
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence
+import uuid
+from collections.abc import Sequence as SequenceABC
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import pyarrow as pa
 
 from .. import arg_checks, launch, partitioning
 from .. import gpus as gpus_mod
 from ..errors import ConfigurationError
-from . import groups, member_store, members_table
+from ..group_rows import SeedDraw
+from . import groups, key_counts, key_models, member_store, members_table
 from ._fit_groups import Function, GroupFitSpec, Inputs
-from .member_records import FEATURES, LABEL, MODEL
+from .key_models import KeyModels
+from .member_records import FEATURES, LABEL
 
 log = logging.getLogger(__name__)
 
 
 class GroupMember:
     """One group's model: its key (``group``), the ``rows`` it was trained on, the ``model`` and its
-    ``metrics``.  With ``membersDir`` the model stays in storage until ``.model`` is first read
-    (checked against the SHA-256 its task reported, decoded through the safe formats)."""
+    ``metrics``.  The model stays in its block (``membersDir``'s file, or the bytes collected) until
+    ``.model`` or ``.metrics`` is first read (checked, decoded through the safe formats)."""
 
-    def __init__(self, group: Any, rows: int, model: Any = None, metrics=None, stored=None) -> None:
-        self.group, self.rows, self.metrics = group, rows, dict(metrics or {})
-        self._model, self._stored = model, stored  # stored: (store uri, the file's metadata)
+    def __init__(self, group: Any, rows: int, model: Any = None, metrics=None, source=None) -> None:
+        self.group, self.rows = group, rows
+        self._model, self._metrics, self._source = model, metrics, source  # source: (KeyModels, index)
 
     @property
     def model(self) -> Any:
-        if self._model is None and self._stored is not None:
-            self._model = member_store.decode_stored(*self._stored)
+        if self._model is None and self._source is not None:
+            self._model = self._source[0].model(self._source[1])
         return self._model
+
+    @property
+    def metrics(self) -> dict:
+        if self._metrics is None:
+            self._metrics = dict(self._source[0].entry(self._source[1])[2]) if self._source else {}
+        return self._metrics
 
     def __repr__(self) -> str:
         where = (
-            f"stored in {self._stored[0]}"
-            if self._model is None and self._stored
+            f"in {self._source[0].uri or 'a collected block'}"
+            if self._model is None and self._source
             else type(self._model).__name__
         )
-        return f"GroupMember(group={self.group!r}, rows={self.rows}, model={where}, metrics={self.metrics})"
+        return f"GroupMember(group={self.group!r}, rows={self.rows}, model={where})"
 
 
-@dataclass
+class _Members(SequenceABC):
+    """The members of a :class:`GroupModels`, in key order, each made when it is read."""
+
+    def __init__(self, models: KeyModels) -> None:
+        self._models, self._ok = models, np.flatnonzero(models.ok)
+
+    def __len__(self) -> int:
+        return len(self._ok)
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        k = int(self._ok[i])
+        return GroupMember(self._models.key(k), int(self._models.rows[k]), source=(self._models, k))
+
+    def __iter__(self) -> Iterator[GroupMember]:
+        keys = self._models.python_keys(self._ok)
+        for key, k in zip(keys, self._ok):
+            yield GroupMember(key, int(self._models.rows[k]), source=(self._models, int(k)))
+
+
 class GroupModels:
-    """What :func:`train_per_group` returns: ``members`` (in key order) and ``skipped``
-    ({key: error})."""
+    """What :func:`train_per_group` returns: ``members`` (in key order, each model read when
+    used), ``skipped`` ({key: error}) and ``result[key]``: that key's member."""
 
-    members: List[GroupMember]
-    skipped: Dict[Any, str] = field(default_factory=dict)
-    _spark: Any = field(default=None, repr=False, compare=False)
+    def __init__(self, models: KeyModels, skipped: Optional[Dict[Any, str]] = None, spark=None) -> None:
+        self._models, self.skipped, self._spark = models, dict(skipped or {}), spark
+
+    @property
+    def members(self) -> Sequence[GroupMember]:
+        return _Members(self._models)
 
     def __getitem__(self, key) -> GroupMember:
-        for m in self.members:
-            if m.group == key:
-                return m
-        raise KeyError(key)
+        i = self._models.position(key)
+        if i in self._models.failed:
+            raise KeyError(key)
+        return GroupMember(self._models.key(i), int(self._models.rows[i]), source=(self._models, i))
 
     def to_table(self, spark=None, *, key: Any = None):
         """A Spark DataFrame of the members, one row each (:mod:`.members_table`: ``group, rows,
-        format, model, metrics, record, sha256``), each model in a safe format (skops, XGBoost's
-        own, JSON; never a pickle) with a SHA-256 (an HMAC with ``key=`` or
-        ``SPARKML_DIST_MODEL_KEY``), for ``df.write.parquet`` and SQL over the members.  ``spark``:
-        the session (default: the one the members were trained with, else the active one)."""
-        entries = [(m.group, m.rows, m.model, m.metrics, {}) for m in self.members]
-        return members_table.to_table(spark or self._spark or _active_session(), entries, key)
+        format, model, metrics, record, sha256``; a group whose fit failed keeps its row, format
+        ``failed``), each model in a safe format (never a pickle) with a SHA-256 (an HMAC with
+        ``key=`` or ``SPARKML_DIST_MODEL_KEY``), for ``df.write.parquet`` and SQL over the
+        members.  ``spark``: the session (default: the one the members were trained with, else
+        the active one)."""
+        return key_models.members_table(self._models, spark or self._spark or _active_session(), key)
 
     @classmethod
     def from_table(
@@ -108,9 +148,18 @@ class GroupModels:
     ) -> "GroupModels":
         """Members back from a table :meth:`to_table` wrote: every row's bytes checked against its
         digest and decoded through the same safe formats and validation as the model store (a
-        forged row is refused like a forged file).  Keys come back as strings, in their order."""
-        rows = members_table.read_table(df, key, trusted_types, allow_pickle)
-        return cls([GroupMember(g, n, model, metrics) for g, n, model, metrics, _ in rows])
+        forged row is refused like a forged file).  Keys come back as they were written (text
+        where JSON could not hold them), in their order."""
+        rows = sorted(members_table.read_table(df, key, trusted_types, allow_pickle), key=_order)
+        keys = [record.get("key", g) for g, _, _, _, record in rows]
+        entries = [(m, n, metrics, record.get("error")) for _, n, m, metrics, record in rows]
+        skipped = {k: e[3] for k, e in zip(keys, entries) if e[3] is not None}
+        return cls(KeyModels.from_models(pa.array(keys), entries), skipped)
+
+
+def _order(row) -> tuple:
+    """A table's rows in their fit's order (the key's index), else by group."""
+    return (row[4].get("group", 0), str(row[0]))
 
 
 def _active_session():
@@ -169,12 +218,15 @@ def _by_split(df, spec, features: Sequence[str], label: Optional[str], columns: 
 
 
 def _split(
-    df, group_col, num_groups, sampling, sample_ratio, seed, features, label, columns
+    df, group_col, num_groups, sampling, sample_ratio, seed, features, label, columns, stream=False
 ) -> groups.Groups:
     """The groups: by ``group_col``'s values, or by the shared split."""
     if group_col is not None:
-        counts = groups.count_keys(df, group_col, param="group_col")
-        return groups.by_key(df, counts, columns, seed=seed, bytes_per_row=max(1, len(df.columns)) * 8)
+        counts = key_counts.count_keys(df, group_col, param="group_col")
+        per_row = max(1, len(df.columns)) * 8
+        return groups.by_key(
+            df, counts, columns, seed=seed, bytes_per_row=per_row, held_rows=0 if stream else None
+        )
     spec = partitioning.SplitSpec(
         num_groups=arg_checks.integer("num_groups", num_groups, 1),
         sampling=sampling,
@@ -229,6 +281,8 @@ def train_per_group(
     members_dir: Optional[str] = None,
     resources: Optional[Dict[str, int]] = None,
     use_gpu: bool = False,
+    key_timeout: Optional[float] = None,
+    stream: bool = False,
     **renamed: Any,
 ) -> GroupModels:
     """``fn(data, key)`` on every group of ``df``'s rows inside the executors; see the module
@@ -242,13 +296,15 @@ def train_per_group(
             group_col=group_col, num_groups=num_groups, sample_ratio=sample_ratio,
             features_cols=features_cols, label_col=label_col, on_error=on_error, members_dir=members_dir,
         )  # fmt: skip
-        return train_per_group(df, fn, sampling=sampling, seed=seed, resources=resources, use_gpu=use_gpu,
+        return train_per_group(df, fn, sampling=sampling, seed=seed, resources=resources,
+                               use_gpu=use_gpu, key_timeout=key_timeout, stream=stream,
                                **{**given, **_renamed(renamed)})  # fmt: skip
     if (group_col is None) == (num_groups is None):
         raise ConfigurationError(
             "train_per_group: give group_col (a column's values) or num_groups, not both"
         )
     arg_checks.one_of("on_error", on_error, ("raise", "skip"))
+    arg_checks.seconds("key_timeout", key_timeout, fix="seconds one group's fn may take, or None")
     blob = _payload(fn)
     spark = launch.session_of(df)
     if use_gpu:
@@ -259,28 +315,21 @@ def train_per_group(
     label = label_col if features and label_col else None
     _check_columns(df, features, label)
     columns = features + ([label] if label else []) if features else list(df.columns)
-    split = _split(df, group_col, num_groups, sampling, sample_ratio, seed, features, label, columns)
-    num = len(split.keys)
-    seeds = partitioning.group_seeds(partitioning.SplitSpec(num_groups=max(1, num), seed=seed))
+    split = _split(df, group_col, num_groups, sampling, sample_ratio, seed, features, label, columns, stream)
     inputs = Inputs(features=tuple(features), label=label, keep_sparse=True)
-    fitted = groups.fit(
-        split,
-        GroupFitSpec(Function(blob, tuple(seeds)), inputs, split.keys, on_error, store),
-        what="group",
-        description=f"sparkml_dist: training {num} groups",
-        profile=profile,
+    fit_id = uuid.uuid4().hex
+    spec = GroupFitSpec(Function(blob, SeedDraw(seed, split.n)), inputs, split.keys, on_error, store,
+                        blocks=(fit_id, split.n, {}), key_timeout=key_timeout,
+                        stream="all" if stream else None)  # fmt: skip
+    return _fitted(split, spec, profile, spark)
+
+
+def _fitted(split: groups.Groups, spec: GroupFitSpec, profile, spark) -> GroupModels:
+    """Every group's ``fn`` in one job, the models in blocks (:func:`groups.fit_keys`)."""
+    fitted = groups.fit_keys(
+        split, spec, what="group", description=f"sparkml_dist: training {split.n} groups", profile=profile
     )
-    return _collected(fitted, store, spark)
-
-
-def _collected(fitted: groups.Fitted, store, spark) -> GroupModels:
-    """The :class:`GroupModels` of the fit (with ``members_dir``: each model read lazily from the
-    store, checked against the SHA-256 its task reported)."""
-    members = [
-        GroupMember(r.key, r.rows, r.model.model, r.metrics)
-        if store is None
-        else GroupMember(r.key, r.rows, None, r.metrics, (store.uri, r.stored[MODEL]))
-        for r in fitted.results
-        if r is not None
-    ]
-    return GroupModels(members, dict(fitted.skipped), spark)
+    keys = split.key_array if split.counts is not None else pa.array(np.arange(split.n))
+    uri = spec.store.uri if spec.store is not None else None
+    models = KeyModels(keys, fitted.rows, fitted.blocks, spec.blocks[0], uri)
+    return GroupModels(models, {split.key(i): why for i, why in fitted.failed.items()}, spark)

@@ -47,6 +47,7 @@ from pyspark.ml.util import (
 from ..errors import ConfigurationError
 from ..formats import UnsafeModelError
 from ..formats import store as model_store
+from .key_blocks import BLOCK_ITEM
 from .member_records import ESTIMATOR_GROUP, MODEL, RECORD, from_record, write_member
 
 log = logging.getLogger(__name__)
@@ -60,7 +61,9 @@ STAGES = {
         ("estimator", "estimator", ("BaggingClassifier", "BaggingRegressor")),
         ("models", "models", ("BaggingClassificationModel", "BaggingRegressionModel")),
         ("estimator", "models", ("BaggingClassificationModel", "BaggingRegressionModel")),  # saved by 0.1
-        ("grouped", "grouped", ("GroupedTrainer", "GroupedModel")),
+        ("grouped", "grouped", ("GroupedTrainer",)),
+        ("grouped", "grouped_model", ("GroupedModel",)),  # saved before it had a module of its own
+        ("grouped_model", "grouped_model", ("GroupedModel",)),
         ("global_forest", "global_forest", ("GlobalForestClassifier", "GlobalForestRegressor")),
     )
     for name in names
@@ -139,8 +142,7 @@ class _StageWriter(MLWriter):
         metas = []
         if inst.getEstimator() is not None:
             metas.append(write(ESTIMATOR_GROUP, 0, inst.getEstimator()))
-        for m in getattr(inst, "_members", []):  # a lazy model's members: one loaded at a time
-            metas += write_member(write, m)
+        metas += inst._saved_members(store, write)
         store.commit(metas, extra={"metadata_sha256": digest})
 
 
@@ -195,6 +197,11 @@ class _StageReader(MLReader):
             )
         if store.signed and manifest.get("metadata_sha256") is None:
             raise UnsafeModelError(f"{path!r} is signed but its manifest does not cover its metadata")
+        if any(m.get("item") == BLOCK_ITEM for m in manifest["objects"]):  # a model of many keys
+            from .key_models import KeyModels
+
+            members = KeyModels.load(store, manifest["objects"], self._trusted)  # the blocks stay there
+            return self._restored(module, name, metadata, members, self._estimator(store, manifest))
         lazy = self._lazy and name.startswith("Bagging") and name.endswith("Model")
         if self._lazy and not lazy:
             raise ConfigurationError(f"read().lazy() loads bagging models only, not {name}")
@@ -207,14 +214,19 @@ class _StageReader(MLReader):
             objects = {k: v for k, v in [((ESTIMATOR_GROUP, 0), self._estimator(store, manifest))] if v}
         else:
             objects = store.load_all(trusted_types=self._trusted, allow_pickle=self._allow_pickle)
+        estimator = objects.pop((ESTIMATOR_GROUP, 0), None)
+        return self._restored(
+            module, name, metadata, members if lazy else _members(objects, manifest), estimator
+        )
+
+    @staticmethod
+    def _restored(module: str, name: str, metadata: dict, members: Any, estimator: Any):
         instance = getattr(importlib.import_module(module), name)()
         instance._resetUid(metadata["uid"])
         DefaultParamsReader.getAndSetParams(instance, metadata)
-        if (ESTIMATOR_GROUP, 0) in objects:
-            instance._set(estimator=objects.pop((ESTIMATOR_GROUP, 0)))
-        instance._restore_state(
-            metadata.get("sparkml_dist", {}), members if lazy else _members(objects, manifest)
-        )
+        if estimator is not None:
+            instance._set(estimator=estimator)
+        instance._restore_state(metadata.get("sparkml_dist", {}), members)
         return instance
 
     def _estimator(self, store, manifest: dict) -> Any:
@@ -265,6 +277,11 @@ class StageReadWrite(MLWritable, MLReadable):
     @classmethod
     def read(cls) -> _StageReader:
         return _StageReader(cls)
+
+    def _saved_members(self, store, write) -> List[dict]:
+        """The members written into a saved model's ``store`` (``write(group, item, obj)``), one
+        loaded at a time; their metadata."""
+        return [meta for m in getattr(self, "_members", []) for meta in write_member(write, m)]
 
     def _persisted_state(self) -> dict:
         if not hasattr(self, "_members"):

@@ -5,23 +5,29 @@ reads it back; both go through one table of formats (:data:`FORMATS`: name, file
 objects it takes, how it writes and reads).  The format is recorded next to the bytes (a model
 store's manifest), never guessed from them.
 
-=============  ==========================================  ===========================================
-format         written for                                 how loading stays inert
-=============  ==========================================  ===========================================
-``json``       plain values (dicts, lists, numbers,         ``json.loads``; dates and decimals tagged
-               strings, dates, decimals)
-``xgboost``    XGBoost scikit-learn models                  XGBoost's own UBJSON model format, parsed
-                                                            by XGBoost; the class comes from a fixed
-                                                            registry, never from the file
-``safetensors`` a dict of name -> ``torch.Tensor``          ``safetensors``: raw tensor bytes only
-``skops``      everything else: scikit-learn estimators     ``skops.io`` (the scikit-learn project's
-               and pipelines, numpy arrays, other plain     safe persistence): only types on an explicit
-               Python objects                               list are constructed, no ``__reduce__`` is
-                                                            ever called; tree node arrays are then
-                                                            validated (:mod:`.model_checks`)
-``pickle``     only when the writer passed                  not loaded unless the reader passes
-               ``allow_pickle=True``                        ``allow_pickle=True``
-=============  ==========================================  ===========================================
+===================  ==========================================  ===========================================
+format               written for                                 how loading stays inert
+===================  ==========================================  ===========================================
+``json``             plain values (dicts, lists, numbers,        ``json.loads``; dates and decimals tagged
+                     strings, dates, decimals)
+``xgboost``          XGBoost scikit-learn models                 XGBoost's own UBJSON model format, parsed
+                                                                 by XGBoost; the class comes from a fixed
+                                                                 registry, never from the file
+``safetensors``      a dict of name -> ``torch.Tensor``          ``safetensors``: raw tensor bytes only
+``parquet``          a pyarrow Table (a grouped model's keys,    Parquet: typed columns, no objects
+                     its blocks of members)
+``estimator_state``  a scikit-learn estimator whose state is     JSON and raw numeric arrays; the class
+                     plain values and numeric arrays (a linear   from scikit-learn's own list of
+                     model: ~0.4 KB, ~100x faster than skops)    estimators (:mod:`.estimator_state`)
+``skops``            everything else: scikit-learn estimators    ``skops.io`` (the scikit-learn project's
+                     and pipelines, numpy arrays, other plain    safe persistence): only types on an
+                     Python objects                              explicit list are constructed, no
+                                                                 ``__reduce__`` is ever called; tree node
+                                                                 arrays are then validated
+                                                                 (:mod:`.model_checks`)
+``pickle``           only when the writer passed                 not loaded unless the reader passes
+                     ``allow_pickle=True``                       ``allow_pickle=True``
+===================  ==========================================  ===========================================
 
 Trusted types for ``skops``: skops' own defaults (scikit-learn estimators, numpy, scipy), the
 scikit-learn internals in :data:`TRUSTED_TYPES` (checked after loading), the package's own classes,
@@ -38,15 +44,14 @@ Example::
 
 from __future__ import annotations
 
-import datetime
-import decimal
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, Optional, Tuple
 
 from ..errors import CollectionError
+from . import estimator_state
 from .checks import UnsafeModelError, check_sklearn
+from .plain import from_json, is_plain, to_json
 
 TRUSTED_TYPES_ENV = "SPARKML_DIST_TRUSTED_TYPES"
 
@@ -63,52 +68,6 @@ _OWN_TYPES = (
     "sparkml_dist.ensemble._grouped_worker.KeyModel",
 )
 _XGBOOST_CLASSES = ("XGBClassifier", "XGBRegressor", "XGBRFClassifier", "XGBRFRegressor", "XGBRanker")
-
-
-# --------------------------------------------------------------------------- json
-_SCALARS = (str, int, float, bool, type(None), datetime.date, decimal.Decimal)
-
-
-def is_plain(value: Any) -> bool:
-    """JSON round-trips ``value`` exactly: dicts with string keys, lists, strings, numbers,
-    booleans, None, dates and decimals (not tuples, not numpy values)."""
-    if type(value) in _SCALARS or isinstance(value, datetime.date):
-        return True  # Python's json writes and reads NaN and Infinity too
-    if type(value) is list:
-        return all(is_plain(v) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and is_plain(v) for k, v in value.items())
-    return False
-
-
-def _tag(value: Any) -> Any:
-    if isinstance(value, datetime.datetime):
-        return {"__datetime__": value.isoformat()}
-    if isinstance(value, datetime.date):
-        return {"__date__": value.isoformat()}
-    if isinstance(value, decimal.Decimal):
-        return {"__decimal__": str(value)}
-    raise TypeError(f"{type(value).__name__} is not a plain value")
-
-
-def _untag(obj: dict) -> Any:
-    if len(obj) == 1:
-        ((key, text),) = obj.items()
-        if key == "__datetime__":
-            return datetime.datetime.fromisoformat(text)
-        if key == "__date__":
-            return datetime.date.fromisoformat(text)
-        if key == "__decimal__":
-            return decimal.Decimal(text)
-    return obj
-
-
-def to_json(value: Any) -> bytes:
-    return json.dumps(value, default=_tag, sort_keys=True).encode()
-
-
-def from_json(data: bytes) -> Any:
-    return json.loads(data.decode("utf-8"), object_hook=_untag)
 
 
 # --------------------------------------------------------------------------- encode
@@ -135,6 +94,29 @@ def _skops_bytes(obj: Any) -> bytes:
     if unnamed:  # skops refers to functions and classes by name: these have none to load by
         raise TypeError(f"{unnamed} cannot be found by name when loading")
     return data
+
+
+def _is_arrow_table(obj: Any) -> bool:
+    return type(obj).__module__.startswith("pyarrow") and type(obj).__name__ == "Table"
+
+
+def _parquet_bytes(table: Any) -> bytes:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink)
+    return sink.getvalue().to_pybytes()
+
+
+def _parquet_load(data: bytes, opts: dict) -> Any:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowException, OSError) as exc:
+        raise UnsafeModelError(f"{opts['what']} is not a valid Parquet table: {exc}") from None
 
 
 def _safetensors_bytes(obj: dict) -> bytes:
@@ -188,6 +170,9 @@ def _pickle_bytes(obj: Any) -> bytes:
 FORMATS: Tuple[Format, ...] = (
     Format("json", "json", is_plain, to_json, lambda data, opts: from_json(data)),
     Format(
+        "parquet", "parquet", _is_arrow_table, _parquet_bytes, lambda data, opts: _parquet_load(data, opts)
+    ),
+    Format(
         "xgboost",
         "ubj",
         lambda obj: _xgboost_class(obj) is not None,
@@ -195,6 +180,13 @@ FORMATS: Tuple[Format, ...] = (
         lambda data, opts: _xgboost_load(data, opts["what"], opts["signed"]),
     ),
     Format("safetensors", "safetensors", _is_tensor_dict, _safetensors_bytes, _safetensors_load),
+    Format(
+        "estimator_state",
+        "sdstate",
+        estimator_state.qualifies,
+        estimator_state.dumps,
+        lambda data, opts: estimator_state.loads(data, opts["what"]),
+    ),
     Format(
         "skops",
         "skops",

@@ -160,4 +160,6 @@ def test_ensemble_with_your_own_function_per_group_writes_the_members_table(spar
     assert report["groups"] == 3 and sum(report["rows"].values()) == 300 and not report["skipped"]
     assert all(m["acc"] > 0.9 for m in report["metrics"].values())
     table = pd.read_parquet(tmp_path / "out" / "members")
-    assert sorted(table["group"]) == ["east", "north", "south"] and set(table["format"]) == {"skops"}
+    assert sorted(table["group"]) == ["east", "north", "south"] and set(table["format"]) == {
+        "estimator_state"
+    }

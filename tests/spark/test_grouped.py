@@ -131,3 +131,40 @@ def test_vector_features_sparse_or_dense_predict_as_fitted(spark, sales):
     out = model.transform(df).toPandas()
     dense = np.array([v.toArray() for v in out.features])
     np.testing.assert_allclose(out.prediction.to_numpy(), model.predict(dense, out.store.tolist()))
+
+
+@masters("local", "connect")  # the store is a local directory: on several executors it needs shared storage
+def test_a_stored_model_with_a_failed_key_as_a_table_saved_and_loaded(spark, sales, tmp_path):
+    from sklearn.linear_model import LogisticRegression
+
+    pdf = sales.assign(label=(sales.sales > 0).astype(int))
+    pdf.loc[pdf.store == "c", "label"] = 1  # one class only: LogisticRegression refuses to fit "c"
+    df = spark.createDataFrame(pdf)
+    model = GroupedTrainer(
+        estimator=LogisticRegression(), groupCol="store", featuresCols=["price", "promo"], labelCol="label",
+        membersDir=str(tmp_path / "members"), onError="skip",
+    ).fit(df)  # fmt: skip
+    assert model.keys == ["a", "b", "d"] and "only one class" in model.failedGroups["c"]
+    assert all(b.meta is not None and b.data is None for b in model._models.blocks)  # files, not bytes
+    table = model.members_table(spark)  # the blocks themselves, read by Spark
+    rows = table.select("group", "format").toPandas().sort_values("group")
+    assert rows.group.tolist() == ["a", "b", "c", "d"]
+    assert rows.format.tolist() == ["estimator_state", "estimator_state", "failed", "estimator_state"]
+    back = GroupedModel.from_table(table, groupCol="store", featuresCols=["price", "promo"])
+    assert back.keys == model.keys and list(back.failedGroups) == ["c"]
+    X, keys = pdf[["price", "promo"]].to_numpy(), ["a"] * len(pdf)
+    assert np.array_equal(back.predict(X, keys), model.predict(X, keys))
+    with pytest.raises(ValueError, match=r"keys \['c'\] have no model: their fit failed"):
+        model.predict(X[:2], ["c", "a"])
+    model.write().overwrite().save(str(tmp_path / "saved"))
+    loaded = GroupedModel.load(str(tmp_path / "saved"))
+    assert loaded.keys == model.keys and list(loaded.failedGroups) == ["c"]
+    scored = loaded.copy({loaded.unseenKey: "null"}).transform(df).toPandas()
+    assert (
+        scored[scored.store == "c"].prediction.isna().all()
+        and scored[scored.store != "c"].prediction.notna().all()
+    )
+    signed = model.members_table(spark, key="k" * 16)  # every row's digest an HMAC: built on the driver
+    assert GroupedModel.from_table(signed, key="k" * 16, groupCol="store").keys == model.keys
+    with pytest.raises(Exception, match="does not match its sha256"):
+        GroupedModel.from_table(signed, groupCol="store")

@@ -88,9 +88,15 @@ def saved(data, tmp_path):
     )
     return {
         "bagging": (_save(bag.fit(df), str(tmp_path / "bag")), BaggingClassificationModel.load),
-        "grouped": (_save(grouped.fit(df), str(tmp_path / "grouped")), GroupedModel.load),
+        "grouped": (_save(grouped.fit(df), str(tmp_path / "grouped")), _every_model),
         "pipeline": (_save(pipe.fit(df), str(tmp_path / "pipe")), PipelineModel.load),
     }
+
+
+def _every_model(path):
+    """A grouped model loads its keys and reads each model when used: load it, then use them all."""
+    model = GroupedModel.load(path)
+    return [model.models[k] for k in model.keys]
 
 
 def _store_dir(path):
@@ -106,7 +112,10 @@ def test_hostile_members_are_refused_by_every_load_entry_point(saved, tmp_path):
         store_dir = _store_dir(path)
         original = open(os.path.join(store_dir, "manifest.json")).read()
         for name, (fmt, data) in payloads.items():
-            hostile.plant(store_dir, 1, 1, fmt, data)  # member 1's model
+            if entry == "grouped":  # the first key's model, in its block
+                hostile.plant_in_block(store_dir, fmt, data)
+            else:
+                hostile.plant(store_dir, 1, 1, fmt, data)  # member 1's model
             with pytest.raises(Exception) as info:
                 load(path)
             assert "UnsafeModelError" in type(info.value).__name__ + str(info.value), (entry, name)

@@ -1,5 +1,6 @@
 """A corpus of hostile model payloads: each would create ``marker`` if anything ran it."""
 
+import json
 import os
 import pickle
 
@@ -88,3 +89,29 @@ def plant(store_dir: str, group: int, item: int, fmt, data: bytes) -> None:
         raise AssertionError(f"no object ({group}, {item}) in {store_dir}")
     with open(path, "w") as fh:
         fh.write(json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def plant_in_block(store_dir: str, fmt, data: bytes) -> None:
+    """Replace the first model of a grouped model's first block (Parquet: a members table) with
+    ``data`` in ``fmt``, fixing the row's digest and the manifest as an attacker who can write the
+    directory (but holds no signing key) would."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sparkml_dist.ensemble.key_blocks import BLOCK_ITEM
+    from sparkml_dist.ensemble.members_table import row_digest
+
+    manifest = json.loads(open(os.path.join(store_dir, "manifest.json")).read())
+    meta = min((m for m in manifest["objects"] if m["item"] == BLOCK_ITEM), key=lambda m: m["group"])
+    table = pq.read_table(os.path.join(store_dir, meta["file"]))
+    rows = table.to_pylist()
+    r = rows[0]
+    r.update(format=fmt, model=data)
+    r["sha256"] = row_digest(
+        r["group"], r["rows"], str(fmt), dict(r["metrics"] or []), r["record"], data, None
+    )
+    sink = io.BytesIO()
+    pq.write_table(pa.Table.from_pylist(rows, schema=table.schema), sink)
+    plant(store_dir, meta["group"], meta["item"], meta["format"], sink.getvalue())

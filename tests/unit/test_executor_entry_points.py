@@ -9,7 +9,7 @@ from sklearn.model_selection import KFold
 from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import WorkerError, collection, serialization
-from sparkml_dist.ensemble import _fit_groups, _member_scoring
+from sparkml_dist.ensemble import _fit_groups, _fit_task, _member_scoring
 from sparkml_dist.ensemble.aggregation import probabilities, vote
 from sparkml_dist.ensemble.member_records import FEATURES, LABEL, KeyModel, Member
 from sparkml_dist.group_rows import GROUP_COL, KEY_COL
@@ -58,7 +58,7 @@ def test_fit_groups_then_predict_arrow(data):
     groups = np.arange(len(y)) % 3
     table = _rows(X, y, groups, keys=np.arange(len(y)) * 7919 % 1000)
     table = table.take(np.argsort(groups, kind="stable"))  # a task's rows come group by group
-    results = _collected(_fit_groups.fit_groups(_batches(table, 17), _member_spec()))  # across batches
+    results = _collected(_fit_task.fit_groups(_batches(table, 17), _member_spec()))  # across batches
     assert sorted(results) == [(0, 0), (1, 0), (2, 0)]
     members = {k: r.model for k, r in results.items()}
     assert [m.features.tolist() for m in (members[(g, 0)] for g in range(3))] == [
@@ -70,7 +70,7 @@ def test_fit_groups_then_predict_arrow(data):
     # the same rows in another batching and order give the same members (rows are ordered by key)
     shuffled = table.take(np.random.default_rng(1).permutation(120))
     shuffled = shuffled.take(np.argsort(shuffled.column(GROUP_COL).to_numpy(), kind="stable"))
-    again = _collected(_fit_groups.fit_groups(_batches(shuffled, 50), _member_spec()))
+    again = _collected(_fit_task.fit_groups(_batches(shuffled, 50), _member_spec()))
     assert all(
         np.array_equal(members[k].model.tree_.value, again[k].model.model.tree_.value) for k in members
     )
@@ -88,7 +88,7 @@ def test_fit_groups_then_predict_arrow(data):
     with pytest.raises(Exception, match="features"):  # a ragged row is refused, naming the column
         _member_scoring.predict_arrow(pa.array([[1.0, 2.0]], pa.list_(pa.float64())), pspec)
     with pytest.raises(RuntimeError, match="did not arrive together"):  # rows not grouped: refused
-        list(_fit_groups.fit_groups(_batches(_rows(X, y, groups, keys=np.arange(120)), 17), _member_spec()))
+        list(_fit_task.fit_groups(_batches(_rows(X, y, groups, keys=np.arange(120)), 17), _member_spec()))
 
 
 def _key_spec(on_error="raise"):
@@ -103,14 +103,14 @@ def test_fitting_keys_holds_one_group_at_a_time_and_names_a_failed_key(data):
     y = y.copy()
     y[80:] = 1.0  # key "c": one class, which LogisticRegression refuses
     table = _rows(X, y, groups, keys=np.arange(120))
-    out = list(_fit_groups.fit_groups(_batches(table, 30), _key_spec()))  # group 0 spans two batches
+    out = list(_fit_task.fit_groups(_batches(table, 30), _key_spec()))  # group 0 spans two batches
     with pytest.raises(WorkerError, match=r"group 2 failed.*fitting key 'c' \(40 rows\): ValueError") as err:
         _collected(out)
     assert "Traceback" in err.value.worker_traceback
-    good = _collected(_fit_groups.fit_groups(_batches(table.slice(0, 80), 30), _key_spec()))
+    good = _collected(_fit_task.fit_groups(_batches(table.slice(0, 80), 30), _key_spec()))
     assert [(r.model.key, r.rows) for r in good.values()] == [("a", 40), ("b", 40)]
     assert all(isinstance(r.model, KeyModel) for r in good.values())
-    skipped = _collected(_fit_groups.fit_groups(_batches(table, 30), _key_spec("skip")))
+    skipped = _collected(_fit_task.fit_groups(_batches(table, 30), _key_spec("skip")))
     assert [r.error is None for r in skipped.values()] == [True, True, False]
     assert "ValueError" in skipped[(2, 0)].error and "Traceback" in skipped[(2, 0)].error
 

@@ -1,0 +1,79 @@
+"""The task of every per-group fit: its rows in, one result per group (or per block) out.  [executor]
+
+:func:`fit_groups` is the ``mapInArrow`` function of :func:`sparkml_dist.ensemble.groups.fit` and
+:func:`~sparkml_dist.ensemble.groups.fit_keys`.  A task's rows arrive one group after another
+(``GROUP_COL``); each group is fitted by :func:`~._fit_groups._one` (in this process, or, with a
+per-key timeout, in a child process the task watches: :mod:`._key_watch`), the driver's bar of
+groups done is told (batched), and the result goes out: collected per group, or, for a fit of
+many keys, added to the task's open block (:mod:`.key_blocks`), written to the store or collected
+whole when it closes.  One group's rows are held at a time, or none of them for a group trained
+from a stream (:mod:`._fit_stream`: fitted in the task even with a per-key timeout).  Nothing here
+touches a SparkSession.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from typing import Iterable, Iterator
+
+import pyarrow as pa
+
+from .. import collection, progress, serialization
+from ..group_rows import KEY_VALUE_COL, group_streams, hashable
+from . import _key_watch
+from ._fit_groups import Clone, GroupFitSpec, Template, _one
+from ._fit_stream import Counted
+from .key_blocks import BLOCK_ITEM, Block, BlockWriter
+from .key_blocks import FORMAT as BLOCK_FORMAT
+
+
+def fit_groups(batches: Iterable[pa.RecordBatch], spec: GroupFitSpec) -> Iterator[pa.RecordBatch]:
+    """Executor task: the rows of one or more groups in, one result per group (or one per block
+    of keys) out (see the module docstring); one group is held at a time."""
+    loaded = serialization.loads(spec.recipe.blob)  # the estimator or the function, once per task
+    if isinstance(spec.recipe, Clone):
+        loaded = Template(loaded, spec.recipe.member)
+    writer = BlockWriter(*spec.blocks) if spec.blocks else None
+    watched = _key_watch.Watched(spec) if spec.key_timeout else contextlib.nullcontext()
+    with progress.Reporter(spec.progress) as report, watched:
+        for group, stream in group_streams(b for b in batches if b.num_rows):
+            key, stream = _keyed(spec, group, stream)
+            if _streamed(spec, group):  # never held: fitted here, as its batches arrive
+                out = _one(spec, loaded, group, key, Counted(stream))
+            elif spec.key_timeout:
+                out = watched.fit(group, key, list(stream))
+            else:
+                out = _one(spec, loaded, group, key, list(stream))
+            report()
+            if isinstance(out, pa.RecordBatch):  # a collected result, or the error that ends the fit
+                yield out
+                continue
+            block = writer.add(group, key, out.rows, out.encoded, out.metrics, out.error)
+            if block is not None:
+                yield _ship(spec.store, block)
+    block = writer.close() if writer is not None else None
+    if block is not None:
+        yield _ship(spec.store, block)
+
+
+def _keyed(spec: GroupFitSpec, group: int, stream: Iterator[pa.RecordBatch]):
+    """``(the group's key, its batches)``: the key from the spec, or the one its rows carry (then
+    dropped from them)."""
+    if spec.keys is not None:
+        return spec.keys[group], stream
+    first = next(stream)
+    key = hashable(first.column(KEY_VALUE_COL)[0].as_py())
+    return key, (b.drop_columns([KEY_VALUE_COL]) for b in itertools.chain([first], stream))
+
+
+def _streamed(spec: GroupFitSpec, group: int) -> bool:
+    return spec.stream == "all" or (isinstance(spec.stream, dict) and group in spec.stream)
+
+
+def _ship(store, block: Block) -> pa.RecordBatch:
+    """A closed block back to the driver: written to the store (its metadata goes back), or whole."""
+    if store is not None:
+        block.meta = store.write_bytes(block.lo, BLOCK_ITEM, block.data, fmt=BLOCK_FORMAT)
+        block.data = None
+    return collection.encode(block.lo, 0, block)
