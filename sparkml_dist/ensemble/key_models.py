@@ -36,6 +36,7 @@ from ..formats.checks import UnsafeModelError
 from ..group_rows import hashable
 from .key_blocks import BLOCK_ITEM, Block, BlockWriter, decode_row, read_block
 from .key_blocks import FORMAT as BLOCK_FORMAT
+from .members_table import safe_encode
 
 KEYS_GROUP = -2  # a saved model's index of its keys (its item 0), beside its blocks
 CACHE_BYTES = 256 << 20
@@ -233,24 +234,10 @@ class KeyModels:
         writer = BlockWriter(fit_id, len(self.rows))
         for i in range(len(self.rows)):
             model, rows, metrics, error = self.entry(i)
-            encoded = _safe(model, self.key(i)) if error is None else None
+            encoded = safe_encode(model, self.key(i)) if error is None else None
             blocks += [b for b in [writer.add(i, self.key(i), rows, encoded, metrics, error)] if b]
         blocks += [b for b in [writer.close()] if b]
         return KeyModels(self.keys, self.rows, blocks, fit_id)
-
-
-def _safe(model: Any, key: Any) -> Tuple[str, bytes]:
-    from .. import formats as model_formats
-    from ..errors import ConfigurationError
-
-    try:
-        return model_formats.encode(model)
-    except Exception as exc:  # noqa: BLE001 - whatever the format's writer raises
-        raise ConfigurationError(
-            f"the model of group {key!r} ({type(model).__name__}) cannot be stored in a safe format "
-            f"(skops, XGBoost's own, JSON): {type(exc).__name__}: {exc}. Return a scikit-learn-API "
-            "model, an XGBoost model, or plain values from the training function"
-        ) from exc
 
 
 def members_table(models: KeyModels, spark, key: Any = None):

@@ -63,6 +63,19 @@ def row_digest(group: str, rows: int, fmt: str, metrics: dict, record: str, data
     return signing.mac(head.encode() + b"\0" + data, key)
 
 
+def safe_encode(model: Any, group: Any) -> Tuple[str, bytes]:
+    """``(format, bytes)`` of ``model`` in a safe format; what none holds is refused naming the
+    group and what to return instead."""
+    try:
+        return model_formats.encode(model)
+    except Exception as exc:  # noqa: BLE001 - whatever the format's writer raises
+        raise ConfigurationError(
+            f"the model of group {group!r} ({type(model).__name__}) cannot be stored in a safe format "
+            f"(skops, XGBoost's own, JSON): {type(exc).__name__}: {exc}. Return a scikit-learn-API "
+            "model, an XGBoost model, or plain values from the training function"
+        ) from exc
+
+
 def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None):
     """A DataFrame of ``(group, rows, model, metrics, record)`` entries (see the module docstring)."""
     return spark.createDataFrame(table_rows(entries, key), SCHEMA)
@@ -80,14 +93,7 @@ def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = N
         text = json.dumps({"empty": True, "table": {"id": table_id, "row": 0, "rows": 1}}, sort_keys=True)
         return [("", 0, EMPTY, bytearray(), {}, text, row_digest("", 0, EMPTY, {}, text, b"", key_b))]
     for i, (group, n, model, metrics, record) in enumerate(entries):
-        try:
-            fmt, data = model_formats.encode(model)
-        except Exception as exc:  # noqa: BLE001 - whatever the format's writer raises
-            raise ConfigurationError(
-                f"the model of group {group!r} ({type(model).__name__}) cannot be stored in a safe format "
-                f"(skops, XGBoost's own, JSON): {type(exc).__name__}: {exc}. Return a scikit-learn-API "
-                "model, an XGBoost model, or plain values from the training function"
-            ) from exc
+        fmt, data = safe_encode(model, group)
         place = {"id": table_id, "row": i, "rows": len(entries)}
         text = json.dumps({**record, "table": place}, sort_keys=True)
         metrics = {str(k): float(v) for k, v in (metrics or {}).items()}

@@ -41,6 +41,7 @@ from typing import Any, Dict, Optional
 import numpy as np
 
 from .checks import UnsafeModelError
+from .plain import is_plain
 
 MAGIC = b"SDSTATE1"
 _KINDS = "biufc?US"  # numpy dtype kinds an array may have: numbers, fixed-width text; no objects
@@ -58,16 +59,6 @@ def estimator_classes() -> Dict[str, type]:
 def _name(obj: Any) -> str:
     cls = type(obj)
     return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _plain(value: Any) -> bool:
-    if value is None or type(value) in (str, int, float, bool):
-        return True
-    if type(value) is list:
-        return all(_plain(v) for v in value)
-    if type(value) is dict:
-        return all(type(k) is str and _plain(v) for k, v in value.items())
-    return False
 
 
 def _array_ok(value: Any) -> bool:
@@ -90,7 +81,7 @@ def qualifies(obj: Any) -> bool:
         return False
     state = getattr(obj, "__dict__", None)
     return isinstance(state, dict) and all(
-        (isinstance(v, (np.ndarray, np.generic)) and _array_ok(v)) or _texts(v) or _plain(v)
+        (isinstance(v, (np.ndarray, np.generic)) and _array_ok(v)) or _texts(v) or is_plain(v, tagged=False)
         for v in state.values()
     )
 

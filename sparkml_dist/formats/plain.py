@@ -16,18 +16,19 @@ import decimal
 import json
 from typing import Any
 
-_SCALARS = (str, int, float, bool, type(None), datetime.date, decimal.Decimal)
+_JSON = (str, int, float, bool, type(None))  # what json itself writes and reads back
+_SCALARS = (*_JSON, datetime.date, decimal.Decimal)
 
 
-def is_plain(value: Any) -> bool:
+def is_plain(value: Any, tagged: bool = True) -> bool:
     """JSON round-trips ``value`` exactly: dicts with string keys, lists, strings, numbers,
-    booleans, None, dates and decimals (not tuples, not numpy values)."""
-    if type(value) in _SCALARS or isinstance(value, datetime.date):
+    booleans, None, and (``tagged``) dates and decimals (not tuples, not numpy values)."""
+    if type(value) in _JSON or (tagged and (type(value) in _SCALARS or isinstance(value, datetime.date))):
         return True  # Python's json writes and reads NaN and Infinity too
     if type(value) is list:
-        return all(is_plain(v) for v in value)
+        return all(is_plain(v, tagged) for v in value)
     if type(value) is dict:
-        return all(type(k) is str and is_plain(v) for k, v in value.items())
+        return all(type(k) is str and is_plain(v, tagged) for k, v in value.items())
     return False
 
 
