@@ -4,7 +4,7 @@ beside MLlib's own sparse LogisticRegression on the same hashed rows.
     python benchmarks/bench_sparse.py                       # 1M rows x 2^18 columns, ~30 stored
     python benchmarks/bench_sparse.py --memory-only --rows 200000   # the task only (no Spark), JSON
 
-The memory figure runs one bagging task's executor code (``_fit_groups.fit_groups``) in a fresh
+The memory figure runs one bagging task's executor code (``_fit_task.fit_groups``) in a fresh
 process on rows streamed from an Arrow IPC file, as a Spark task receives them (in key order, as
 the fit's sort hands them), fitting scikit-learn's LogisticRegression on the CSR matrix; the
 process's peak RSS growth (VmHWM after a reset, Linux) is divided by the CSR size of the rows
@@ -83,7 +83,7 @@ def task_peak(path: str, width: int) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from sparkml_dist import collection, serialization
-    from sparkml_dist.ensemble import _fit_groups
+    from sparkml_dist.ensemble import _fit_groups, _fit_task
     from sparkml_dist.ensemble.member_records import FEATURES, LABEL
 
     recipe = _fit_groups.Clone(
@@ -100,7 +100,7 @@ def task_peak(path: str, width: int) -> dict:
         fh.write("5")  # VmHWM from here on
     t = time.perf_counter()
     reader = pa.ipc.open_stream(pa.OSFile(path, "rb"))
-    out = list(_fit_groups.fit_groups(iter(reader), spec))
+    out = list(_fit_task.fit_groups(iter(reader), spec))
     wall = time.perf_counter() - t
     peak = _status_mb("VmHWM") - base
     member = collection.decode(pa.Table.from_batches(out), [0])[(0, 0)].model  # raises the task's error
