@@ -1,6 +1,7 @@
 """BarrierRunner vs TorchDistributor vs plain torchrun (the floor), one SparkSession on local[2].
 
-(a) wall time of a no-op job (init + one all-reduce);
+(a) wall time of a no-op job (init + one all-reduce): ours with warm ranks (forked from the
+    executor's pool, the default after a session's first run) and cold (warm_ranks=False);
 (b) samples/s of a fixed MLP trained with DDP (measured inside rank 0, after warm-up);
 (c) a 1,000,000 x 50 float DataFrame (Parquet) into per-rank tensors: BarrierRunner.run_with_data +
     shard().to_torch() vs TorchDistributor's DataFrame loader; with the rank's peak memory growth.
@@ -260,7 +261,8 @@ def main() -> None:
 
     td = lambda: TorchDistributor(num_processes=2, local_mode=False, use_gpu=False)  # noqa: E731
     noop_contenders = {
-        "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run(noop)),
+        "sparkml_dist": lambda: timed(lambda: BarrierRunner(2, **quiet).run(noop)),  # warm ranks
+        "sparkml_dist_cold": lambda: timed(lambda: BarrierRunner(2, warm_ranks=False, **quiet).run(noop)),
         "torch_distributor": lambda: timed(lambda: td().run(noop)),
         "torchrun": lambda: torchrun("noop", args.steps),
     }
@@ -361,7 +363,8 @@ def main() -> None:
             print(f"  {k:18s} {w:7.2f}s")
         print(
             f"  ours/torch_distributor {noop_w['sparkml_dist'] / noop_w['torch_distributor']:.3f}x, "
-            f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x"
+            f"ours/torchrun {noop_w['sparkml_dist'] / noop_w['torchrun']:.3f}x, "
+            f"warm/cold ranks {noop_w['sparkml_dist'] / noop_w['sparkml_dist_cold']:.3f}x"
         )
     if "mlp" in results:
         print("(b) DDP MLP samples/s (rank 0's training loop)")

@@ -166,6 +166,7 @@ class Run:
             attempt=self.attempt,
             launch=(_spark_env.driver_host(spark), os.getcwd()),
             job=self.job,
+            warm_ranks=r.warm_ranks,
             # on a local master a task's stderr is the driver's console, which already shows the
             # streamed lines: copying them there too would print each line twice
             echo=spark is not None and not _spark_env.local_master(spark),

@@ -127,6 +127,10 @@ class BarrierRunner:
             ``<tmp>/sparkml_dist-work-<uid>/<script or function>``, one per machine, kept after the
             run (said in the output) so that a second run finds what the first wrote.
         clean_work_dir: remove that default directory on executors once every rank succeeded.
+        warm_ranks: fork each rank (torch) from a process that already imported torch, kept on
+            each executor between runs of the application (:mod:`.tasks.warm_pool`: a second run
+            reaches its first step sooner); False, or ``SPARKML_DIST_WARM_RANKS=0``: every rank a
+            new interpreter.
         gpus_per_rank: GPUs each rank holds (with ``use_gpu``), for one-process multi-GPU code: the
             rank then sees its own GPUs as ``cuda:0 ...`` (``context().devices``).
         nodes: what a "node" is for ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` /
@@ -163,6 +167,7 @@ class BarrierRunner:
         max_restarts: int = 0, min_np: Optional[int] = None, checkpoint_dir: Optional[str] = None,
         model_bytes: Optional[int] = None, read_files: bool = True, work_dir: Optional[str] = None,
         staging_dir: Union[str, bool, None] = None, clean_work_dir: bool = False,
+        warm_ranks: bool = True,
     ) -> None:  # fmt: skip
         self.backend_spec = spec = backends.get(backend)  # first: what else is checked depends on it
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
@@ -184,6 +189,7 @@ class BarrierRunner:
         self.checkpoint_dir, self.model_bytes, self.mlflow = checkpoint_dir, model_bytes, mlflow
         self.read_files, self.staging_dir = bool(read_files), admission.check_staging_dir(staging_dir)
         self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
+        self.warm_ranks = bool(warm_ranks)
         self.spark, self.seed = spark, 0  # the seed of the shared split that deals a DataFrame's rows
         self.sink = log_sink or (lambda text: sys.stdout.write(text))
 

@@ -169,3 +169,16 @@ def test_a_users_error_in_a_rank_is_a_short_console_ending_with_their_file_and_l
     )
     assert not any("SPARKML_DIST_RANK_FAILURE" in ln or "Connection closed by peer" in ln for ln in lines)
     assert any(ln.startswith("sparkml_dist.errors.WorkerError: rank 1 exited with code 1") for ln in lines)
+
+
+@masters("local")
+def test_a_sessions_later_runs_fork_warm_ranks_and_its_pools_end_with_spark_stop():
+    """Its own local[2] session (~40 s): spark.stop() has to end the pool that session's executor
+    started, which the pass's shared session cannot show."""
+    proc = _py("tests/e2e/warm_ranks_job.py", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.split("RESULT ", 1)[1].splitlines()[0])
+    (cold, _), (warm, _) = out["runs"][0], out["runs"][-1]
+    assert len(out["pools"]) == 1 and set(warm) == set(out["pools"])  # both ranks from the one pool
+    assert not set(cold) & set(out["pools"])  # the first run's ranks started cold
+    assert out["after_stop"] == []

@@ -8,14 +8,22 @@ from sklearn.tree import DecisionTreeClassifier
 
 
 def kill_my_executor_jvm():
-    """SIGKILL the executor JVM (CoarseGrainedExecutorBackend) this process runs under."""
+    """SIGKILL the executor JVM (CoarseGrainedExecutorBackend) this process runs under (a rank
+    forked by a warm pool: the executor of the pool's anchor, Spark's Python daemon)."""
     import signal
 
     import psutil
 
-    for parent in psutil.Process().parents():
-        if "CoarseGrainedExecutorBackend" in " ".join(parent.cmdline()):
-            os.kill(parent.pid, signal.SIGKILL)
+    from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
+
+    process = psutil.Process()
+    while process is not None:
+        cmd = process.cmdline()
+        if "CoarseGrainedExecutorBackend" in " ".join(cmd):
+            os.kill(process.pid, signal.SIGKILL)
+            return
+        # a pool's command line: ... SOCKET BACKEND ANCHOR IDLE_S
+        process = psutil.Process(int(cmd[-2])) if POOL_MARK in " ".join(cmd) else process.parent()
 
 
 class FailingClassifier(ClassifierMixin, BaseEstimator):

@@ -9,6 +9,7 @@ import pytest
 
 from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.runner import BarrierRunner
+from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
 from tests.support import runner_helpers as h
 
 RANK_MARK = "sparkml_dist.runner.tasks.rank import run"
@@ -17,15 +18,36 @@ SUITE_ENV = "SPARKML_DIST_TEST_SUITE"  # set once per pytest run (tests/conftest
 # only this run's ranks, so a pass can run beside another suite or a user's own job.
 
 
+def _cmdline(p) -> str:
+    return " ".join(p.cmdline() or [])
+
+
+def is_rank(p) -> bool:
+    """A rank started cold (``python -c RANK_ENTRY``) or forked by a warm pool (its parent a pool)."""
+    cmd = _cmdline(p)
+    if RANK_MARK in cmd:
+        return True
+    return POOL_MARK in cmd and p.ppid() > 1 and POOL_MARK in _cmdline(psutil.Process(p.ppid()))
+
+
+def pool_processes(suite=None):
+    """The warm pools (not their ranks) this pytest run's processes started."""
+    return _mine(lambda p: POOL_MARK in _cmdline(p) and not is_rank(p), suite)
+
+
 def rank_processes(suite=None):
     """The rank processes this pytest run started (``suite``: another run's id)."""
+    return _mine(is_rank, suite)
+
+
+def _mine(test, suite=None):
     import os
 
     mine = suite or os.environ[SUITE_ENV]
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in psutil.process_iter():
         try:
-            if RANK_MARK in " ".join(p.info["cmdline"] or []) and p.environ().get(SUITE_ENV) == mine:
+            if test(p) and p.environ().get(SUITE_ENV) == mine:
                 out.append(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue

@@ -513,3 +513,20 @@ def world_with_tqdm():
 
     init_process_group()
     return [dist.get_world_size(), tqdm.__version__]
+
+
+def store_after_rank0_returns(wait_s):
+    """Rank 0 returns right after joining; the others use the store ``wait_s`` seconds later."""
+    import time
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    if dist.get_rank() == 0:
+        return "returned"
+    time.sleep(wait_s)
+    store = dist.distributed_c10d._get_default_store()
+    store.set("after_rank0", "yes")
+    return "stored" if store.get("after_rank0") == b"yes" else "lost"

@@ -58,6 +58,14 @@ def test_joining_the_store_by_any_c10d_path_counts_as_starting():
     assert_no_rank_left()
 
 
+def test_rank_zero_returning_first_keeps_the_store_until_its_peers_are_done():
+    # rank 0 returns at once; rank 1 uses the store 1.5 s later (a peer still finishing
+    # init_process_group under load does the same): rank 0 hosts the store, so it stays, as
+    # torchrun's agent does, instead of taking the store with it when its function returns
+    out = BarrierRunner(-2, timeout=120).run(h.store_after_rank0_returns, 1.5, return_all=True)
+    assert out == ["returned", "stored"]
+
+
 def test_a_single_rank_that_never_distributes_is_not_killed_by_start_timeout():
     assert BarrierRunner(-1, start_timeout=2, timeout=60).run(h.never_distributes, 4) == "alone"
 

@@ -61,6 +61,11 @@ class TorchBackend(Backend):
         all_gpus = [p["gpus"] for p in peers]
         return rendezvous.rank_env(rank, keys, peers[0]["host"], peers[0]["port"], all_gpus), {}
 
+    warm_ranks = True
+
+    def preload(self):
+        import torch.distributed  # noqa: F401 - what prepare() imports; torch starts no runtime here
+
     def prepare(self, rank, world, store_fd):
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
 
@@ -79,6 +84,15 @@ class TorchBackend(Backend):
         report_first_call([dist], "init_process_group", reached)
         refuse_multi_worker_strategy(self.name)
         return state
+
+    def finish(self, state):
+        """Rank 0 serves the store: it stays until its peers are done with it (a peer still in
+        ``init_process_group`` when rank 0's function returned would lose it), as torchrun's
+        agent outlives its workers; at most the collective timeout."""
+        from ..tasks import store_watch
+
+        if state is not None:
+            store_watch.wait_unserved(int(os.environ["MASTER_PORT"]), collective_timeout().total_seconds())
 
 
 def _host_store(world_size: int, fd: int):

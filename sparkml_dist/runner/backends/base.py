@@ -78,6 +78,9 @@ class Backend:
     comm_names: Tuple[str, ...] = ()  # the comm= settings it takes (none: it has its own)
     compressions: Tuple[Optional[str], ...] = (None,)  # the comm= compressions it can do
     torch_group = False  # its ranks hold a torch.distributed process group (sparkml_dist.keras needs one)
+    # its ranks can be forked from a warm pool (runner.tasks.warm_pool) that ran preload(): the
+    # framework's import leaves no thread or runtime a fork cannot copy
+    warm_ranks = False
     summary = ""  # what a script run on it is, for the command line's help
 
     def comm_env(self, settings: Dict[str, Any]) -> Dict[str, str]:
@@ -100,9 +103,16 @@ class Backend:
         ``nodes``: what LOCAL_RANK counts (:func:`rendezvous.node_keys`)."""
         raise NotImplementedError
 
+    def preload(self) -> None:
+        """A warm pool process: the imports that :meth:`prepare` makes, nothing a fork cannot copy
+        (no thread, no CUDA context, no socket)."""
+
     def prepare(self, rank: int, world: int, store_fd: Optional[int]) -> Any:
         """Rank process, before the start message; returns state held for the process's life."""
         raise NotImplementedError
+
+    def finish(self, state: Any) -> None:
+        """Rank process, after the function returned and its result was written, before it exits."""
 
     def join(
         self, state: Any, rank: int, message: dict, store_fd: Optional[int], reached: Callable[[], None]

@@ -107,6 +107,11 @@ class TensorFlowBackend(Backend):
         )
         return env, {}
 
+    warm_ranks = True
+
+    def preload(self):
+        import tensorflow  # noqa: F401 - its runtime starts with the first op or strategy, in the rank
+
     def prepare(self, rank, world, store_fd):
         import tensorflow  # noqa: F401 - seconds, while the task writes the shard
 
@@ -200,6 +205,11 @@ class JaxBackend(Backend):
             KERAS_DISTRIBUTION_PROCESS_ID=str(rank),
         )
         return env, {}
+
+    warm_ranks = True
+
+    def preload(self):
+        self.prepare(0, 1, None)  # the import and a setting: no backend is made before the rank's
 
     def prepare(self, rank, world, store_fd):
         import jax

@@ -6,6 +6,7 @@ threads that stand for tasks when ``np < 0`` (and in tests without Spark).
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import List, Optional
 
@@ -14,6 +15,9 @@ class SparkGang:
     """The barrier task context as the supervisor sees it."""
 
     echo_output = True  # a task's stderr is the executor log: every rank line is kept there
+    # whose life bounds a warm pool (tasks.warm_pool): Spark's Python daemon, this executor's
+    # Python side for the application (it ends with the application or the executor)
+    pool_anchor = staticmethod(os.getppid)
 
     def __init__(self) -> None:
         from pyspark import BarrierTaskContext
@@ -41,6 +45,7 @@ class ThreadGang:
 
 class _ThreadMember:
     echo_output = False  # the driver's stderr is the notebook: lines go there only when streamed
+    pool_anchor = staticmethod(os.getpid)  # the driver's process
 
     def __init__(self, gang: ThreadGang, rank: int) -> None:
         self._gang, self.rank = gang, rank

@@ -117,6 +117,7 @@ def main() -> int:
             fh.write(blob)
         os.replace(tmp, os.path.join(workdir, protocol.RESULT_FILE))
     ctrl.send(protocol.EVENT_DONE)
+    backend.finish(state)  # rank 0's store stays until its peers are done with it
     del state
     return 0
 

@@ -32,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ...channel import LogClient
 from .. import protocol
+from .warm_pool import Pool
 
 TAIL_LINES = 40
 
@@ -64,6 +65,8 @@ class RankProcess:
     with ``env``; watch it until it ends.
 
     ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
+    ``pool``: fork it from this warm pool (:mod:`.warm_pool`) when the pool is there; otherwise it
+    starts cold and the pool is started when the rank is closed.
     The process starts at once; :meth:`watch` starts reading its output (meanwhile it waits in
     the pipes), so the slow start of a rank overlaps with whatever the task does next.  Whatever
     ends the task, the rank's process group and ``workdir`` go with it (``_REAPER``).
@@ -76,6 +79,7 @@ class RankProcess:
         env: Dict[str, str],
         pass_fds: Sequence[int] = (),
         cwd: Optional[str] = None,
+        pool: Optional[Pool] = None,
     ) -> None:
         self.rank = rank
         # the last lines per stream: a failure report shows stdout's, then stderr's (the traceback),
@@ -99,16 +103,20 @@ class RankProcess:
                 protocol.PARENT_ENV: str(os.getpid()),
                 protocol.WORKDIR_ENV: workdir,
             }
-            self.proc = subprocess.Popen(
-                [sys.executable, "-c", protocol.RANK_ENTRY],
-                env=env,
-                cwd=cwd or workdir,  # where the user's code runs; the runner's files stay in workdir
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                pass_fds=(ctrl_w, *pass_fds),
-                start_new_session=True,
-            )
+            self.pool, self.env = pool, env
+            self.proc = pool.fork(env, cwd or workdir, (ctrl_w, *pass_fds)) if pool else None
+            self.warm = self.proc is not None
+            if self.proc is None:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-c", protocol.RANK_ENTRY],
+                    env=env,
+                    cwd=cwd or workdir,  # where the user's code runs; the runner's files stay in workdir
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    pass_fds=(ctrl_w, *pass_fds),
+                    start_new_session=True,
+                )
         except BaseException:
             os.close(ctrl_r)
             raise
@@ -265,6 +273,10 @@ class RankProcess:
     def close(self) -> None:
         self.kill()
         self.join_output(0.5)
+        if self.warm:
+            self.proc.close()
+        elif self.pool is not None:  # this rank started cold: the next run's come from a pool
+            self.pool.start_later(self.env)
         if self._reaper_w is not None:  # the reaper now kills what the rank left running, and its files
             os.close(self._reaper_w)
             self._reaper_w = None

@@ -56,12 +56,12 @@ def addresses(host: str) -> Set[str]:
         return {host}
 
 
-def connected_to(port: int, hosts: Optional[Set[str]] = None) -> bool:
-    """True when one of this process's TCP sockets is connected to ``port`` (as a client) on one
-    of ``hosts`` (any host when None)."""
+def _established():
+    """``(local port, remote address, remote port)`` of this process's established TCP sockets."""
     inodes = _own_socket_inodes()
     if not inodes:
-        return False
+        return []
+    out = []
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
         try:
             with open(table) as fh:
@@ -72,13 +72,36 @@ def connected_to(port: int, hosts: Optional[Set[str]] = None) -> bool:
             fields = row.split()
             if len(fields) < 10 or fields[3] != ESTABLISHED or fields[9] not in inodes:
                 continue
-            local_port = int(fields[1].rsplit(":", 1)[1], 16)
             remote, remote_port = fields[2].rsplit(":", 1)
-            if int(remote_port, 16) != port or local_port == port:  # not a client of the store
-                continue
-            if hosts is None or _address(remote) in hosts:
-                return True
+            out.append((int(fields[1].rsplit(":", 1)[1], 16), remote, int(remote_port, 16)))
+    return out
+
+
+def connected_to(port: int, hosts: Optional[Set[str]] = None) -> bool:
+    """True when one of this process's TCP sockets is connected to ``port`` (as a client) on one
+    of ``hosts`` (any host when None)."""
+    for local_port, remote, remote_port in _established():
+        if remote_port != port or local_port == port:  # not a client of the store
+            continue
+        if hosts is None or _address(remote) in hosts:
+            return True
     return False
+
+
+def served(port: int) -> int:
+    """How many connections this process serves on ``port`` (a store's clients), its own
+    client's excepted."""
+    rows = _established()
+    own = {lp for lp, _, rp in rows if rp == port and lp != port}
+    return sum(1 for lp, _, rp in rows if lp == port and rp not in own)
+
+
+def wait_unserved(port: int, within: float) -> None:
+    """Return once no other process is connected to this process's store on ``port`` (its peers
+    have ended, or closed the store), or after ``within`` seconds."""
+    end = time.monotonic() + within
+    while served(port) and time.monotonic() < end:
+        time.sleep(POLL_S)
 
 
 def watch(host: str, port: int, on_join: Callable[[], None], within: Optional[float] = None) -> bool:

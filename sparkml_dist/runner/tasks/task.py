@@ -34,7 +34,7 @@ from .. import backends, protocol
 from ..data.feeding import feed as _feed
 from ..protocol import RankFailure
 from ..task_spec import TaskSpec
-from . import workdirs
+from . import warm_pool, workdirs
 from .rank_process import RankProcess, exit_text
 
 
@@ -114,8 +114,10 @@ class _RankTask:
                     listener.listen(1024)
                 port = listener.getsockname()[1]
                 env[protocol.STORE_FD_ENV] = str(listener.fileno())
+            warm = spec.warm_ranks and self.backend.warm_ranks and warm_pool.enabled()
+            pool = warm_pool.Pool.of(env, self.backend.name, self.gang.pool_anchor()) if warm else None
             self.process = RankProcess(
-                self.rank, self.workdir, env, (listener.fileno(),) if listener else (), self.cwd
+                self.rank, self.workdir, env, (listener.fileno(),) if listener else (), self.cwd, pool
             )
         finally:
             if listener is not None:

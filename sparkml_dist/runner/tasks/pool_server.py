@@ -1,0 +1,318 @@
+"""A warm rank pool: one interpreter with the framework imported, forking ranks on request.  [executor]
+
+Started by :mod:`.warm_pool` (a barrier task, or the driver for ``np < 0``) as
+``python -c POOL_ENTRY SOCKET BACKEND ANCHOR IDLE_S`` with the environment its ranks will have: it
+binds its Unix socket (in a directory only its user can enter), leaves its parent (a daemon: no
+task's life is its life), imports what the backend imports before a rank's start message
+(:meth:`~sparkml_dist.runner.backends.base.Backend.preload`: ``torch.distributed``, never a CUDA
+context) and then serves, single-threaded, until
+
+* the *anchor* process ends (Spark's Python daemon of the executor, whose life is the
+  application's on that executor; the driver's process for ``np < 0``), watched with a pidfd;
+* nothing was asked of it and no rank of it ran for ``IDLE_S`` seconds;
+* a task asks it to stop (the pool's cap on processes per anchor, :data:`.warm_pool.MAX_POOLS`).
+
+**A request, one rank.**  A connection from a process of the same user (``SO_PEERCRED``) sends one
+JSON line (at most :data:`MAX_REQUEST` bytes: the rank's environment and working directory) with 4
+or 5 descriptors (stdin, stdout, stderr, the control pipe, rank 0's listening store socket).  The
+pool forks; the child starts a session of its own, takes the descriptors, the environment (its
+``PARENT_ENV`` this pool, so it dies with it) and the directory, reseeds numpy's global generator
+(a cold process draws a new seed; a fork would share one) and runs the rank's entry as ``python -c
+RANK_ENTRY`` would.  The pool answers ``{"pid": n}``, and ``{"exit": code}`` when the rank ends
+(``-9``: killed by SIGKILL); a connection closed while its rank runs kills the rank's process
+group.  A rank's exit code, its kill and its death with its task thus keep their meaning.
+Nothing received is executed or unpickled: a malformed request is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+import traceback
+from typing import Dict, List, Optional
+
+MAX_REQUEST = 1 << 20  # a rank's environment and directory, as JSON
+MAX_FDS = 5
+
+
+class _Rank:
+    def __init__(self, conn: socket.socket, pid: int) -> None:
+        self.conn, self.pid = conn, pid
+
+
+class _Pending:
+    """A request being read: its bytes so far and the descriptors that came with them."""
+
+    def __init__(self) -> None:
+        self.data, self.fds = bytearray(), []
+
+
+class PoolServer:
+    def __init__(self, listener: socket.socket, anchor: int, idle_s: float) -> None:
+        self.listener, self.idle_s = listener, idle_s
+        self.sel = selectors.DefaultSelector()
+        self.ranks: Dict[int, _Rank] = {}  # pid -> its connection
+        self.pending: Dict[socket.socket, _Pending] = {}
+        self.stopping = False
+        self.last = time.monotonic()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes the loop through the pipe
+        self.anchor_fd = _pidfd(anchor)
+        self.sel.register(listener, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "wake")
+        if self.anchor_fd is not None:
+            self.sel.register(self.anchor_fd, selectors.EVENT_READ, "anchor")
+        self.anchor = anchor
+
+    # ------------------------------------------------------------------ loop
+    def serve(self) -> None:
+        while True:
+            if self.anchor_fd is None and not _alive(self.anchor):
+                return
+            if not self.ranks and (self.stopping or time.monotonic() - self.last > self.idle_s):
+                return
+            for key, _ in self.sel.select(timeout=1.0):
+                if key.data == "anchor":
+                    return  # the application (or executor) is gone: its ranks die with this process
+                if key.data == "accept":
+                    self._accept()
+                elif key.data == "wake":
+                    os.read(self.wake_r, 4096)
+                elif key.data == "request":
+                    self._read(key.fileobj)
+                elif key.data == "rank":
+                    self._rank_conn(key.fileobj)
+            self._reap()
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        if struct.unpack("3i", creds)[1] != os.getuid():  # another user's process: never served
+            conn.close()
+            return
+        self.last = time.monotonic()
+        self.pending[conn] = _Pending()
+        self.sel.register(conn, selectors.EVENT_READ, "request")
+
+    def _drop(self, conn: socket.socket) -> None:
+        pending = self.pending.pop(conn, None)
+        if pending is not None:
+            _close_all(pending.fds)
+        self.sel.unregister(conn)
+        conn.close()
+
+    def _read(self, conn: socket.socket) -> None:
+        pending = self.pending[conn]
+        try:
+            data, fds, _, _ = socket.recv_fds(conn, 65536, MAX_FDS)
+        except OSError:
+            return self._drop(conn)
+        pending.fds.extend(fds)
+        pending.data += data
+        if not data or len(pending.data) > MAX_REQUEST or len(pending.fds) > MAX_FDS:
+            return self._drop(conn)
+        if not pending.data.endswith(b"\n"):
+            return  # the rest of the line comes in the next read
+        request = _request(bytes(pending.data), len(pending.fds))
+        if request is None:
+            return self._drop(conn)
+        if request.get("stop"):
+            self.stopping = True
+            self._close_listener()
+            return self._drop(conn)
+        del self.pending[conn]
+        self._fork(conn, request, pending.fds)
+
+    def _close_listener(self) -> None:
+        try:
+            self.sel.unregister(self.listener)
+        except (KeyError, ValueError):
+            return
+        self.listener.close()
+
+    def _fork(self, conn: socket.socket, request: dict, fds: List[int]) -> None:
+        torch = sys.modules.get("torch")
+        if torch is not None and torch.cuda.is_initialized():  # never: a fork would share a context
+            _close_all(fds)
+            conn.close()
+            os._exit(3)
+        pid = os.fork()
+        if pid == 0:
+            self._child(conn, request, fds)  # never returns
+        _close_all(fds)
+        self.ranks[pid] = _Rank(conn, pid)
+        self.sel.modify(conn, selectors.EVENT_READ, "rank")
+        _reply(conn, {"pid": pid})
+
+    def _child(self, conn: socket.socket, request: dict, fds: List[int]) -> None:
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            self.sel.close()
+            for c in [conn, self.listener, *self.pending, *(r.conn for r in self.ranks.values())]:
+                c.close()
+            _close_all([fd for p in self.pending.values() for fd in p.fds])
+            _close_all([self.wake_r, self.wake_w] + ([self.anchor_fd] if self.anchor_fd is not None else []))
+            os.setsid()
+            start_rank(request, fds, os.getppid())
+        except BaseException:
+            traceback.print_exc()
+        os._exit(1)
+
+    def _rank_conn(self, conn: socket.socket) -> None:
+        """The task closed its connection (it ended, or was killed) while its rank runs."""
+        try:
+            data = conn.recv(1)
+        except OSError:
+            data = b""
+        if data:
+            return
+        for rank in list(self.ranks.values()):
+            if rank.conn is conn:
+                _killpg(rank.pid)
+
+    def _reap(self) -> None:
+        while self.ranks:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            rank = self.ranks.pop(pid, None)
+            if rank is None:
+                continue
+            self.last = time.monotonic()
+            _reply(rank.conn, {"exit": os.waitstatus_to_exitcode(status)})
+            self.sel.unregister(rank.conn)
+            rank.conn.close()
+
+
+def start_rank(request: dict, fds: List[int], pool_pid: int) -> None:
+    """In the forked child: become the rank ``request`` describes, then run its entry."""
+    from .. import protocol
+
+    stdin, stdout, stderr, ctrl, *store = fds
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+    _close_all([stdin, stdout, stderr])
+    env = dict(request["env"])
+    env[protocol.CTRL_ENV] = str(ctrl)
+    env[protocol.PARENT_ENV] = str(pool_pid)  # the rank dies with this pool (its reaper with its task)
+    if store:
+        env[protocol.STORE_FD_ENV] = str(store[0])
+    else:
+        env.pop(protocol.STORE_FD_ENV, None)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request["cwd"])
+    sys.argv = ["-c"]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # a cold rank draws a fresh seed; a forked one would share the pool's
+        numpy.random.set_state(numpy.random.RandomState().get_state())
+    from .rank import run
+
+    run()
+
+
+def _request(data: bytes, nfds: int) -> Optional[dict]:
+    """The request, if well formed: a stop, or a rank's env (str to str), cwd and 4-5 descriptors."""
+    try:
+        request = json.loads(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(request, dict):
+        return None
+    if request.get("stop") is True:
+        return request
+    env, cwd = request.get("env"), request.get("cwd")
+    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
+        return None
+    if not isinstance(cwd, str) or not os.path.isdir(cwd) or nfds not in (4, 5):
+        return None
+    return request
+
+
+def _reply(conn: socket.socket, message: dict) -> None:
+    try:
+        conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _killpg(pid: int) -> None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _close_all(fds: List[int]) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _pidfd(pid: int) -> Optional[int]:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # an old kernel: polled instead
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
+    """Bind ``path``, leave the parent (which waits for that), preload, serve (the arguments as
+    :data:`.warm_pool.POOL_ENTRY` passes them: strings)."""
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o077)
+    try:
+        listener.bind(path)
+    finally:
+        os.umask(old)
+    listener.listen(64)
+    bound = os.stat(path).st_ino
+    if os.fork():  # the starting task waits for this exit: the socket is there, connections queue
+        os._exit(0)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook's interrupt is for the driver
+    try:
+        from .. import backends
+
+        backend = backends.get(backend_name)
+        for name, value in backend.env_defaults.items():  # as the rank sets them before its imports
+            os.environ.setdefault(name, value)
+        backend.preload()
+        PoolServer(listener, int(anchor), float(idle_s)).serve()
+    finally:
+        try:
+            if os.stat(path).st_ino == bound:  # not a newer pool's socket at the same path
+                os.unlink(path)
+        except OSError:
+            pass
+    os._exit(0)
+
+
+if __name__ == "__main__":  # pragma: no cover - started with POOL_ENTRY
+    main(*sys.argv[1:])

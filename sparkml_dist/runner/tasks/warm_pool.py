@@ -1,0 +1,310 @@
+"""Warm ranks: a rank forked from a pool process that has already imported its framework.  [executor]
+
+A cold rank is a new ``python -c RANK_ENTRY``: the interpreter, then ``import torch`` (about a
+second a rank; TensorFlow several).  A *pool* (:mod:`.pool_server`) is that interpreter with the
+backend's imports done (:meth:`~sparkml_dist.runner.backends.base.Backend.preload`), kept between
+runs; a task asks it for a rank, which is forked in milliseconds and from then on is what a cold
+rank is: its own session and process group, the task's pipes, its exit code, its kill.
+
+**Which pool.**  One per *key*: the Python (``sys.executable``), the backend, the rank's
+environment less what differs from rank to rank and run to run (:data:`PER_RANK`: ``RANK``,
+``CUDA_VISIBLE_DEVICES``, the run id, ...; so ``env=``, ``OMP_NUM_THREADS``, ``KERAS_BACKEND``,
+``PYTHONPATH`` are in it: a rank never runs under imports made with other settings), this
+package's files (an edited install is a new pool) and the *anchor*: the process whose life bounds
+the pool's (Spark's Python daemon on an executor: the application on that executor; the driver's
+process for ``np < 0``).  Its socket is ``<tmp>/sparkml_dist-pool-<uid>/<anchor>-<key>.sock``: a
+directory of the user's own, mode 0700, refused (every rank then starts cold) when it is a link, is
+another user's or is open to others; the pool serves only its own user's processes.
+
+**When.**  A run's rank starts from its pool when one is there; otherwise it starts cold, as
+before, and when its task ends the pool is started for the next run (its import then costs the run
+nothing).  A pool ends with its anchor, after :data:`IDLE_S` seconds without a rank, or when a
+new pool of the same anchor would be the :data:`MAX_POOLS` + 1-th (the least recently used one
+stops once its ranks end).  It holds what its imports hold: for torch ~220 MiB of resident memory,
+shared copy-on-write with the ranks forked from it.  ``BarrierRunner(warm_ranks=False)`` or
+``SPARKML_DIST_WARM_RANKS=0`` in the environment starts every rank cold.
+
+Example::
+
+    pool = Pool.of(env, backend, anchor=os.getppid())
+    proc = pool.fork(env, cwd, (ctrl_w,)) if pool else None   # proc.stdin/stdout/stderr: pipes
+    ...
+    if pool and proc is None:
+        pool.start_later(env)          # the next run's ranks are warm
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from typing import Dict, Optional, Sequence
+
+from .. import protocol
+
+POOL_MARK = "sparkml_dist.runner.tasks.pool_server"  # in a pool's command line (and its ranks')
+POOL_ENTRY = f"import sys; from {POOL_MARK} import main; main(*sys.argv[1:])"
+IDLE_S = 300.0  # a pool without a rank for this long ends
+MAX_POOLS = 3  # pools of one anchor (one executor's application) at most
+FORK_WAIT_S = 10.0  # a pool that does not answer within this starts the rank cold
+WARM_ENV = "SPARKML_DIST_WARM_RANKS"  # "0": every rank starts cold
+PER_RANK = frozenset(
+    {
+        "RANK",
+        "WORLD_SIZE",
+        "CUDA_VISIBLE_DEVICES",
+        protocol.TIMEOUT_ENV,
+        protocol.START_TIMEOUT_ENV,
+        protocol.RUN_ENV,
+        protocol.USE_GPU_ENV,
+        protocol.TOKEN_ENV,
+        protocol.CTRL_ENV,
+        protocol.PARENT_ENV,
+        protocol.WORKDIR_ENV,
+        protocol.STORE_FD_ENV,
+    }
+)
+
+
+def enabled(setting: bool = True) -> bool:
+    return setting and os.environ.get(WARM_ENV, "1") != "0" and hasattr(socket, "recv_fds")
+
+
+def pool_dir() -> Optional[str]:
+    """This user's pool directory (made 0700), or None when it cannot be trusted."""
+    import tempfile
+
+    path = os.path.join(tempfile.gettempdir(), f"sparkml_dist-pool-{os.getuid()}")
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None  # a link, another user's, or open to others: no pool (every rank cold)
+    return path
+
+
+def _install_stamp() -> str:
+    """This package's files and their times: an edited install is another pool."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the package
+    parts = []
+    for root, _, files in os.walk(here):
+        for name in sorted(files):
+            if name.endswith(".py"):
+                path = os.path.join(root, name)
+                st = os.stat(path)
+                parts.append(f"{os.path.relpath(path, here)}:{st.st_mtime_ns}:{st.st_size}")
+    return ";".join(sorted(parts))
+
+
+def pool_key(env: Dict[str, str], backend: str) -> str:
+    kept = sorted((k, v) for k, v in env.items() if k not in PER_RANK)
+    blob = json.dumps([sys.executable, backend, _install_stamp(), kept]).encode()
+    return hashlib.sha256(blob).hexdigest()[:24]
+
+
+class Pool:
+    """The pool a rank with ``env`` of ``backend`` under ``anchor`` would come from."""
+
+    def __init__(self, directory: str, key: str, backend: str, anchor: int) -> None:
+        self.directory, self.backend, self.anchor = directory, backend, anchor
+        self.path = os.path.join(directory, f"{anchor}-{key}.sock")
+
+    @classmethod
+    def of(cls, env: Dict[str, str], backend: str, anchor: int) -> Optional["Pool"]:
+        directory = pool_dir()
+        return cls(directory, pool_key(env, backend), backend, anchor) if directory else None
+
+    # ------------------------------------------------------------------ a rank from the pool
+    def fork(self, env: Dict[str, str], cwd: str, fds: Sequence[int]) -> Optional["WarmProcess"]:
+        """Rank process forked by the pool with new pipes for its stdin, stdout and stderr (the
+        process's ``stdin``, ``stdout``, ``stderr``) and ``fds`` (the control pipe[, the store
+        socket]); None when there is no pool, or it did not answer: start the rank cold."""
+        if not os.path.exists(self.path):
+            return None
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            proc = self._fork(env, cwd, (in_r, out_w, err_w, *fds))
+        finally:
+            for fd in (in_r, out_w, err_w):  # the rank holds its own copies (or there is none)
+                os.close(fd)
+        if proc is None:
+            for fd in (in_w, out_r, err_r):
+                os.close(fd)
+            return None
+        proc.stdin, proc.stdout, proc.stderr = (
+            os.fdopen(in_w, "wb"),
+            os.fdopen(out_r, "rb"),
+            os.fdopen(err_r, "rb"),
+        )
+        return proc
+
+    def _fork(self, env: Dict[str, str], cwd: str, fds: Sequence[int]) -> Optional["WarmProcess"]:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.settimeout(FORK_WAIT_S)
+            conn.connect(self.path)
+            line = (json.dumps({"env": env, "cwd": cwd}) + "\n").encode()
+            socket.send_fds(conn, [line], list(fds))
+            replies = conn.makefile("rb")
+            reply = _read_line(replies)
+            pid = reply.get("pid") if reply else None
+            if not isinstance(pid, int):
+                raise OSError("the pool did not fork the rank")
+        except OSError:
+            conn.close()  # a rank it forked anyway is killed when the connection closes
+            return None
+        conn.settimeout(None)
+        os.utime(self.path, follow_symlinks=False)  # in use: the last pool to stop
+        return WarmProcess(conn, replies, pid)
+
+    # ------------------------------------------------------------------ a pool for the next run
+    def start_later(self, env: Dict[str, str]) -> None:
+        """Start this pool in the background (the task goes on; ranks of later runs fork from it)."""
+        threading.Thread(target=self._start, args=(env,), daemon=True, name="sparkml_dist-pool").start()
+
+    def _start(self, env: Dict[str, str]) -> None:
+        lock_path = os.path.join(self.directory, "start.lock")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one task of the executor starts it; the others see it
+            if _answers(self.path):
+                return
+            _unlink(self.path)  # a pool that ended without removing its socket
+            self._make_room()
+            env = {k: v for k, v in env.items() if k not in PER_RANK}
+            cmd = [sys.executable, "-c", POOL_ENTRY, self.path, self.backend, str(self.anchor), str(IDLE_S)]
+            subprocess.run(
+                cmd,
+                env=env,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+                timeout=60,
+                check=False,
+            )
+        except (OSError, subprocess.SubprocessError):
+            pass
+        finally:
+            os.close(fd)
+
+    def _make_room(self) -> None:
+        """Stop the least recently used pools of this anchor beyond MAX_POOLS - 1; remove the
+        sockets of pools whose anchor is gone (a pool killed before it could)."""
+        mine = []
+        for name in os.listdir(self.directory):
+            if not name.endswith(".sock"):
+                continue
+            path = os.path.join(self.directory, name)
+            anchor = name.split("-", 1)[0]
+            if anchor.isdigit() and not _alive(int(anchor)):
+                _unlink(path)
+            elif name.startswith(f"{self.anchor}-"):
+                try:
+                    mine.append((os.lstat(path).st_mtime, path))
+                except FileNotFoundError:
+                    continue
+        for _, path in sorted(mine)[: max(0, len(mine) - (MAX_POOLS - 1))]:
+            _send(path, {"stop": True})
+            _unlink(path)
+
+
+class WarmProcess:
+    """A forked rank as ``subprocess.Popen`` shows a started one: ``pid``, ``poll()``, ``wait()``,
+    ``returncode``; the pool's connection brings its exit code (its loss: the rank died with it)."""
+
+    def __init__(self, conn: socket.socket, replies, pid: int) -> None:
+        self.conn, self._replies, self.pid = conn, replies, pid
+        self.returncode: Optional[int] = None
+        self._ended = threading.Event()
+        self.stdin = self.stdout = self.stderr = None  # set by the caller: the task's pipe ends
+        threading.Thread(target=self._await_exit, daemon=True, name=f"sparkml_dist-rank-{pid}").start()
+
+    def _await_exit(self) -> None:
+        reply = _read_line(self._replies)
+        self._replies.close()
+        code = reply.get("exit") if reply else None
+        self.returncode = code if isinstance(code, int) else -signal.SIGKILL
+        self._ended.set()
+
+    def poll(self) -> Optional[int]:
+        return self.returncode if self._ended.is_set() else None
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if not self._ended.wait(timeout):
+            raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout)
+        return self.returncode  # type: ignore[return-value]
+
+    def close(self) -> None:
+        try:
+            self.conn.shutdown(socket.SHUT_RDWR)  # the pool kills the rank if it still runs
+        except OSError:
+            pass
+        self.conn.close()
+
+
+def _read_line(replies, limit: int = 4096) -> Optional[dict]:
+    """One JSON object the pool sent (None: the connection ended or the line is not one)."""
+    try:
+        buf = replies.readline(limit)
+    except (OSError, ValueError):
+        return None
+    try:
+        message = json.loads(buf.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def _answers(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(1.0)
+        try:
+            conn.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _send(path: str, message: dict) -> None:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(1.0)
+        try:
+            conn.connect(path)
+            conn.sendall((json.dumps(message) + "\n").encode())
+        except OSError:
+            pass
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,45 @@
+"""A notebook's session in miniature: two runs on local[2] (the second's ranks forked from the
+executor's warm pool), then spark.stop().  Prints one JSON line: the runs' rank parents and pools."""
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+
+def ranks_parent():
+    import psutil
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(1))
+    return psutil.Process().ppid()
+
+
+if __name__ == "__main__":
+    from sparkml_dist.runner import BarrierRunner
+    from sparkml_dist.session import get_session
+    from tests.support.runner_checks import pool_processes
+
+    spark = get_session("local[2]")
+    runs = []
+    for _ in range(6):  # the first starts cold and starts the pool; later ones fork from it
+        t = time.perf_counter()
+        runs.append(
+            (BarrierRunner(2, log_ranks="none").run(ranks_parent, return_all=True), time.perf_counter() - t)
+        )
+        if len(runs) > 1 and set(runs[-1][0]) != set(runs[0][0]):
+            break
+        time.sleep(1)
+    pools = [p.pid for p in pool_processes()]
+    spark.stop()
+    deadline = time.time() + 20
+    while pool_processes() and time.time() < deadline:
+        time.sleep(0.2)
+    print(
+        "RESULT "
+        + json.dumps({"runs": runs, "pools": pools, "after_stop": [p.pid for p in pool_processes()]})
+    )

@@ -1,0 +1,135 @@
+"""Warm ranks (np < 0: the pool's anchor is this process): forked from a pool that imported torch,
+kept between runs, one pool per environment, gone with its anchor, closed to strangers."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+
+from sparkml_dist.runner import BarrierRunner
+from sparkml_dist.runner.tasks import warm_pool
+from tests.support.runner_checks import assert_no_rank_left, is_rank, pool_processes
+
+
+def parent_and_draw():
+    """This rank's parent process (a pool, or the task), its pid, and a draw of numpy's global RNG."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.ones(1)
+    dist.all_reduce(t)
+    me = psutil.Process()
+    return {"parent": me.ppid(), "pid": me.pid, "draw": float(np.random.rand()), "sum": t.item(),
+            "omp": os.environ.get("OMP_NUM_THREADS"), "cwd": os.getcwd(), "argv": sys.argv}  # fmt: skip
+
+
+def _run(**kw):
+    return BarrierRunner(-2, log_ranks="none", **kw).run(parent_and_draw, return_all=True)
+
+
+def _warm_run(**kw):
+    """A run whose ranks came from a pool: the first of a new environment starts the pool."""
+    deadline = time.time() + 60
+    while True:
+        out = _run(**kw)
+        if all(o["parent"] != os.getpid() for o in out) or time.time() > deadline:
+            return out
+        time.sleep(0.5)  # the pool this run started is still importing torch
+
+
+def test_a_second_run_forks_its_ranks_from_one_pool_and_they_behave_as_cold_ones():
+    out = _warm_run(env={"OMP_NUM_THREADS": "1"})
+    pools = {o["parent"] for o in out}
+    assert len(pools) == 1 and pools != {os.getpid()}
+    pool = psutil.Process(pools.pop())
+    assert warm_pool.POOL_MARK in " ".join(pool.cmdline()) and not is_rank(pool)
+    assert [o["sum"] for o in out] == [2.0, 2.0] and {o["omp"] for o in out} == {"1"}
+    assert all(o["argv"] == ["-c"] for o in out)  # as `python -c RANK_ENTRY` has it
+    assert all(o["cwd"] != "/" for o in out)  # the rank's own working directory, not the pool's
+    again = _run(env={"OMP_NUM_THREADS": "1"})
+    assert {o["parent"] for o in again} == {pool.pid}  # kept between runs
+    draws = [o["draw"] for o in out + again]
+    assert len(set(draws)) == 4  # numpy reseeded in each fork: no two ranks share a stream
+    cold = _run(env={"OMP_NUM_THREADS": "1"}, warm_ranks=False)
+    assert {o["parent"] for o in cold} == {os.getpid()}
+    assert_no_rank_left()
+
+
+def test_runs_with_another_environment_never_share_a_pool():
+    a = _warm_run(env={"OMP_NUM_THREADS": "1", "POOL_TEST": "a"})
+    b = _warm_run(env={"OMP_NUM_THREADS": "1", "POOL_TEST": "b"})
+    assert {o["parent"] for o in a}.isdisjoint({o["parent"] for o in b})
+    assert len(pool_processes()) <= warm_pool.MAX_POOLS  # the least recently used ones stop
+
+
+def test_the_pool_ignores_malformed_requests_and_strangers_and_keeps_serving():
+    out = _warm_run(env={"POOL_TEST": "hostile"})
+    pool = psutil.Process(out[0]["parent"])
+    path = next(p for p in pool.cmdline() if p.endswith(".sock"))
+    for junk in (b"{not json\n", json.dumps({"env": {"A": 1}, "cwd": "/"}).encode() + b"\n", b"x" * 70000):
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(junk)
+    with socket.socket(socket.AF_UNIX) as s:  # a rank request without its descriptors
+        s.connect(path)
+        s.sendall(json.dumps({"env": {}, "cwd": "/"}).encode() + b"\n")
+        s.settimeout(10)
+        assert s.recv(100) == b""  # dropped, not forked
+    # another user cannot even reach the socket (the directory is 0700), nor would be served
+    connect = f"import os, socket; os.setuid(65534); socket.socket(socket.AF_UNIX).connect({path!r})"
+    nobody = subprocess.run([sys.executable, "-c", connect], capture_output=True, text=True)
+    assert nobody.returncode != 0 and "PermissionError" in nobody.stderr
+    assert {o["parent"] for o in _run(env={"POOL_TEST": "hostile"})} == {pool.pid}
+
+
+def test_a_pool_directory_others_can_enter_is_refused(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    shared = tmp_path / f"sparkml_dist-pool-{os.getuid()}"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    assert warm_pool.pool_dir() is None  # every rank then starts cold
+    shared.rmdir()
+    shared.symlink_to(tmp_path)
+    assert warm_pool.pool_dir() is None
+    shared.unlink()
+    assert warm_pool.pool_dir() == str(shared) and (shared.stat().st_mode & 0o777) == 0o700
+
+
+def test_the_pool_and_its_ranks_end_with_the_process_that_anchors_it(tmp_path):
+    """A driver (np < 0) killed with SIGKILL: its pool, and a rank it was running, go with it.
+    Slow (~10 s): a driver of its own, two runs to warm its pool."""
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys, time
+        sys.path.insert(0, {os.getcwd()!r})
+        from tests.unit.test_warm_pool import _warm_run
+        from sparkml_dist.runner import BarrierRunner
+        out = _warm_run(env={{"POOL_TEST": "anchor"}})
+        print(out[0]["parent"], flush=True)
+        BarrierRunner(-2, log_ranks="none", env={{"POOL_TEST": "anchor"}}).run(time.sleep, 600)
+    """)
+    )
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        pool = psutil.Process(int(driver.stdout.readline()))
+        deadline = time.time() + 60
+        while len([c for c in pool.children() if is_rank(c)]) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        ranks = pool.children()
+        assert len(ranks) == 2
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    gone, alive = psutil.wait_procs([pool, *ranks], timeout=15)
+    assert alive == []
