@@ -40,6 +40,7 @@ from __future__ import annotations
 import hmac
 import json
 import os
+import select
 import socket
 import struct
 import threading
@@ -97,7 +98,8 @@ class LogClient:
     """A rank-side connection to the driver's :class:`LogServer`; ``send`` is thread-safe and never
     raises (logs are best effort: a lost driver connection must not fail training).
 
-    ``on_frame``: called (on a reader thread) with each JSON object the server sends back.
+    ``on_frame``: called (on a reader thread) with each JSON object the server sends back, and
+    ``on_close()`` once nothing more can come (the connection closed).
     ``retry_for``: seconds to keep retrying, with backoff, a handshake the server closed before
     acknowledging it (a flooded server evicts waiting connections); a refused or unreachable
     address fails at once (``OSError``).  ``source``: the local address to connect from (default:
@@ -113,13 +115,17 @@ class LogClient:
         on_frame: Optional[Callable[[dict], None]] = None,
         retry_for: float = 0.0,
         source: Optional[str] = None,
+        on_close: Optional[Callable[[], None]] = None,
     ) -> None:
         self._lock = threading.Lock()
         self._sock: Optional[socket.socket] = self._connect(host, port, secret, timeout, retry_for, source)
         self._sock.settimeout(SEND_TIMEOUT)
         if on_frame is not None:
             reader = threading.Thread(
-                target=self._read, args=(self._sock, on_frame), name="sparkml_dist-replies", daemon=True
+                target=self._read,
+                args=(self._sock, on_frame, on_close or (lambda: None)),
+                name="sparkml_dist-replies",
+                daemon=True,
             )
             reader.start()
 
@@ -148,7 +154,7 @@ class LogClient:
                 delay = min(delay * 2, 1.0)
 
     @staticmethod
-    def _read(sock: socket.socket, on_frame: Callable[[dict], None]) -> None:
+    def _read(sock: socket.socket, on_frame: Callable[[dict], None], on_close: Callable[[], None]) -> None:
         buf, length = bytearray(), None  # what was read survives a timeout, frame by frame
         try:
             while True:
@@ -156,7 +162,7 @@ class LogClient:
                     if length is None:
                         (length,) = struct.unpack(">I", recv_exact(sock, 4, buf))
                         if length > MAX_FRAME:
-                            return
+                            break
                     body, length = recv_exact(sock, length, buf), None
                 except socket.timeout:  # the send timeout applies to reads too: just idle
                     continue
@@ -164,7 +170,8 @@ class LogClient:
                 if isinstance(message, dict):
                     on_frame(message)
         except (OSError, ConnectionError, ValueError):
-            return  # closed (by us or the driver): nothing more will come
+            pass  # closed (by us or the driver): nothing more will come
+        on_close()
 
     @property
     def connected(self) -> bool:
@@ -188,3 +195,21 @@ class LogClient:
             if self._sock is not None:
                 self._sock.close()
                 self._sock = None
+
+
+def send_frame(sock: socket.socket, message: dict) -> None:
+    """One frame to a (non-blocking) server-side connection (the server's replies), written whole
+    (waiting up to SEND_TIMEOUT for room); a peer that has gone or stopped reading misses it."""
+    data = json.dumps(message).encode("utf-8")
+    view = memoryview(struct.pack(">I", len(data)) + data)
+    end = time.monotonic() + SEND_TIMEOUT
+    try:
+        while view:
+            try:
+                view = view[sock.send(view) :]
+            except BlockingIOError:
+                left = end - time.monotonic()
+                if left <= 0 or not select.select([], [sock], [], left)[1]:
+                    return
+    except OSError:
+        pass

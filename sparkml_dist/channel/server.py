@@ -243,7 +243,9 @@ class LogServer:
                 self._drop(conn, "sent a frame that is not JSON")
                 return
             if isinstance(message, dict):
-                send = (lambda reply, sock=conn.sock: _send_frame(sock, reply)) if self._replies else None
+                send = (
+                    (lambda reply, sock=conn.sock: channel.send_frame(sock, reply)) if self._replies else None
+                )
                 size = len(body) if message.get("type") == "line" else 0
                 self.lines.arrived(message, size)
                 if not self._inbox.put(conn.key, (message, send), size, self._open):
@@ -326,16 +328,6 @@ def _raise_open_files_limit() -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         except (ValueError, OSError):  # an infinite hard limit some kernels refuse as a soft one
             pass
-
-
-def _send_frame(sock: socket.socket, message: dict) -> None:
-    """One small frame to a (non-blocking) server-side connection; a peer that has gone or stopped
-    reading misses it (what the server sends is advice: the Spark job is the authority)."""
-    data = json.dumps(message).encode("utf-8")
-    try:
-        sock.sendall(struct.pack(">I", len(data)) + data)
-    except OSError:
-        pass
 
 
 def listen(

@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, List, Optional
 from ..errors import InsufficientResourcesError, SparkMLDistError, WorkerError, missing_module_hint
 from . import backends, protocol
 from .backends import Backend
+from .peer_exchange import Announces
 
 FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the others
 # ... and while every report so far only says a peer went away: the rank that went away is still
@@ -55,6 +56,7 @@ class Monitor:
         self._in_block: set = set()
         self.stuck: Optional[str] = None  # the latest "stuck collective" line (stall_watch), for the error
         self._workdirs: Dict[str, List[str]] = {}  # a kept directory (path, fate) -> the hosts saying it
+        self.announces = Announces(self.tasks)  # the tasks' exchange through the driver (peer_exchange)
 
     @property
     def failure(self) -> Optional[dict]:
@@ -81,9 +83,11 @@ class Monitor:
                 return
             time.sleep(0.05)
 
-    def on_message(self, msg: Dict[str, Any]) -> None:
+    def on_message(self, msg: Dict[str, Any], send: Optional[Callable[[dict], None]] = None) -> None:
         kind, rank = msg.get("type"), msg.get("rank")
-        if kind == protocol.FRAME_LINE:
+        if kind == protocol.FRAME_ANNOUNCE:
+            self.announces.add(msg, send)
+        elif kind == protocol.FRAME_LINE:
             with self._lock:
                 self._line(rank, msg.get("stream"), str(msg.get("text", "")))
         elif kind == protocol.FRAME_RENDEZVOUS:

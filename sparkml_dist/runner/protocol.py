@@ -71,6 +71,8 @@ FRAME_RENDEZVOUS = "rendezvous"  # {"rank"}
 FRAME_DONE = "done"  # {"rank"}
 FRAME_METRICS = "metrics"  # {"rank", "step", "metrics"}
 FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
+FRAME_ANNOUNCE = "announce"  # {"task", "ranks": its announce()s as a JSON list} (exchange "driver")
+FRAME_PEERS = "peers"  # driver -> task: {"tasks": every task's "ranks", in task order}
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
 

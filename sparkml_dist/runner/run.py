@@ -24,7 +24,7 @@ from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel.server import listen
 from ..errors import WorkerError
-from . import admission, elastic, failures, launchers
+from . import admission, elastic, failures, launchers, peer_exchange
 from .data.plan import plan
 from .launchers import Deadline
 from .task_spec import TaskSpec
@@ -180,17 +180,21 @@ class Run:
         monitor.on_metrics = self.track.log_metrics
         secret = new_secret()
         host = _spark_env.driver_host(self.spark)
-        server = listen(secret, monitor.on_message, host, expected=self.world // self.per_task)
+        tasks = self.world // self.per_task
+        server = listen(secret, monitor.on_message, host, replies=True, expected=tasks)
+        spark = self.spark if isinstance(self.launcher, launchers.SparkLauncher) else None
         quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
         ok = False
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
+            spec = replace(spec, exchange=peer_exchange.mode(spark, host))
             with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
                 table = self.launcher.launch(r, data_df, spec, monitor, deadline)
             ranks = range(self.world) if self.return_all else [0]
             results = collection.decode(table, ranks, what="rank")
             quiet.check()
             ok = True
+            peer_exchange.remember(spark, host, self.world, server.accepted)  # later runs: no allGather
         finally:
             quiet.cancel()
             server.close()

@@ -81,6 +81,7 @@ class TaskSpec:
     attempt: int = 1
     launch: Optional[Tuple[str, str]] = None  # (driver host, driver's cwd): torchrun's cwd rule
     job: str = "function"  # names the kept working directory on executors
+    exchange: str = "gang"  # how tasks exchange addresses: "gang" (allGather) or "driver" (peer_exchange)
     warm_ranks: bool = True  # ranks forked from a warm pool when the backend allows (tasks.warm_pool)
     echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
 

@@ -309,3 +309,17 @@ def test_return_all_results_over_max_result_size_are_refused_with_the_fix(spark)
         assert [len(r) for r in out] == [1_000_000, 1_000_000]
     finally:
         conf.set("spark.driver.maxResultSize", before)
+
+
+@masters("local", "connect", "cluster")
+def test_once_every_task_reached_the_driver_later_runs_exchange_through_it(spark):
+    # Spark's allGather costs a task ~1 s (it polls once a second); a session whose tasks all
+    # reached the driver's channel exchanges through it from then on (the path every later test
+    # of the pass takes), and a run on it gets the same world
+    from sparkml_dist import _spark_env
+    from sparkml_dist.runner import peer_exchange
+
+    assert BarrierRunner(2, timeout=180).run(h.allreduce_rank_sum, 1)["sum"] == 3.0
+    assert peer_exchange.mode(spark, _spark_env.driver_host(spark)) == "driver"
+    both = BarrierRunner(2, timeout=180).run(h.allreduce_rank_sum, 1, return_all=True)
+    assert [b["sum"] for b in both] == [3.0, 3.0] and [b["env"]["RANK"] for b in both] == ["0", "1"]

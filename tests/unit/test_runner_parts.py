@@ -656,3 +656,94 @@ def test_a_vector_columns_width_is_read_from_what_spark_ml_declares():
     for absent in ({}, {"ml_attr": {}}, {"ml_attr": {"num_attrs": "51"}}, {"ml_attr": {"num_attrs": -1}}):
         assert declared_width(field(absent)) is None  # then the first rows say
     assert declared_width(field({"ml_attr": {"num_attrs": True}})) is None
+
+
+# ------------------------------------------------------------------ the exchange through the driver
+class _NoAllGather:
+    """A thread gang's member whose allGather must not be used (the driver exchanges instead)."""
+
+    def __init__(self, member) -> None:
+        self._m, self.rank, self.echo_output = member, member.rank, False
+
+    def allgather(self, message):
+        raise AssertionError("the tasks used the gang's allGather, not the driver")
+
+    def resources(self):
+        return {}
+
+    def pool_anchor(self):
+        return os.getpid()
+
+
+def _driver_exchange_run(spec, tasks):
+    out, errors = {}, {}
+
+    def go(r):
+        try:
+            out[r] = list(_task.supervise(_NoAllGather(ThreadGang(tasks).member(r)), iter(()), spec))
+        except Exception as exc:  # noqa: BLE001 - recorded for the assertions
+            errors[r] = exc
+
+    threads = [threading.Thread(target=go, args=(r,)) for r in range(tasks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return out, errors
+
+
+def test_tasks_exchange_addresses_through_the_drivers_channel_without_the_gang():
+    import dataclasses
+
+    from sparkml_dist import collection
+    from sparkml_dist.channel import new_secret
+    from sparkml_dist.channel.server import listen
+    from sparkml_dist.runner import failures
+    from tests.support.runner_helpers import allreduce_rank_sum
+
+    secret = new_secret()
+    monitor = failures.Monitor(4, lambda text: None, tasks=2)
+    server = listen(secret, monitor.on_message, "127.0.0.1", replies=True, expected=4)
+    try:
+        spec = dataclasses.replace(
+            _spec(allreduce_rank_sum, 1, world=4, per_task=2, return_all=True),
+            channel=("127.0.0.1", server.port), secret=secret, exchange="driver",
+        )  # fmt: skip
+        out, errors = _driver_exchange_run(spec, tasks=2)
+    finally:
+        server.close()
+    assert not errors, errors
+    res = collection.decode(pa.Table.from_batches(out[0] + out[1]), range(4), what="rank")
+    assert [res[(r, 0)]["sum"] for r in range(4)] == [10.0] * 4  # one world of 4 from 2 tasks
+
+
+def test_a_task_that_cannot_reach_the_driver_it_should_exchange_through_fails_naming_it():
+    import dataclasses
+
+    from tests.support.runner_helpers import allreduce_rank_sum
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = dataclasses.replace(
+        _spec(allreduce_rank_sum, 1, world=2), channel=("127.0.0.1", port), exchange="driver"
+    )
+    started = time.monotonic()
+    out, errors = _driver_exchange_run(spec, tasks=2)
+    assert sorted(errors) == [0, 1] and time.monotonic() - started < 30
+    detail = protocol.parse_failure(str(errors[0]))
+    assert f"the driver's address 127.0.0.1 (port {port}) is unreachable" in detail["message"]
+    assert "reached it in an earlier run" in detail["message"] and detail["phase"] == "driver"
+
+
+def test_the_driver_answers_every_task_once_all_announced_and_ignores_the_malformed():
+    from sparkml_dist.runner.peer_exchange import Announces
+
+    got = {0: [], 1: []}
+    a = Announces(tasks=2)
+    for junk in ({"task": 2, "ranks": "[]"}, {"task": "0", "ranks": "[]"}, {"task": 0, "ranks": 5}):
+        a.add(junk, got[0].append)
+    a.add({"task": 1, "ranks": "[1]"}, got[1].append)
+    assert got == {0: [], 1: []}  # one of two announced: nobody answered yet
+    a.add({"task": 0, "ranks": "[0]"}, got[0].append)
+    assert got[0] == got[1] == [{"type": protocol.FRAME_PEERS, "tasks": ["[0]", "[1]"]}]

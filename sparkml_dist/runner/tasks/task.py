@@ -22,7 +22,7 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Dict, Iterable, Iterator, List, Optional
+from typing import Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 
@@ -35,6 +35,7 @@ from ..data.feeding import feed as _feed
 from ..protocol import RankFailure
 from ..task_spec import TaskSpec
 from . import warm_pool, workdirs
+from .exchange import DriverReplies, exchange
 from .rank_process import RankProcess, exit_text
 
 
@@ -64,6 +65,7 @@ class _RankTask:
         self.rows = 0
         self.local_rank = 0  # set when the ranks have exchanged addresses
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
+        self.replies = DriverReplies()
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
         self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
@@ -123,12 +125,7 @@ class _RankTask:
             if listener is not None:
                 listener.close()  # the rank process holds its own copy
         if spec.channel is not None:
-            try:
-                retry = min(spec.timeouts.start or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
-                client = LogClient(*spec.channel, spec.secret, timeout=5.0, retry_for=retry)
-                self.client = Outbox(client)  # the rank's lines never wait on a slow driver
-            except OSError as exc:  # unreachable (a remote Connect client, a firewall): no live logs
-                self.client, self.driver_error = None, f"{type(exc).__name__}: {exc}"
+            self._connect_driver()
         log_path = (
             os.path.join(spec.logs.directory, f"rank{self.rank}-attempt{spec.attempt}-{spec.run_id}.log")
             if spec.logs.directory
@@ -148,6 +145,23 @@ class _RankTask:
                 + ("(removed after the run)" if spec.workdir.clean else "(kept after the run)"),
             )
         return port
+
+    def _connect_driver(self) -> None:
+        """The log channel to the driver (also the exchange's, with ``exchange="driver"``)."""
+        spec = self.spec
+        try:
+            retry = min(spec.timeouts.start or 30.0, 30.0)  # a flooded driver evicts waiting handshakes
+            client = LogClient(
+                *spec.channel,
+                spec.secret,
+                timeout=5.0,
+                retry_for=retry,
+                on_frame=self.replies.on_frame,  # the driver's answer at the exchange
+                on_close=self.replies.on_close,
+            )
+            self.client = Outbox(client)  # the rank's lines never wait on a slow driver
+        except OSError as exc:  # unreachable (a remote Connect client, a firewall): no live logs
+            self.client, self.driver_error = None, f"{type(exc).__name__}: {exc}"
 
     def send_start(self, message: bytes) -> None:
         """Give the rank its start message; a rank that already died is reported as itself."""
@@ -220,26 +234,6 @@ class _RankTask:
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-def _exchange(members: List[_RankTask], ports: List[int], envs: List[Dict[str, str]]) -> None:
-    """All-gather every rank's address and shard size (one message per task, listing its ranks);
-    send each rank its start message."""
-    spec, gang = members[0].spec, members[0].gang
-    host = members[0].address
-    mine = [protocol.announce(host, p, m.rows, m.gpus, m.driver_error) for m, p in zip(members, ports)]
-    peers = protocol.peers(gang.allgather("[" + ",".join(mine) + "]"))
-    unreachable = protocol.driver_reach_error(peers, spec.channel)
-    if unreachable:  # every task knows it: those that can report it do, and none starts its rank
-        raise members[0].fail(unreachable, None, "driver")
-    for m, shard_env in zip(members, envs):
-        env, extra = m.backend.rank_env(
-            m.rank, peers, m.gpus, spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task
-        )
-        env.update(shard_env)
-        m.local_rank = int(env.get("LOCAL_RANK", "0"))
-        m.send_start(protocol.start_message(env, **extra))
-        m.started = time.monotonic()  # start_timeout counts from here: the data phase is bounded apart
 
 
 class _Either:
@@ -328,7 +322,7 @@ def supervise(
             members.append(_RankTask(gang, spec, cancel, j))
         ports = [m.start() for m in members]
         envs = _feed(members, batches)
-        _exchange(members, ports, envs)
+        exchange(members, ports, envs)
         _await(members, cancel)
         if spec.workdir.clean and members[0].kept_cwd:
             _clean_work_dir(members)

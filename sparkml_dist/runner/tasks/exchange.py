@@ -1,0 +1,92 @@
+"""The tasks' exchange of addresses before their ranks start, a task's side.  [executor]
+
+Each barrier task tells the others where its ranks are (:func:`sparkml_dist.runner.protocol.announce`)
+and learns theirs: through the gang (Spark's ``allGather``; the driver's threads for ``np < 0``),
+or, when the run's ``TaskSpec.exchange`` is ``"driver"``, through the driver's log channel (one
+``FRAME_ANNOUNCE`` up, one ``FRAME_PEERS`` back: no poll; the driver's side and when it is used:
+:mod:`sparkml_dist.runner.peer_exchange`).  A task that cannot reach the driver in such a run, or
+loses its connection before the answer, fails naming the driver's address.
+
+Example::
+
+    replies = DriverReplies()       # LogClient(..., on_frame=replies.on_frame, on_close=replies.on_close)
+    exchange(members, ports, envs)  # every rank of the task gets its start message
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, List, Optional
+
+from .. import protocol
+
+
+class DriverReplies:
+    """The driver's answer to this task's announcement, set by the channel's reader thread."""
+
+    def __init__(self) -> None:
+        self.peers: Optional[List[str]] = None
+        self.ended = threading.Event()
+
+    def on_frame(self, message: dict) -> None:
+        tasks = message.get("tasks")
+        if message.get("type") == protocol.FRAME_PEERS and isinstance(tasks, list):
+            if all(isinstance(t, str) for t in tasks):
+                self.peers = tasks
+                self.ended.set()
+
+    def on_close(self) -> None:
+        self.ended.set()
+
+
+def all_announces(members, mine: str) -> List[str]:
+    """Every task's announcement (``mine`` is this task's), in task order."""
+    first = members[0]
+    spec, gang = first.spec, first.gang
+    if spec.exchange != "driver":
+        return gang.allgather(mine)
+    host, port = spec.channel
+    if first.client is None:
+        raise first.fail(
+            f"the driver's address {host} (port {port}) is unreachable from {first.address} "
+            f"({first.driver_error}), though this session's tasks reached it in an earlier run. No "
+            "rank was started. Set spark.driver.host (or SPARK_LOCAL_IP on the driver's machine) to "
+            "an address every executor reaches, and let executors connect to the driver's ports.",
+            None,
+            "driver",
+        )
+    first.client.send({"type": protocol.FRAME_ANNOUNCE, "task": gang.rank, "ranks": mine})
+    while not first.replies.ended.wait(0.1):
+        if first.cancelled():
+            raise first.fail(
+                f"rank {first.rank} was stopped because the run was cancelled", None, "cancelled"
+            )
+    if first.replies.peers is None:
+        raise first.fail(
+            f"the connection to the driver's log channel ({host}, port {port}) closed before the "
+            "tasks had exchanged their addresses. No rank was started.",
+            None,
+            "driver",
+        )
+    return first.replies.peers
+
+
+def exchange(members, ports: List[int], envs: List[Dict[str, str]]) -> None:
+    """All-gather every rank's address and shard size (one message per task, listing its ranks);
+    send each rank (``members``: the task's ``_RankTask``s) its start message."""
+    spec = members[0].spec
+    host = members[0].address
+    mine = [protocol.announce(host, p, m.rows, m.gpus, m.driver_error) for m, p in zip(members, ports)]
+    peers = protocol.peers(all_announces(members, "[" + ",".join(mine) + "]"))
+    unreachable = protocol.driver_reach_error(peers, spec.channel)
+    if unreachable:  # every task knows it: those that can report it do, and none starts its rank
+        raise members[0].fail(unreachable, None, "driver")
+    for m, shard_env in zip(members, envs):
+        env, extra = m.backend.rank_env(
+            m.rank, peers, m.gpus, spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task
+        )
+        env.update(shard_env)
+        m.local_rank = int(env.get("LOCAL_RANK", "0"))
+        m.send_start(protocol.start_message(env, **extra))
+        m.started = time.monotonic()  # start_timeout counts from here: the data phase is bounded apart
