@@ -67,6 +67,7 @@ FLAGS = (
          "(false: never)"),
     Flag("--work-dir", "work_dir", str, None, "the directory every rank runs in"),
     Flag("--clean-work-dir", "clean_work_dir", "flag", False, "remove the default work dir after a success"),
+    Flag("--warm-ranks", "warm_ranks", "optional", True, "--no-warm-ranks: every rank a new interpreter"),
 )  # fmt: skip
 NOT_FLAGS = {"spark": "--master (the command's session)", "log_sink": "the console"}
 DATA_FLAGS = (

@@ -179,6 +179,13 @@ class HorovodBackend(Backend):
         refuse_multi_worker_strategy(self.name)
         return hvd, server
 
+    def finish(self, state):
+        """Every rank leaves together (a barrier): rank 0 leaving while a peer still connects a
+        Gloo pair to it aborted that peer (seen under load)."""
+        hvd = state[0]
+        if hvd.is_initialized():
+            hvd.barrier()
+
 
 def horovod_slots(hosts: Sequence[str]) -> List[Dict[str, object]]:
     """Each rank's Horovod placement (the fields of ``horovod.runner.common.util.hosts.SlotInfo``).
