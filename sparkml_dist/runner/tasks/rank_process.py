@@ -270,13 +270,20 @@ class RankProcess:
                 pass
             self.proc.wait()
 
+    def warm_later(self) -> None:
+        """This rank started cold: start its pool now (once), for the next run's ranks; called when
+        the rank reached the rendezvous (its import done: the pool's does not slow it), else at close."""
+        if self.pool is not None and not self.warm:
+            self.pool.start_later(self.env)
+            self.pool = None
+
     def close(self) -> None:
         self.kill()
         self.join_output(0.5)
         if self.warm:
             self.proc.close()
-        elif self.pool is not None:  # this rank started cold: the next run's come from a pool
-            self.pool.start_later(self.env)
+        else:
+            self.warm_later()
         if self._reaper_w is not None:  # the reaper now kills what the rank left running, and its files
             os.close(self._reaper_w)
             self._reaper_w = None
