@@ -77,12 +77,19 @@ def train(steps: int, every: int, run_dir: str, width: int = 2048) -> int:
 
 
 def _rank_process(pid: int):
+    """The live rank process ``pid``: started cold (``python -c RANK_ENTRY``) or forked by a warm
+    pool (its command line the pool's, its parent the pool)."""
     import psutil
+
+    from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
 
     try:
         proc = psutil.Process(pid)
-        return proc if "sparkml_dist.runner.tasks.rank" in " ".join(proc.cmdline()) else None
-    except (psutil.Error, OSError):
+        cmd = " ".join(proc.cmdline())
+        if "sparkml_dist.runner.tasks.rank" in cmd:
+            return proc
+        return proc if POOL_MARK in cmd and POOL_MARK in " ".join(proc.parent().cmdline()) else None
+    except (psutil.Error, OSError, AttributeError):
         return None
 
 
