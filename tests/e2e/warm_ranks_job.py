@@ -34,12 +34,11 @@ if __name__ == "__main__":
         if len(runs) > 1 and set(runs[-1][0]) != set(runs[0][0]):
             break
         time.sleep(1)
-    pools = [p.pid for p in pool_processes()]
+    import psutil
+
+    ours = {c.pid for c in psutil.Process().children(recursive=True)}  # the JVM, its Python daemon
+    pools = [p for p in pool_processes() if int(p.cmdline()[-2]) in ours]  # anchored to this session
     spark.stop()
-    deadline = time.time() + 20
-    while pool_processes() and time.time() < deadline:
-        time.sleep(0.2)
-    print(
-        "RESULT "
-        + json.dumps({"runs": runs, "pools": pools, "after_stop": [p.pid for p in pool_processes()]})
-    )
+    gone, alive = psutil.wait_procs(pools, timeout=20)
+    result = {"runs": runs, "pools": [p.pid for p in pools], "after_stop": [p.pid for p in alive]}
+    print("RESULT " + json.dumps(result))

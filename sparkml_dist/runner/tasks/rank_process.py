@@ -65,8 +65,7 @@ class RankProcess:
     with ``env``; watch it until it ends.
 
     ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
-    ``pool``: fork it from this warm pool (:mod:`.warm_pool`) when the pool is there; otherwise it
-    starts cold and the pool is started when the rank is closed.
+    ``pool``: fork it from this warm pool (:mod:`.warm_pool`) if there is one, else start it cold.
     The process starts at once; :meth:`watch` starts reading its output (meanwhile it waits in
     the pipes), so the slow start of a rank overlaps with whatever the task does next.  Whatever
     ends the task, the rank's process group and ``workdir`` go with it (``_REAPER``).
@@ -271,8 +270,7 @@ class RankProcess:
             self.proc.wait()
 
     def warm_later(self) -> None:
-        """This rank started cold: start its pool now (once), for the next run's ranks; called when
-        the rank reached the rendezvous (its import done: the pool's does not slow it), else at close."""
+        """A cold rank's pool starts (once) for the next run: at the rendezvous, else at close."""
         if self.pool is not None and not self.warm:
             self.pool.start_later(self.env)
             self.pool = None
