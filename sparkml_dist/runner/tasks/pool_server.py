@@ -75,7 +75,7 @@ class PoolServer:
     # ------------------------------------------------------------------ loop
     def serve(self) -> None:
         while True:
-            if self.anchor_fd is None and not _alive(self.anchor):
+            if self.anchor_fd is None and not alive(self.anchor):
                 return
             if not self.ranks and (self.stopping or time.monotonic() - self.last > self.idle_s):
                 return
@@ -273,7 +273,8 @@ def _pidfd(pid: int) -> Optional[int]:
         return None
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (another user's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -48,6 +48,7 @@ import threading
 from typing import Dict, Optional, Sequence
 
 from .. import protocol
+from .pool_server import alive
 
 POOL_MARK = "sparkml_dist.runner.tasks.pool_server"  # in a pool's command line (and its ranks')
 POOL_ENTRY = f"import sys; from {POOL_MARK} import main; main(*sys.argv[1:])"
@@ -214,7 +215,7 @@ class Pool:
                 continue
             path = os.path.join(self.directory, name)
             anchor = name.split("-", 1)[0]
-            if anchor.isdigit() and not _alive(int(anchor)):
+            if anchor.isdigit() and not alive(int(anchor)):
                 _unlink(path)
             elif name.startswith(f"{self.anchor}-"):
                 try:
@@ -298,13 +299,3 @@ def _unlink(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
