@@ -7,8 +7,9 @@ runs; a task asks it for a rank, which is forked in milliseconds and from then o
 rank is: its own session and process group, the task's pipes, its exit code, its kill.
 
 **Which pool.**  One per *key*: the Python (``sys.executable``), the backend, the rank's
-environment less what differs from rank to rank and run to run (:data:`PER_RANK`: ``RANK``,
-``CUDA_VISIBLE_DEVICES``, the run id, ...; so ``env=``, ``OMP_NUM_THREADS``, ``KERAS_BACKEND``,
+environment less what differs from rank to rank and run to run and no framework reads at its
+import (:data:`PER_RANK`: ``RANK``, ``CUDA_VISIBLE_DEVICES``, the run id, the checkpoint
+directory, the MLflow run, ...; so ``env=``, ``OMP_NUM_THREADS``, ``KERAS_BACKEND``,
 ``PYTHONPATH`` are in it: a rank never runs under imports made with other settings), this
 package's files (an edited install is a new pool) and the *anchor*: the process whose life bounds
 the pool's (Spark's Python daemon on an executor: the application on that executor; the driver's
@@ -70,6 +71,8 @@ PER_RANK = frozenset(
         protocol.PARENT_ENV,
         protocol.WORKDIR_ENV,
         protocol.STORE_FD_ENV,
+        protocol.CHECKPOINT_DIR_ENV,  # the run's, read by checkpoint.save/load in the function
+        "MLFLOW_RUN_ID",  # the job's MLflow run, read by mlflow.log_* in the function
     }
 )
 
