@@ -8,8 +8,8 @@ reached the driver's log channel (a first run on Spark's exchange shows it: :fun
 later runs exchange through the driver instead (``TaskSpec.exchange == "driver"``): each task
 sends one ``FRAME_ANNOUNCE`` and :class:`Announces` answers every task with ``FRAME_PEERS`` (all
 the announcements, in task order) as soon as the last one arrives.  A task of such a run that
-cannot reach the driver fails the run, naming the address (as a run whose tasks reach it from some
-hosts only did already); the task side is :mod:`sparkml_dist.runner.tasks.exchange`.
+cannot reach the driver uses the allGather, and the others are told to join it
+(:data:`FALLBACK_S`); the task side is :mod:`sparkml_dist.runner.tasks.exchange`.
 
 Example::
 
@@ -50,13 +50,32 @@ def remember(spark, host: str, ranks: int, accepted: int) -> None:
             _REACHED.add((_application(spark), host))
 
 
-class Announces:
-    """Collects one attempt's announcements; answers every task once all ``tasks`` are in."""
+FALLBACK_S = 10.0  # not every task announced this long after the first: every task uses allGather
 
-    def __init__(self, tasks: int) -> None:
-        self.tasks = tasks
+
+class Announces:
+    """Collects one attempt's announcements; answers every task once all ``tasks`` are in.
+
+    A task that cannot reach the driver (the network changed since the earlier run) uses Spark's
+    allGather instead; so that it is not left alone there, when not every task has announced
+    :data:`FALLBACK_S` seconds after the first one, every task (and any later one) is told to use
+    the allGather too (``{"fallback": true}``): the run then goes on as a run of the gang exchange
+    does (no live logs when no task reached the driver, the reach error when some did not)."""
+
+    def __init__(self, tasks: int, fallback_s: float = FALLBACK_S) -> None:
+        self.tasks, self.fallback_s = tasks, fallback_s
         self._lock = threading.Lock()
         self._got: Dict[int, Tuple[str, Callable[[dict], None]]] = {}
+        self._fell_back = False
+
+    def _fall_back(self) -> None:
+        with self._lock:
+            if len(self._got) >= self.tasks:
+                return
+            self._fell_back = True
+            sends = [s for _, s in self._got.values()]
+        for reply in sends:
+            reply({"type": protocol.FRAME_PEERS, "fallback": True})
 
     def add(self, message: dict, send: Optional[Callable[[dict], None]]) -> None:
         task, ranks = message.get("task"), message.get("ranks")
@@ -68,7 +87,14 @@ class Announces:
         ):
             return  # not a well-formed announcement of this attempt's tasks
         with self._lock:
+            if self._fell_back:
+                send({"type": protocol.FRAME_PEERS, "fallback": True})
+                return
             self._got[task] = (ranks, send)
+            if len(self._got) == 1 and self.tasks > 1:
+                timer = threading.Timer(self.fallback_s, self._fall_back)
+                timer.daemon = True
+                timer.start()
             if len(self._got) < self.tasks:
                 return
             answer = {"type": protocol.FRAME_PEERS, "tasks": [self._got[t][0] for t in range(self.tasks)]}

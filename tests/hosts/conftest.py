@@ -23,7 +23,9 @@ if PASS_TMP:
     tempfile.tempdir = None  # gettempdir() reads TMPDIR again
 
 
-KEPT = re.compile(r"sparkml_dist-(work|staging)-\d+$")  # per-user roots kept by design (workdirs, staging)
+KEPT = re.compile(
+    r"sparkml_dist-(work|staging|pool)-\d+$"
+)  # per-user roots kept by design (workdirs, staging, warm pools)
 
 
 def _work_dirs() -> set:

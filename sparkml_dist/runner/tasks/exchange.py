@@ -4,8 +4,9 @@ Each barrier task tells the others where its ranks are (:func:`sparkml_dist.runn
 and learns theirs: through the gang (Spark's ``allGather``; the driver's threads for ``np < 0``),
 or, when the run's ``TaskSpec.exchange`` is ``"driver"``, through the driver's log channel (one
 ``FRAME_ANNOUNCE`` up, one ``FRAME_PEERS`` back: no poll; the driver's side and when it is used:
-:mod:`sparkml_dist.runner.peer_exchange`).  A task that cannot reach the driver in such a run, or
-loses its connection before the answer, fails naming the driver's address.
+:mod:`sparkml_dist.runner.peer_exchange`).  A task that cannot reach the driver in such a run uses
+the allGather, and so does every task the driver tells to (not all announced in time); one that
+loses its connection before the answer fails naming the driver's address.
 
 Example::
 
@@ -27,11 +28,15 @@ class DriverReplies:
 
     def __init__(self) -> None:
         self.peers: Optional[List[str]] = None
+        self.fallback = False  # the driver said: use the gang's allGather (not every task reached it)
         self.ended = threading.Event()
 
     def on_frame(self, message: dict) -> None:
         tasks = message.get("tasks")
-        if message.get("type") == protocol.FRAME_PEERS and isinstance(tasks, list):
+        if message.get("type") == protocol.FRAME_PEERS and message.get("fallback") is True:
+            self.fallback = True
+            self.ended.set()
+        elif message.get("type") == protocol.FRAME_PEERS and isinstance(tasks, list):
             if all(isinstance(t, str) for t in tasks):
                 self.peers = tasks
                 self.ended.set()
@@ -44,24 +49,17 @@ def all_announces(members, mine: str) -> List[str]:
     """Every task's announcement (``mine`` is this task's), in task order."""
     first = members[0]
     spec, gang = first.spec, first.gang
-    if spec.exchange != "driver":
+    if spec.exchange != "driver" or first.client is None:  # unreachable: the driver tells the others
         return gang.allgather(mine)
     host, port = spec.channel
-    if first.client is None:
-        raise first.fail(
-            f"the driver's address {host} (port {port}) is unreachable from {first.address} "
-            f"({first.driver_error}), though this session's tasks reached it in an earlier run. No "
-            "rank was started. Set spark.driver.host (or SPARK_LOCAL_IP on the driver's machine) to "
-            "an address every executor reaches, and let executors connect to the driver's ports.",
-            None,
-            "driver",
-        )
     first.client.send({"type": protocol.FRAME_ANNOUNCE, "task": gang.rank, "ranks": mine})
     while not first.replies.ended.wait(0.1):
         if first.cancelled():
             raise first.fail(
                 f"rank {first.rank} was stopped because the run was cancelled", None, "cancelled"
             )
+    if first.replies.fallback:
+        return gang.allgather(mine)
     if first.replies.peers is None:
         raise first.fail(
             f"the connection to the driver's log channel ({host}, port {port}) closed before the "
