@@ -140,6 +140,6 @@ def _backend(main: Callable) -> str:
 
 def _all_slots(spark) -> int:
     """np=0: every task slot (the runner's own count)."""
-    from .runner.elastic import all_slots
+    from .runner.sizing import all_slots
 
     return all_slots(spark, "np=0")

@@ -47,6 +47,7 @@ USE_GPU_ENV = "SPARKML_DIST_USE_GPU"
 STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
 SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's shard manifest (JSON: where its streams are)
 CHECKPOINT_DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
+REPLACES_ENV = "SPARKML_DIST_REPLACES"  # "n": this rank replaces one lost inside elastic.run (the nth)
 
 RANK_ENTRY = "from sparkml_dist.runner.tasks.rank import run; run()"
 
@@ -62,6 +63,7 @@ EVENT_DONE = "done"
 EVENT_LOG = "log"
 EVENT_EXIT = "exit"  # {"code"}: the function called sys.exit(code)
 EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
+EVENT_ELASTIC = "elastic"  # {"inside"}: the function entered elastic.run (true) or left it (false)
 STUCK_MARK = "stuck collective: "  # a log line naming who is in a stuck collective (stall_watch)
 WORKDIR_MARK = "working directory on "  # a task's kept directory; the driver shows one line per path
 

@@ -24,7 +24,7 @@ from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel.server import listen
 from ..errors import WorkerError
-from . import admission, elastic, failures, launchers, peer_exchange
+from . import admission, failures, launchers, peer_exchange, sizing
 from .data.plan import plan
 from .launchers import Deadline
 from .task_spec import TaskSpec
@@ -97,7 +97,7 @@ class Run:
         while True:
             try:
                 if tries and r.min_np:  # elastic: as many ranks as the cluster holds now
-                    world = elastic.restart_world(
+                    world = sizing.restart_world(
                         self.spark,
                         r.world_size,
                         r.min_np,
@@ -167,6 +167,7 @@ class Run:
             launch=(_spark_env.driver_host(spark), os.getcwd()),
             job=self.job,
             warm_ranks=r.warm_ranks,
+            max_restarts=r.max_restarts,  # a rank lost inside elastic.run: replaced in place, as many times
             # on a local master a task's stderr is the driver's console, which already shows the
             # streamed lines: copying them there too would print each line twice
             echo=spark is not None and not _spark_env.local_master(spark),

@@ -30,7 +30,7 @@ import sys
 from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import arg_checks
-from . import admission, backends, comm_settings, elastic, launchers, settings
+from . import admission, backends, comm_settings, launchers, settings, sizing
 from .data.sample_order import check_streams
 from .run import Run
 
@@ -44,7 +44,7 @@ def _resolved_np(np, spark, use_gpu: bool, gpus_per_rank) -> Any:
     from .. import _spark_env
 
     session = spark or _spark_env.active_session('BarrierRunner(np="auto")', "pass spark=...")
-    return elastic.auto_np(session, use_gpu, gpus_per_rank if isinstance(gpus_per_rank, int) else 1)
+    return sizing.auto_np(session, use_gpu, gpus_per_rank if isinstance(gpus_per_rank, int) else 1)
 
 
 class BarrierRunner:
@@ -153,7 +153,7 @@ class BarrierRunner:
             with as many ranks as the cluster holds slots for now, between ``min_np`` and ``np``,
             instead of waiting for ``np`` (a lost host no longer blocks the run); a later restart
             grows back. The function sees the new ``WORLD_SIZE``, ``run_with_data`` deals the rows
-            again, the checkpoint resumes. See :mod:`sparkml_dist.runner.elastic`.
+            again, the checkpoint resumes. See :mod:`sparkml_dist.runner.sizing`.
     """
 
     def __init__(

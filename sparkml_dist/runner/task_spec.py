@@ -83,6 +83,7 @@ class TaskSpec:
     job: str = "function"  # names the kept working directory on executors
     exchange: str = "gang"  # how tasks exchange addresses: "gang" (allGather) or "driver" (peer_exchange)
     warm_ranks: bool = True  # ranks forked from a warm pool when the backend allows (tasks.warm_pool)
+    max_restarts: int = 0  # how often a rank lost inside elastic.run is replaced in place (tasks.replace)
     echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
 
     def rank_env(self, rank: int, gpus: Optional[List[str]]) -> Dict[str, str]:

@@ -323,3 +323,36 @@ def test_once_every_task_reached_the_driver_later_runs_exchange_through_it(spark
     assert peer_exchange.mode(spark, _spark_env.driver_host(spark)) == "driver"
     both = BarrierRunner(2, timeout=180).run(h.allreduce_rank_sum, 1, return_all=True)
     assert [b["sum"] for b in both] == [3.0, 3.0] and [b["env"]["RANK"] for b in both] == ["0", "1"]
+
+
+@masters("local", "cluster")
+def test_elastic_run_replaces_a_killed_rank_of_a_spark_task_and_ends_with_the_same_model(spark, tmp_path):
+    """A rank SIGKILLed inside ``elastic.run`` on a Spark barrier task: its task starts a new one
+    on the same rows (the spilled shard kept for it), the other rank keeps its process, and the
+    model and the global batch of every step, by id, are those of the run that lost nothing."""
+    import os
+
+    import torch
+
+    from tests.support import elastic_helpers as eh
+
+    rng = np.random.default_rng(0)
+    rows = [(i, *map(float, rng.normal(size=4))) for i in range(64)]
+    df = spark.createDataFrame(rows, "id long, x0 double, x1 double, x2 double, x3 double").repartition(3)
+    runs = {}
+    for name, kills in (("whole", []), ("lost", [(1, 5)])):
+        marks = tmp_path / name
+        marks.mkdir()
+        lines = []
+        runner = BarrierRunner(2, timeout=240, max_restarts=1, log_sink=lines.append)
+        runs[name] = (runner.run_with_data(df, eh.main, str(marks), kills, True), "".join(lines), marks)
+    (whole, _, _), (lost, text, marks) = runs["whole"], runs["lost"]
+    for key, value in whole["weights"].items():
+        assert torch.allclose(lost["weights"][key], value, atol=1e-6), key
+    assert lost["ranks"][0]["seen"] == whole["ranks"][0]["seen"]
+    assert [s for s, _ in lost["ranks"][0]["seen"]] == list(range(eh.STEPS))
+    starts = sorted(os.listdir(marks))
+    assert sum(n.startswith("start-0-") for n in starts) == 1 and sum(n.startswith("start-1-") for n in starts) == 2
+    assert "rank 1 was killed by signal 9 (SIGKILL) inside elastic.run" in text
+    assert "rank 1 rejoined at commit 5" in text and "fresh rendezvous" not in text
+    assert_no_rank_left()

@@ -7,14 +7,14 @@ import itertools
 import pytest
 
 from sparkml_dist import ConfigurationError, InsufficientResourcesError
-from sparkml_dist.runner import BarrierRunner, elastic, failures, protocol
+from sparkml_dist.runner import BarrierRunner, failures, protocol, sizing
 
 pytestmark = pytest.mark.slow  # starts rank processes or waits on timeouts: not in make test-fast
 
 
 @pytest.fixture(autouse=True)
 def quick_settle(monkeypatch):
-    monkeypatch.setattr(elastic, "SETTLE_S", 0.3)
+    monkeypatch.setattr(sizing, "SETTLE_S", 0.3)
 
 
 def _counts(*values):
@@ -24,24 +24,24 @@ def _counts(*values):
 
 def test_a_restart_takes_the_fewest_slots_seen_while_a_lost_executor_is_counted_out():
     said = []
-    world = elastic.restart_world(None, 4, 2, 1, 5.0, said.append, slots=_counts(4, 2, 2))
+    world = sizing.restart_world(None, 4, 2, 1, 5.0, said.append, slots=_counts(4, 2, 2))
     assert world == 2 and "restarting with 2" in said[0]
 
 
 def test_a_restart_waits_for_min_np_then_starts_with_what_came():
-    world = elastic.restart_world(None, 8, 3, 1, 5.0, lambda s: None, slots=_counts(1, 1, 1, 1, 1, 1, 5))
+    world = sizing.restart_world(None, 8, 3, 1, 5.0, lambda s: None, slots=_counts(1, 1, 1, 1, 1, 1, 5))
     assert world == 5
 
 
 def test_a_restart_never_exceeds_np_and_keeps_whole_tasks():
-    assert elastic.restart_world(None, 4, 2, 1, 5.0, lambda s: None, slots=_counts(9)) == 4
+    assert sizing.restart_world(None, 4, 2, 1, 5.0, lambda s: None, slots=_counts(9)) == 4
     # two ranks per task (two GPUs each): 3 slots hold 6 ranks, np=8 -> 6
-    assert elastic.restart_world(None, 8, 2, 2, 5.0, lambda s: None, slots=_counts(3)) == 6
+    assert sizing.restart_world(None, 8, 2, 2, 5.0, lambda s: None, slots=_counts(3)) == 6
 
 
 def test_a_restart_with_fewer_than_min_np_slots_fails_naming_min_np():
     with pytest.raises(InsufficientResourcesError, match="min_np=3"):
-        elastic.restart_world(None, 4, 3, 1, 0.5, lambda s: None, slots=_counts(2))
+        sizing.restart_world(None, 4, 3, 1, 0.5, lambda s: None, slots=_counts(2))
 
 
 def test_min_np_is_checked_with_its_name():

@@ -96,6 +96,10 @@ def main() -> int:
         return 1  # the task went away before the rendezvous
     os.environ.update(message["env"])
     state = backend.join(state, rank, message, store_fd, _once(lambda: ctrl.send(protocol.EVENT_RENDEZVOUS)))
+    if os.environ.get(protocol.REPLACES_ENV):  # in place of a rank lost inside elastic.run
+        from ..elastic import membership
+
+        membership.join_on_init()  # its init_process_group joins the survivors' next group
 
     from ... import serialization
     from ..data import shard as data

@@ -91,6 +91,7 @@ class RankProcess:
         self._forward, self._client, self._echo, self._log = False, None, False, None
         self.called_exit = False  # the function called sys.exit()
         self.returned = False  # the function returned (its result written): EVENT_DONE
+        self.seen: Dict[str, dict] = {}  # the last control event of each name (EVENT_ELASTIC, ...)
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
         token = f"{protocol.TOKEN_ENV}={uuid.uuid4().hex}"
@@ -192,10 +193,8 @@ class RankProcess:
 
     def _ctrl(self, fd: int) -> None:
         with os.fdopen(fd, "r") as fh:
-            for line in fh:
-                ev = protocol.parse_event(line)
-                if ev is None:
-                    continue
+            for ev in filter(None, map(protocol.parse_event, fh)):
+                self.seen[str(ev.get("event"))] = ev
                 if ev.get("event") == protocol.EVENT_LOG:  # log_to_driver: streamed whatever log_ranks says
                     self._relay("log", str(ev.get("text", "")))
                 elif ev.get("event") == protocol.EVENT_EXIT:

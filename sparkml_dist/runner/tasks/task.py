@@ -34,7 +34,7 @@ from .. import backends, protocol
 from ..data.feeding import feed as _feed
 from ..protocol import RankFailure
 from ..task_spec import TaskSpec
-from . import warm_pool, workdirs
+from . import replace, warm_pool, workdirs
 from .exchange import DriverReplies, exchange
 from .rank_process import RankProcess, exit_text
 
@@ -66,6 +66,7 @@ class _RankTask:
         self.local_rank = 0  # set when the ranks have exchanged addresses
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         self.replies = DriverReplies()
+        self.replaced, self.lost, self.start_message, self.watch_args = 0, [], b"", {}  # tasks.replace
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
         self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
@@ -131,12 +132,13 @@ class _RankTask:
             if spec.logs.directory
             else None
         )
-        self.process.watch(
+        self.watch_args = dict(
             forward=self.rank in spec.logs.ranks,
             client=self.client,
             echo=self.gang.echo_output and spec.echo,  # a Spark task: every line into the executor's log
             log_path=log_path,
         )
+        self.process.watch(**self.watch_args)
         if self.kept_cwd and self.member == 0:
             self._report(
                 protocol.FRAME_LINE,
@@ -165,6 +167,7 @@ class _RankTask:
 
     def send_start(self, message: bytes) -> None:
         """Give the rank its start message; a rank that already died is reported as itself."""
+        self.start_message = message  # a rank started in its place later gets it too (tasks.replace)
         try:
             self.process.send_start(message)
         except OSError:  # BrokenPipeError: it ended before reading its start message
@@ -203,6 +206,8 @@ class _RankTask:
         code = self.process.wait_exit(self.cancel)
         if code is None:
             raise self.fail(f"rank {self.rank} was stopped because the run was cancelled", None, "cancelled")
+        if code != 0 and replace.replaceable(self, code):  # lost inside elastic.run: the others go on
+            return replace.replace(self, code)
         if code != 0 or self._no_result():  # sys.exit(0) / os._exit(0) inside the function too
             early = self._no_result() and (code == 0 or self.process.called_exit)
             raise self.fail(f"rank {self.rank} {exit_text(code)}{' before returning a result' * early}", code)
@@ -230,8 +235,8 @@ class _RankTask:
         self._report(protocol.FRAME_DONE, lines=self._lines_posted(), **left)
 
     def cleanup(self) -> None:
-        if self.process is not None:
-            self.process.close()
+        for process in [*self.lost, *([self.process] if self.process is not None else [])]:
+            process.close()
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
@@ -323,6 +328,7 @@ def supervise(
             members.append(_RankTask(gang, spec, cancel, j))
         ports = [m.start() for m in members]
         envs = _feed(members, batches)
+        replace.keep_rows(members)
         exchange(members, ports, envs)
         _await(members, cancel)
         if spec.workdir.clean and members[0].kept_cwd:

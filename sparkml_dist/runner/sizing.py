@@ -1,4 +1,4 @@
-"""How many ranks a restart starts with when the run is elastic (``min_np``).  [driver]
+"""How many ranks a run starts with: ``np="auto"``, and a restart's world with ``min_np``.  [driver]
 
 ``BarrierRunner(np=4, min_np=2, max_restarts=k)``: the first attempt needs ``np`` ranks, as
 always.  After a failure, the next attempt takes as many ranks as the cluster holds task slots

@@ -1,0 +1,70 @@
+"""A rank lost inside ``elastic.run``, started again in place while the others keep running.  [executor]
+
+:mod:`sparkml_dist.runner.elastic` runs on the ranks, this module on their tasks. When a rank whose
+function is inside ``elastic.run`` (its last ``EVENT_ELASTIC`` says so) dies,
+its task starts a new process for the same rank (from the warm pool when there is one) with
+``REPLACES_ENV`` set, in the same working directory, with the same function, rows and start
+message, and goes on watching it; the driver shows one line. Not replaced (the task fails as
+before and the run restarts from its checkpoint): rank 0, whose process serves the run's store; a
+rank of a cancelled run; a rank past its task's ``max_restarts``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from .. import protocol
+from . import warm_pool
+from .rank_process import RankProcess, exit_text
+
+KEPT = ".kept"  # a second name of the rank's spilled rows, for a rank started in its place
+
+
+def keep_rows(members) -> None:
+    """A rank removes its spilled rows' file once it opened it: with ``max_restarts``, a second
+    link keeps the rows for a rank started in its place (removed with the working directory)."""
+    for m in members:
+        spill = os.path.join(m.workdir, protocol.SPILL_FILE)
+        if m.spec.max_restarts > 0 and os.path.exists(spill):
+            os.link(spill, spill + KEPT)
+
+
+def replaceable(task, code: int) -> bool:
+    """The rank ``task`` watched ended with ``code`` inside ``elastic.run`` and may be replaced."""
+    process = task.process
+    return (
+        code != 0
+        and process.seen.get(protocol.EVENT_ELASTIC, {}).get("inside") is True  # not raised out of it
+        and task.rank != 0  # its process serves the run's store: the others cannot go on without it
+        and task.replaced < task.spec.max_restarts
+        and not task.cancelled()
+    )
+
+
+def replace(task, code: int) -> None:
+    """Start rank ``task.rank`` again and watch it as the first one (its rendezvous, its exit)."""
+    spec = task.spec
+    task.replaced += 1
+    task.lost.append(task.process)  # closed with the task: its reaper would remove the rows now
+    task._report(
+        protocol.FRAME_LINE,
+        stream="log",
+        text=f"[sparkml_dist] rank {task.rank} {exit_text(code)} inside elastic.run: a new rank "
+        f"{task.rank} takes its place ({task.replaced} of max_restarts={spec.max_restarts}); "
+        "the other ranks keep running",
+    )
+    spill = os.path.join(task.workdir, protocol.SPILL_FILE)
+    if os.path.exists(spill + KEPT) and not os.path.exists(spill):
+        os.link(spill + KEPT, spill)
+    with open(os.path.join(task.workdir, protocol.FN_FILE), "wb") as fh:
+        fh.write(spec.payload)
+    env = {**spec.rank_env(task.rank, task.gpus), protocol.REPLACES_ENV: str(task.replaced)}
+    warm = spec.warm_ranks and task.backend.warm_ranks and warm_pool.enabled()
+    pool = warm_pool.Pool.of(env, task.backend.name, task.gang.pool_anchor()) if warm else None
+    task.process = RankProcess(task.rank, task.workdir, env, (), task.cwd, pool)
+    task.process.watch(**task.watch_args)
+    task.started = time.monotonic()
+    task.send_start(task.start_message)
+    task.await_rendezvous()
+    task.await_exit()

@@ -1,0 +1,95 @@
+"""The training function of the ``elastic.run`` tests: ranks killed mid-run, rows counted by id."""
+
+import os
+import signal
+
+from sparkml_dist.runner import elastic
+
+STEPS, ROWS, WIDTH = 12, 8, 4
+
+
+def _rows(step: int, rank: int, world: int):
+    """Rank ``rank``'s rows of global batch ``step``: (ids, x, y)."""
+    import torch
+
+    g = torch.Generator().manual_seed(step * world + rank)
+    x = torch.randn(ROWS, WIDTH, generator=g)
+    ids = [step * world * ROWS + rank * ROWS + i for i in range(ROWS)]
+    return ids, x, x.sum(1, keepdim=True) + 0.5
+
+
+def _model():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(WIDTH, 1)
+    return model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+
+
+def global_ids(step: int, world: int):
+    return sorted(i for r in range(world) for i in _rows(step, r, world)[0])
+
+
+def one_process(world: int, steps: int = STEPS):
+    """What one process computes on the same global batches (every rank's rows of a step)."""
+    import torch
+
+    model, opt = _model()
+    for step in range(steps):
+        x = torch.cat([_rows(step, r, world)[1] for r in range(world)])
+        loss = ((model(x) - x.sum(1, keepdim=True) - 0.5) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def main(marks: str, kills=(), from_shard: bool = False):
+    """``kills``: (rank, step) pairs; each kills that rank once (SIGKILL) when it reaches the step.
+    ``state.seen``: the ids of each committed step's global batch (a replicated counter)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    open(os.path.join(marks, f"start-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    model, opt = _model()
+    state = elastic.TorchState(model=model, optimizer=opt, step=0, seen=[])
+    train(state, marks, [tuple(k) for k in kills], from_shard)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, {"pid": os.getpid(), "seen": state.seen})
+    return {"weights": {k: v.detach().clone() for k, v in state.model.state_dict().items()}, "ranks": ranks}
+
+
+def _shard_rows(step: int):
+    import torch
+
+    from sparkml_dist.runner import shard
+
+    table = shard().to_numpy(["id", "x0", "x1", "x2", "x3"], dtype="float64")
+    table = table[table[:, 0].argsort()]
+    pick = [(step * ROWS + i) % len(table) for i in range(ROWS)]
+    x = torch.tensor(table[pick, 1:], dtype=torch.float32)
+    return [int(i) for i in table[pick, 0]], x, x.sum(1, keepdim=True) + 0.5
+
+
+@elastic.run
+def train(state, marks, kills, from_shard):
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = torch.nn.parallel.DistributedDataParallel(state.model)  # built again in every group
+    while state.step < STEPS:
+        mark = os.path.join(marks, f"killed-{rank}-{state.step}")
+        if (rank, state.step) in kills and not os.path.exists(mark):
+            open(mark, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        ids, x, y = _shard_rows(state.step) if from_shard else _rows(state.step, rank, world)
+        loss = ((ddp(x) - y) ** 2).mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        every = [torch.zeros(ROWS, dtype=torch.int64) for _ in range(world)]
+        dist.all_gather(every, torch.tensor(ids, dtype=torch.int64))  # the step's global batch, by id
+        state.seen = state.seen + [[state.step, sorted(int(i) for t in every for i in t)]]
+        state.step += 1
+        state.commit()

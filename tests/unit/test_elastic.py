@@ -1,0 +1,116 @@
+"""``elastic.run``: a rank killed mid-run is replaced in place while the others keep running, and the
+run ends with what one process computes on the same global batches (ranks as local processes,
+np < 0; the Spark path with a shard of rows is in tests/spark/test_runner.py)."""
+
+import os
+
+import pytest
+import torch
+
+from sparkml_dist import ConfigurationError
+from sparkml_dist.runner import BarrierRunner, elastic
+from sparkml_dist.runner.elastic import state as state_mod
+from tests.support import elastic_helpers as eh
+from tests.support.runner_checks import assert_no_rank_left
+
+pytestmark = pytest.mark.slow  # starts rank processes: not in make test-fast
+
+TOL = 1e-6  # gloo's sum of 3 ranks' gradients against one process's mean over the joined batch
+
+
+def _starts(marks):
+    """{rank: [process ids that started it]} from the start marks."""
+    out = {}
+    for name in os.listdir(marks):
+        if name.startswith("start-"):
+            _, rank, pid = name.split("-")
+            out.setdefault(int(rank), []).append(int(pid))
+    return out
+
+
+def _run(tmp_path, kills, max_restarts, np_=-3):
+    lines = []
+    runner = BarrierRunner(np_, timeout=180, max_restarts=max_restarts, log_sink=lines.append)
+    out = runner.run(eh.main, str(tmp_path), kills)
+    return out, lines
+
+
+def test_a_rank_killed_twice_is_replaced_in_place_and_the_run_equals_one_process(tmp_path):
+    out, lines = _run(tmp_path, [(1, 4), (2, 8)], max_restarts=2)
+    text = "".join(lines)
+    reference = eh.one_process(3)
+    for name, value in reference.items():
+        assert torch.allclose(out["weights"][name], value, atol=TOL), (name, out["weights"][name], value)
+    # the rows each committed step trained on, by id, on every rank: each step once, none twice
+    for got in out["ranks"]:
+        assert got["seen"] == [[s, eh.global_ids(s, 3)] for s in range(eh.STEPS)]
+    starts = _starts(tmp_path)
+    assert len(starts[0]) == 1 and len(starts[1]) == 2 and len(starts[2]) == 2, starts  # survivors kept
+    assert out["ranks"][0]["pid"] == starts[0][0]
+    assert "rank 1 was killed by signal 9 (SIGKILL) inside elastic.run" in text
+    assert "rank 1 rejoined at commit 4 {'step': 4" in text and "rank 2 rejoined at commit 8" in text
+    assert "fresh rendezvous" not in text  # no restart of the run
+    assert_no_rank_left()
+
+
+def test_without_restarts_left_the_lost_rank_fails_the_run_as_before(tmp_path):
+    from sparkml_dist import WorkerError
+
+    with pytest.raises(WorkerError, match="rank 1 was killed by signal 9"):
+        _run(tmp_path, [(1, 3)], max_restarts=0, np_=-2)
+    assert len(_starts(tmp_path)[1]) == 1  # not replaced
+    assert_no_rank_left()
+
+
+def test_losing_rank_0_restarts_the_run_and_it_still_ends_right(tmp_path):
+    """Rank 0's process serves the run's store: its loss is a restart of the run (docs say so)."""
+    out, lines = _run(tmp_path, [(0, 5)], max_restarts=1, np_=-2)
+    text = "".join(lines)
+    assert "fresh rendezvous" in text and "inside elastic.run: a new rank" not in text
+    for name, value in eh.one_process(2).items():
+        assert torch.allclose(out["weights"][name], value, atol=TOL), name
+    assert len(_starts(tmp_path)[1]) == 2  # every rank started again
+
+
+def test_a_state_crosses_as_json_and_tensors_with_its_key_types(tmp_path):
+    import torch.distributed as dist
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        model(torch.ones(1, 3)).sum().backward()
+        opt.step()
+        sent = {"model": model.state_dict(), "optimizer": opt.state_dict(), "n": [1, 2.5, None, "a"]}
+        got = state_mod.broadcast(sent, 0, "cpu")
+        assert set(got["optimizer"]["state"]) == {0, 1}  # int keys stay ints
+        assert torch.equal(got["optimizer"]["state"][0]["exp_avg"], opt.state_dict()["state"][0]["exp_avg"])
+        assert got["n"] == [1, 2.5, None, "a"]
+        fresh = torch.optim.Adam(torch.nn.Linear(3, 2).parameters(), lr=0.5)
+        fresh.load_state_dict(got["optimizer"])  # what a new rank does with it
+        assert fresh.param_groups[0]["lr"] == 0.01
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_state_refuses_what_it_cannot_send_when_made():
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(ConfigurationError, match=r"counter 'when' is a object"):
+        elastic.TorchState(model=model, when=object())
+    with pytest.raises(ConfigurationError, match="must be called through|BarrierRunner"):
+        elastic.run(lambda state: None)(elastic.TorchState(model=model))
+
+
+def test_commit_and_restore_go_back_to_the_last_commit():
+    model = torch.nn.Linear(2, 1)
+    state = elastic.TorchState(model=model, step=0)
+    state.step = 3
+    state.commit()
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    kept = model.weight.detach().clone()
+    state.step = 4
+    state.restore()
+    assert state.step == 3 and state.commits == 1
+    assert torch.allclose(model.weight, kept - 1.0)
