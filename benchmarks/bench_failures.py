@@ -9,7 +9,8 @@ runner restarts (``max_restarts``) from the latest checkpoint.  It prints time-t
 the ratio, and where the difference went: the steps trained twice (done after the latest
 checkpoint, lost with the rank) and the time from each kill to the first step of the next attempt
 (the restart: new processes, rendezvous, loading the checkpoint), with warm ranks (forked from
-the pool, the default) and cold ones (``warm_ranks=False``), interleaved.
+the pool, the default) and cold ones (``warm_ranks=False``), and under ``elastic.run`` (the
+survivor keeps running, the new rank takes the last in-memory commit from it), interleaved.
 
     python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1]
 
@@ -76,6 +77,46 @@ def train(steps: int, every: int, run_dir: str, width: int = 2048) -> int:
     return steps
 
 
+def train_elastic(steps: int, every: int, run_dir: str, width: int = 2048) -> int:
+    """The same job under ``elastic.run``: a commit in memory every ``every`` steps instead of a
+    checkpoint; a killed rank is replaced in place and takes the last commit from rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import elastic, init_process_group
+
+    init_process_group()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.ReLU(), torch.nn.Linear(width, 1))
+    state = elastic.TorchState(model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.01), step=0)
+    elastic.run(_elastic_steps)(state, steps, every, run_dir, dist.get_rank())
+    return steps
+
+
+def _elastic_steps(state, steps: int, every: int, run_dir: str, rank: int) -> None:
+    import torch
+
+    model = torch.nn.parallel.DistributedDataParallel(state.model)  # in every group again
+    with open(os.path.join(run_dir, f"pid-{rank}.tmp"), "w") as fh:
+        fh.write(str(os.getpid()))
+    os.replace(os.path.join(run_dir, f"pid-{rank}.tmp"), os.path.join(run_dir, f"pid-{rank}"))
+    log = open(os.path.join(run_dir, "steps.jsonl"), "a", buffering=1) if rank == 0 else None
+    if log:
+        log.write(json.dumps({"start": state.step, "t": time.time()}) + "\n")
+    g = torch.Generator().manual_seed(rank * 1_000_003 + state.step)
+    for step in range(state.step, steps):
+        loss = model(torch.randn(256, 64, generator=g)).square().mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        state.optimizer.step()
+        if log:
+            log.write(json.dumps({"step": step, "t": time.time()}) + "\n")
+        state.step = step + 1
+        if state.step % every == 0:
+            state.commit()
+
+
 def _rank_process(pid: int):
     """The live rank process ``pid``: started cold (``python -c RANK_ENTRY``) or forked by a warm
     pool (its command line the pool's, its parent the pool)."""
@@ -130,7 +171,8 @@ def injector(run_dir: str, victim: int, interval: float, stop: threading.Event, 
         next_at = time.time() + interval
 
 
-def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, warm: bool = True) -> dict:
+def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm") -> dict:
+    """``kind``: "warm" / "cold" ranks restarting from checkpoints, or "elastic" (warm, in place)."""
     from sparkml_dist.runner import BarrierRunner
 
     with tempfile.TemporaryDirectory(prefix="bench-failures-") as run_dir:
@@ -146,11 +188,14 @@ def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, warm
             max_restarts=100,
             log_ranks="none",
             timeout=3600,
-            warm_ranks=warm,
+            warm_ranks=kind != "cold",
         )
         t0 = time.time()
         try:
-            runner.run(train, steps, every, run_dir)
+            if kind == "elastic":
+                runner.run(train_elastic, steps, every, run_dir)
+            else:
+                runner.run(train, steps, every, run_dir)
         finally:
             stop.set()
         wall = time.time() - t0
@@ -187,10 +232,9 @@ def main() -> None:
         clean = one_run(args.steps, args.every)
         print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
         failed = {}
-        for kind in ("warm", "cold") if r % 2 == 0 else ("cold", "warm"):  # interleaved
-            failed[kind] = f = one_run(
-                args.steps, args.every, clean["wall"] / 10, args.victim, warm=kind == "warm"
-            )
+        kinds = ("elastic", "warm", "cold")
+        for kind in kinds if r % 2 == 0 else kinds[::-1]:  # interleaved
+            failed[kind] = f = one_run(args.steps, args.every, clean["wall"] / 10, args.victim, kind)
             print(
                 f"round {r} with failures, {kind} ranks: {f['wall']:.1f} s, {f['kills']} ranks killed, "
                 f"{f['redone']} steps trained twice, {f['restart_s']:.1f} s from kills to the next "

@@ -328,8 +328,9 @@ def test_once_every_task_reached_the_driver_later_runs_exchange_through_it(spark
 @masters("local", "cluster")
 def test_elastic_run_replaces_a_killed_rank_of_a_spark_task_and_ends_with_the_same_model(spark, tmp_path):
     """A rank SIGKILLed inside ``elastic.run`` on a Spark barrier task: its task starts a new one
-    on the same rows (the spilled shard kept for it), the other rank keeps its process, and the
-    model and the global batch of every step, by id, are those of the run that lost nothing."""
+    on the same rows (the spilled shard kept for it), the other rank keeps its process, every
+    step's global batch (by id) is one of the ranks' shards, each step once, and the model is what
+    one process computes on those global batches."""
     import os
 
     import torch
@@ -338,21 +339,23 @@ def test_elastic_run_replaces_a_killed_rank_of_a_spark_task_and_ends_with_the_sa
 
     rng = np.random.default_rng(0)
     rows = [(i, *map(float, rng.normal(size=4))) for i in range(64)]
+    features = {r[0]: r[1:] for r in rows}
     df = spark.createDataFrame(rows, "id long, x0 double, x1 double, x2 double, x3 double").repartition(3)
-    runs = {}
-    for name, kills in (("whole", []), ("lost", [(1, 5)])):
-        marks = tmp_path / name
-        marks.mkdir()
-        lines = []
-        runner = BarrierRunner(2, timeout=240, max_restarts=1, log_sink=lines.append)
-        runs[name] = (runner.run_with_data(df, eh.main, str(marks), kills, True), "".join(lines), marks)
-    (whole, _, _), (lost, text, marks) = runs["whole"], runs["lost"]
-    for key, value in whole["weights"].items():
-        assert torch.allclose(lost["weights"][key], value, atol=1e-6), key
-    assert lost["ranks"][0]["seen"] == whole["ranks"][0]["seen"]
-    assert [s for s, _ in lost["ranks"][0]["seen"]] == list(range(eh.STEPS))
-    starts = sorted(os.listdir(marks))
-    assert sum(n.startswith("start-0-") for n in starts) == 1 and sum(n.startswith("start-1-") for n in starts) == 2
+    lines = []
+    runner = BarrierRunner(2, timeout=240, max_restarts=1, log_sink=lines.append)
+    out = runner.run_with_data(df, eh.main, str(tmp_path), [(1, 5)], True)
+    text = "".join(lines)
+    seen = out["ranks"][0]["seen"]
+    assert [s for s, _ in seen] == list(range(eh.STEPS))
+    for rank in (0, 1):  # the rows of rank r at step s: its shard's, sorted by id, from s * 8 on
+        shard = sorted({i for _, ids in seen for i in ids[rank]})
+        assert len(shard) == 32, shard  # 64 rows, 2 ranks: 12 steps of 8 read the whole shard
+        for step, ids in seen:
+            assert ids[rank] == [shard[(step * 8 + j) % 32] for j in range(8)], (rank, step)
+    for key, value in eh.one_process(2, features=features, seen=seen).items():
+        assert torch.allclose(out["weights"][key], value, atol=1e-5), key
+    starts = [n.rsplit("-", 1)[0] for n in os.listdir(tmp_path) if n.startswith("start-")]
+    assert sorted(starts) == ["start-0", "start-1", "start-1"], starts  # rank 0 kept its process
     assert "rank 1 was killed by signal 9 (SIGKILL) inside elastic.run" in text
     assert "rank 1 rejoined at commit 5" in text and "fresh rendezvous" not in text
     assert_no_rank_left()

@@ -27,16 +27,20 @@ def _model():
 
 
 def global_ids(step: int, world: int):
-    return sorted(i for r in range(world) for i in _rows(step, r, world)[0])
+    return [_rows(step, r, world)[0] for r in range(world)]
 
 
-def one_process(world: int, steps: int = STEPS):
-    """What one process computes on the same global batches (every rank's rows of a step)."""
+def one_process(world: int, steps: int = STEPS, features=None, seen=None):
+    """What one process computes on the same global batches (every rank's rows of a step): those
+    of :func:`_rows`, or those ``seen`` names by id in ``features`` ({id: 4 floats})."""
     import torch
 
     model, opt = _model()
     for step in range(steps):
-        x = torch.cat([_rows(step, r, world)[1] for r in range(world)])
+        if seen is None:
+            x = torch.cat([_rows(step, r, world)[1] for r in range(world)])
+        else:
+            x = torch.tensor([features[i] for ids in seen[step][1] for i in ids], dtype=torch.float32)
         loss = ((model(x) - x.sum(1, keepdim=True) - 0.5) ** 2).mean()
         opt.zero_grad()
         loss.backward()
@@ -46,7 +50,8 @@ def one_process(world: int, steps: int = STEPS):
 
 def main(marks: str, kills=(), from_shard: bool = False):
     """``kills``: (rank, step) pairs; each kills that rank once (SIGKILL) when it reaches the step.
-    ``state.seen``: the ids of each committed step's global batch (a replicated counter)."""
+    ``state.seen``: each committed step's global batch, by id, each rank's rows in rank order (a
+    replicated counter)."""
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
@@ -90,6 +95,6 @@ def train(state, marks, kills, from_shard):
         state.optimizer.step()
         every = [torch.zeros(ROWS, dtype=torch.int64) for _ in range(world)]
         dist.all_gather(every, torch.tensor(ids, dtype=torch.int64))  # the step's global batch, by id
-        state.seen = state.seen + [[state.step, sorted(int(i) for t in every for i in t)]]
+        state.seen = state.seen + [[state.step, [[int(i) for i in t] for t in every]]]
         state.step += 1
         state.commit()
