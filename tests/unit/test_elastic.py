@@ -62,14 +62,21 @@ def test_without_restarts_left_the_lost_rank_fails_the_run_as_before(tmp_path):
     assert_no_rank_left()
 
 
-def test_losing_rank_0_restarts_the_run_and_it_still_ends_right(tmp_path):
-    """Rank 0's process serves the run's store: its loss is a restart of the run (docs say so)."""
+def test_a_lost_rank_0_is_replaced_too_and_serves_the_store_again(tmp_path):
+    """Rank 0's process serves the run's store: its task keeps the socket, the new rank 0 serves a
+    new store there and the survivor reconnects, keeping its process."""
     out, lines = _run(tmp_path, [(0, 5)], max_restarts=1, np_=-2)
     text = "".join(lines)
-    assert "fresh rendezvous" in text and "inside elastic.run: a new rank" not in text
+    assert "rank 0 was killed by signal 9 (SIGKILL) inside elastic.run: a new rank 0" in text
+    assert "rank 0 rejoined at commit 5 {'step': 5" in text and "its state from rank 1" in text
+    assert "fresh rendezvous" not in text
     for name, value in eh.one_process(2).items():
         assert torch.allclose(out["weights"][name], value, atol=TOL), name
-    assert len(_starts(tmp_path)[1]) == 2  # every rank started again
+    for got in out["ranks"]:
+        assert got["seen"] == [[s, eh.global_ids(s, 2)] for s in range(eh.STEPS)]
+    starts = _starts(tmp_path)
+    assert len(starts[0]) == 2 and len(starts[1]) == 1, starts  # the survivor kept its process
+    assert out["ranks"][1]["pid"] == starts[1][0]
 
 
 def test_a_state_crosses_as_json_and_tensors_with_its_key_types(tmp_path):

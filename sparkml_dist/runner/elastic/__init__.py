@@ -2,7 +2,7 @@
 
 Inside a :class:`~sparkml_dist.runner.BarrierRunner` run with ``max_restarts >= 1`` and
 ``backend="torch"`` (gloo or NCCL), a function decorated with :func:`run` survives the loss of a
-rank other than rank 0 without a restart of the run:
+rank (rank 0 included) without a restart of the run:
 
 * the task that lost the rank starts a new one in its place, from the warm pool when there is one
   (each task at most ``max_restarts`` times);
@@ -13,9 +13,11 @@ rank other than rank 0 without a restart of the run:
   the new rank receives that state from a live rank (:mod:`.state`), not from disk, then the
   decorated function is called again on every rank.
 
-Rank 0's process serves the run's store: losing it, or an executor, restarts the run from the latest
-checkpoint (``max_restarts``, ``checkpoint_dir``), as without ``elastic.run``. Horovod, TensorFlow
-and JAX runs keep checkpoint restarts.
+Rank 0's process serves the run's store: a new rank 0 serves a new one on the same socket, and the
+others connect to it again. Losing an executor (Spark's barrier stage) restarts the run from the
+latest checkpoint (``max_restarts``, ``checkpoint_dir``), as without ``elastic.run``; so does a
+rank that raises (a bug is not a lost rank). Horovod, TensorFlow and JAX runs keep checkpoint
+restarts.
 
 Example::
 

@@ -10,6 +10,11 @@ registers too (its ``init_process_group`` is this module's). A generation is for
 ``WORLD_SIZE`` ranks registered for it: each then joins a process group whose rendezvous keys lie
 under that generation's prefix of the same store, so no key of an older group is read again. A rank
 that finds the generation already formed without it (a later loss) waits for the next one.
+
+Rank 0's process serves the store. When it is lost, its task starts a rank 0 that serves a new,
+empty store on the same socket; each survivor's store calls then fail, it connects again (the
+connection waits in the socket's backlog until the new store serves it), finds another store's id
+under :data:`ID_KEY`, and starts over at generation 0 of the new store with the new rank 0.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from .. import backends, protocol
 
 PREFIX = "sparkml_dist/elastic"
 GEN_KEY = f"{PREFIX}/gen"
+ID_KEY = f"{PREFIX}/store"  # set once per store: a rank that finds another id knows rank 0 was replaced
 POLL_S = 0.05
 
 _CURRENT: Optional["Membership"] = None
@@ -32,16 +38,39 @@ class Membership:
     """This rank's place in the run's generations (see the module docstring)."""
 
     def __init__(self, replaces: bool) -> None:
-        import torch.distributed as dist
-
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         self.timeout = backends.collective_timeout()
+        self.store_id = self._connect()
+        self.generation = -1 if replaces else 0  # a new rank was in none yet
+        self.torch_backend: Optional[str] = None
+
+    def _connect(self) -> bytes:
+        """A client of the run's store; returns the store's id."""
+        import uuid
+
+        import torch.distributed as dist
+
         self.store = dist.TCPStore(
             os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=self.timeout
         )
         self.store.add(GEN_KEY, 0)  # the key exists from now on (compare_set needs a value)
-        self.generation = -1 if replaces else 0  # a new rank was in none yet
-        self.torch_backend: Optional[str] = None
+        return self.store.compare_set(ID_KEY, "", uuid.uuid4().hex)
+
+    def _reconnect(self) -> None:
+        """The store went away with rank 0: connect to the one its replacement serves."""
+        import torch.distributed as dist
+
+        end = time.monotonic() + self.timeout.total_seconds()
+        while True:
+            try:
+                store_id = self._connect()
+                break
+            except dist.DistNetworkError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)
+        if store_id != self.store_id:  # a new store: its generations start again, with this rank
+            self.store_id, self.generation = store_id, -1
 
     def _read(self) -> int:
         return int(self.store.add(GEN_KEY, 0))
@@ -50,11 +79,15 @@ class Membership:
         """A survivor: the group lost a rank. Leave it and form the next generation; returns it."""
         import torch.distributed as dist
 
-        self.store.compare_set(GEN_KEY, str(self.generation), str(self.generation + 1))
         if dist.is_initialized():
             self.torch_backend = str(dist.get_backend())
             dist.destroy_process_group()
-        return self.join(self.torch_backend)
+        while True:
+            try:
+                self.store.compare_set(GEN_KEY, str(self.generation), str(self.generation + 1))
+                return self.join(self.torch_backend)
+            except dist.DistNetworkError:  # the store's host (rank 0) was lost too
+                self._reconnect()
 
     def join(self, torch_backend: Optional[str]) -> int:
         """Register for the next generation, wait until it is whole, join its process group."""

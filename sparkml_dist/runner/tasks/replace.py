@@ -4,9 +4,12 @@
 function is inside ``elastic.run`` (its last ``EVENT_ELASTIC`` says so) dies,
 its task starts a new process for the same rank (from the warm pool when there is one) with
 ``REPLACES_ENV`` set, in the same working directory, with the same function, rows and start
-message, and goes on watching it; the driver shows one line. Not replaced (the task fails as
-before and the run restarts from its checkpoint): rank 0, whose process serves the run's store; a
-rank of a cancelled run; a rank past its task's ``max_restarts``.
+message, and goes on watching it; the driver shows one line. Rank 0's process serves the run's
+store on the socket its task bound: with ``max_restarts`` the task keeps that socket open, so a
+rank 0 started in its place serves a new store at the address every rank knows (the others
+reconnect, see :mod:`sparkml_dist.runner.elastic.membership`). Not replaced (the task fails as
+before and the run restarts from its checkpoint): a rank of a cancelled run, a rank that raised out
+of ``elastic.run`` or returned from it, a rank past its task's ``max_restarts``.
 """
 
 from __future__ import annotations
@@ -30,13 +33,32 @@ def keep_rows(members) -> None:
             os.link(spill, spill + KEPT)
 
 
+def close_listener(task, listener) -> None:
+    """The rank process has its own copy of the listening socket; rank 0's task keeps one too
+    when a rank 0 may be started in place of this one (``max_restarts``, a backend that keeps its
+    port), else closes it."""
+    if task.rank == 0 and task.spec.max_restarts > 0 and not task.backend.framework_rebinds_port:
+        task.listener = listener
+    else:
+        listener.close()
+
+
+def close(task) -> None:
+    """At the task's end: the processes of the ranks it lost, and the socket it kept."""
+    for process in task.lost:
+        process.close()
+    if task.listener is not None:
+        task.listener.close()
+        task.listener = None
+
+
 def replaceable(task, code: int) -> bool:
     """The rank ``task`` watched ended with ``code`` inside ``elastic.run`` and may be replaced."""
     process = task.process
     return (
         code != 0
         and process.seen.get(protocol.EVENT_ELASTIC, {}).get("inside") is True  # not raised out of it
-        and task.rank != 0  # its process serves the run's store: the others cannot go on without it
+        and (task.rank != 0 or task.listener is not None)  # a new rank 0 serves the store again
         and task.replaced < task.spec.max_restarts
         and not task.cancelled()
     )
@@ -62,7 +84,10 @@ def replace(task, code: int) -> None:
     env = {**spec.rank_env(task.rank, task.gpus), protocol.REPLACES_ENV: str(task.replaced)}
     warm = spec.warm_ranks and task.backend.warm_ranks and warm_pool.enabled()
     pool = warm_pool.Pool.of(env, task.backend.name, task.gang.pool_anchor()) if warm else None
-    task.process = RankProcess(task.rank, task.workdir, env, (), task.cwd, pool)
+    fds = (task.listener.fileno(),) if task.listener is not None else ()
+    if fds:
+        env[protocol.STORE_FD_ENV] = str(fds[0])
+    task.process = RankProcess(task.rank, task.workdir, env, fds, task.cwd, pool)
     task.process.watch(**task.watch_args)
     task.started = time.monotonic()
     task.send_start(task.start_message)

@@ -66,7 +66,7 @@ class _RankTask:
         self.local_rank = 0  # set when the ranks have exchanged addresses
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         self.replies = DriverReplies()
-        self.replaced, self.lost, self.start_message, self.watch_args = 0, [], b"", {}  # tasks.replace
+        self.replaced, self.lost, self.start_message, self.watch_args, self.listener = 0, [], b"", {}, None
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
         self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
@@ -123,8 +123,8 @@ class _RankTask:
                 self.rank, self.workdir, env, (listener.fileno(),) if listener else (), self.cwd, pool
             )
         finally:
-            if listener is not None:
-                listener.close()  # the rank process holds its own copy
+            if listener is not None:  # the rank process holds its own copy
+                replace.close_listener(self, listener)
         if spec.channel is not None:
             self._connect_driver()
         log_path = (
@@ -235,8 +235,9 @@ class _RankTask:
         self._report(protocol.FRAME_DONE, lines=self._lines_posted(), **left)
 
     def cleanup(self) -> None:
-        for process in [*self.lost, *([self.process] if self.process is not None else [])]:
-            process.close()
+        replace.close(self)  # the processes of ranks lost and replaced, a listening socket kept
+        if self.process is not None:
+            self.process.close()
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
