@@ -64,6 +64,7 @@ class TorchBackend(Backend):
     warm_ranks = True
 
     def preload(self):
+        import torch._dynamo  # noqa: F401 - what a rank's first optimizer imports (1.0-1.5 s here)
         import torch.distributed  # noqa: F401 - what prepare() imports; torch starts no runtime here
 
     def prepare(self, rank, world, store_fd):

@@ -305,6 +305,8 @@ def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
         for name, value in backend.env_defaults.items():  # as the rank sets them before its imports
             os.environ.setdefault(name, value)
         backend.preload()
+        from ..data import shard  # noqa: F401 - every rank maps its shard through it (0.2 s)
+
         PoolServer(listener, int(anchor), float(idle_s)).serve()
     finally:
         try:
