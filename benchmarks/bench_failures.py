@@ -12,7 +12,7 @@ checkpoint, lost with the rank) and the time from each kill to the first step of
 the pool, the default) and cold ones (``warm_ranks=False``), and under ``elastic.run`` (the
 survivor keeps running, the new rank takes the last in-memory commit from it), interleaved.
 
-    python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1]
+    python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1] [--kinds elastic,cold]
 
 The rank-killed case only: an executor killed and a host killed (with ``min_np``) run through the
 same restart path on a cluster and are tested in the standalone and several-hosts passes, not
@@ -222,6 +222,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=250, help="steps between checkpoints")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--victim", type=int, default=1, help="the rank killed")
+    ap.add_argument("--kinds", default="elastic,warm,cold", help="which contenders run with failures")
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = (
         HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -232,7 +233,7 @@ def main() -> None:
         clean = one_run(args.steps, args.every)
         print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
         failed = {}
-        kinds = ("elastic", "warm", "cold")
+        kinds = tuple(args.kinds.split(","))
         for kind in kinds if r % 2 == 0 else kinds[::-1]:  # interleaved
             failed[kind] = f = one_run(args.steps, args.every, clean["wall"] / 10, args.victim, kind)
             print(

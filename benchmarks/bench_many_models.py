@@ -141,6 +141,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--score-rows", type=int, default=10, help="rows scored per key")
     ap.add_argument("--no-recipe", action="store_true", help="ours only (e.g. 10^6 keys)")
+    ap.add_argument("--figure", default=None, help="write fit and score times by keys here (PNG + JSON)")
     args = ap.parse_args()
     spark = local_session("bench_many_models")
     spark.conf.set("spark.sql.shuffle.partitions", "8")
@@ -165,6 +166,25 @@ def main() -> None:
         )
     print(f"load average at the end: {os.getloadavg()[0]:.2f}; {time.strftime('%Y-%m-%d %H:%M')}")
     spark.stop()
+    if args.figure:
+        figure(report, args)
+
+
+def figure(report, args) -> None:
+    """Bars of the medians: fit and score seconds per number of keys, ours beside the recipe."""
+    import figures
+
+    med = statistics.median
+    panels = []
+    for what, index in (("fit", 1), ("score", 2)):
+        bars = {}
+        for row in report:
+            for name, walls in row[index].items():
+                bars[f"{name} {row[0]:,}"] = round(med(walls), 2)
+        title, ylabel = f"{what}: seconds by keys (local[2])", "seconds (lower is better)"
+        panels.append({"title": title, "ylabel": ylabel, "bars": bars})
+    command = "python benchmarks/bench_many_models.py " + " ".join(sys.argv[1:])
+    figures.save(args.figure, "bars", {"panels": panels}, command)
 
 
 if __name__ == "__main__":

@@ -82,7 +82,7 @@ def task_addresses(resources: Optional[Mapping[str, Any]] = None) -> List[str]:
     return list(getattr(gpu, "addresses", []) or []) if gpu is not None else []
 
 
-def task_profile(cpus: int, gpus: int):
+def task_profile(cpus: int, gpus: float):
     """A stage-level ResourceProfile asking ``cpus`` CPUs and ``gpus`` GPUs for each task."""
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
 
@@ -237,10 +237,13 @@ def _has_device(estimator: Any) -> bool:
         return False
 
 
-def plan_models(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optional[Tuple[str, ...]], Any]:
+def plan_models(
+    spark, estimator: Any, use_gpu: bool, param: str, member_bytes: int = 0
+) -> Tuple[Optional[Tuple[str, ...]], Any]:
     """``(gpus, profile)`` for the fitting tasks: ``gpus`` None without GPUs, ``()`` for the
     task's own GPU (a cluster), else the driver's GPUs to deal; ``profile`` a stage-level
-    ResourceProfile or None."""
+    ResourceProfile or None. How many members share a GPU comes from ``member_bytes`` (one
+    member's GPU memory) and :mod:`sparkml_dist.plan`, which refuses a member no GPU holds."""
     if not use_gpu:
         return None, None
     if not _has_device(estimator):
@@ -250,6 +253,7 @@ def plan_models(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optio
             f"{param}=False"
         )
     from . import _spark_env
+    from . import plan as plans
 
     if _spark_env.local_master(spark):
         gpus, _ = local(spark)
@@ -258,7 +262,17 @@ def plan_models(spark, estimator: Any, use_gpu: bool, param: str) -> Tuple[Optio
                 f"{param}=True but this machine shows no GPU (spark.driver.resource.gpu, "
                 "CUDA_VISIBLE_DEVICES or torch.cuda); set it to False"
             )
+        plan = plans.plan_gpu_members(spark, member_bytes, len(gpus))
+        if plan.concurrency < plan.slots_per_executor:  # a local master's tasks all run at once
+            raise InsufficientResourcesError(
+                f"{param}=True on {_spark_env.master_of(spark)}: its {plan.slots_per_executor} task slots "
+                f"fit members at once, more than the GPUs hold: {plan.summary()}. Start Spark with "
+                f"local[{plan.concurrency}], or lower gpuMemoryPerMember if the estimate is high"
+            )
         return tuple(gpus), None
+    plan = plans.plan_gpu_members(spark, member_bytes)
+    if plan.task_gpu_amount != plan.gpu_per_task:  # fewer tasks on a GPU than the cluster would put
+        return (), task_profile(_spark_env.task_cpus(_spark_env.conf_of(spark)), plan.task_gpu_amount)
     return (), rank_profile(spark, True)
 
 

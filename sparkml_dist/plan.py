@@ -16,6 +16,16 @@ fit per executor and how many may run at once, or raises
 :class:`~sparkml_dist.errors.InsufficientResourcesError` naming the estimate and the settings to
 change when not even one fits.
 
+**GPUs** (the documents' N_total for GPU executors, :func:`plan_gpu_members`): members at once =
+executors x min(task slots by CPU, GPUs per executor / GPUs per task, GPUs per executor x
+floor(GPU memory / one member's GPU memory)). GPUs per executor and per task:
+``spark.executor.resource.gpu.amount`` and ``spark.task.resource.gpu.amount`` (a fraction shares a
+GPU; unset: one per task; a local master: the driver's GPUs); a GPU's memory:
+``spark.sparkml_dist.gpu.memory`` (the driver cannot ask an executor's GPU; a local master:
+``torch.cuda.mem_get_info``). Where tasks sharing a GPU would not fit in it, the plan asks a larger
+share per task (``task_gpu_amount``); a member no GPU holds is refused, naming both figures; where
+the GPU memory is unknown the plan says so (``memory_known``, its summary, a warning).
+
 Example::
 
     from sparkml_dist.plan import model_bytes, plan_concurrency
@@ -27,6 +37,7 @@ Example::
 
 from __future__ import annotations
 
+import logging
 import pickle
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -35,6 +46,8 @@ import numpy as np
 
 from ._spark_env import ClusterMemory
 from .errors import ConfigurationError, InsufficientResourcesError
+
+log = logging.getLogger(__name__)
 
 BYTES_PER_PARAM = {
     "fp16": 2,
@@ -227,3 +240,108 @@ def check_fits_gpu(bytes_per_rank: int, gpu: Optional[tuple]) -> None:
         f"{gpu[0] / 2**30:.2f} GiB ({gpu[1]}). Split it (sparkml_dist.parallel.pipeline, FSDP2's "
         "fully_shard; model_bytes(..., stages=k) sizes one stage), lower the precision or the batch."
     )
+
+
+# --------------------------------------------------------------------------- members on GPUs
+ESTIMATE_FACTOR = 4  # a member's rows x (features + label + weight) x 4 bytes, this many times over
+
+
+def member_gpu_bytes(use_gpu: bool, given: int, rows: int, columns: int) -> int:
+    """One member's GPU memory for the plan: ``given`` (``gpuMemoryPerMember``), else an estimate
+    from the largest member: its rows x (columns + label + weight) as float32, times
+    :data:`ESTIMATE_FACTOR` (the data, gradients and histograms of a boosted fit); 0 without GPUs."""
+    return (given or int(max(1, rows) * max(1, columns + 2) * 4 * ESTIMATE_FACTOR)) if use_gpu else 0
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    """What :func:`gpu_members` decided, with the figures it came from."""
+
+    bytes_per_member: int
+    executors: int
+    slots_per_executor: int  # by CPU
+    gpus_per_executor: int
+    gpu_per_task: float  # the cluster's setting (1 when unset)
+    gpu_memory: Optional[int]  # one GPU's, None when unknown
+    memory_source: str
+    task_gpu_amount: float  # what each fitting task asks: gpu_per_task, or a larger share
+    concurrency: int
+
+    @property
+    def memory_known(self) -> bool:
+        return self.gpu_memory is not None
+
+    @property
+    def tasks_by_gpu(self) -> int:
+        return int(self.gpus_per_executor / self.task_gpu_amount + 1e-9)
+
+    def summary(self) -> str:
+        size = f"{self.bytes_per_member / 2**30:.1f} GiB"
+        memory = (
+            f"GPU memory unknown ({self.memory_source}): members of about {size} not checked against it"
+            if self.gpu_memory is None
+            else f"{self.gpu_memory // max(1, self.bytes_per_member)} member(s) of {size} in a GPU of "
+            f"{self.gpu_memory / 2**30:.1f} GiB"
+        )
+        return (
+            f"{self.executors} executor(s) x min({self.slots_per_executor} slots by CPU, "
+            f"{self.tasks_by_gpu} tasks by GPU ({self.gpus_per_executor} GPUs, "
+            f"{self.task_gpu_amount:g} GPU per task; {memory})) = {self.concurrency} members at once"
+        )
+
+
+def gpu_members(
+    executors: int, slots_per_executor: int, gpus_per_executor: int, gpu_per_task: float,
+    gpu_memory: Optional[int], bytes_per_member: int, memory_source: str = GPU_MEMORY_CONF,
+    param: str = "gpuMemoryPerMember",
+) -> GpuPlan:  # fmt: skip
+    """The rule of the module docstring ("GPUs") on plain figures."""
+    if gpus_per_executor < 1:
+        raise InsufficientResourcesError(
+            "useGpu=True but the executors have no GPU (spark.executor.resource.gpu.amount and a "
+            "discovery script; on a local master, CUDA_VISIBLE_DEVICES): set useGpu=False"
+        )
+    amount = float(gpu_per_task) if gpu_per_task and gpu_per_task > 0 else 1.0
+    if gpu_memory is not None:
+        per_gpu = gpu_memory // max(1, bytes_per_member)
+        if per_gpu < 1:
+            raise InsufficientResourcesError(
+                f"one member needs about {bytes_per_member / 2**30:.2f} GiB of GPU memory ({param}) but "
+                f"a GPU has {gpu_memory / 2**30:.2f} GiB ({memory_source}): lower {param} if the "
+                "estimate is high, use smaller members (fewer rows per member: more members), or "
+                "fit them on CPUs (useGpu=False)"
+            )
+        if amount < 1 and round(1 / amount) > per_gpu:  # Spark would put more on a GPU than fit
+            amount = 1.0 / per_gpu
+    by_gpu = int(gpus_per_executor / amount + 1e-9)
+    concurrency = max(1, executors * min(slots_per_executor, by_gpu))
+    return GpuPlan(
+        int(bytes_per_member), executors, slots_per_executor, gpus_per_executor, float(gpu_per_task or 1),
+        gpu_memory, memory_source, amount, concurrency,
+    )  # fmt: skip
+
+
+def plan_gpu_members(
+    spark, bytes_per_member: int, local_gpus: int = 0, param: str = "gpuMemoryPerMember"
+) -> GpuPlan:
+    """:func:`gpu_members` for ``spark``'s cluster (its configuration; on a local master, the
+    driver's ``local_gpus``); logs the plan, and says so when the GPUs' memory is unknown."""
+    from . import _spark_env
+
+    cluster = ClusterMemory.from_spark(spark)
+    conf = _spark_env.conf_of(spark)
+    local = _spark_env.local_master(spark)
+    if local:
+        gpus_per_executor = local_gpus
+        per_task = 1.0 / max(1, -(-cluster.slots_per_executor // max(1, gpus_per_executor)))
+    else:
+        gpus_per_executor = int(float(conf("spark.executor.resource.gpu.amount", "0") or 0))
+        per_task = float(conf("spark.task.resource.gpu.amount", "0") or 0) or 1.0
+    memory = gpu_bytes(spark, on_this_machine=local)
+    source = memory[1] if memory else f"set {GPU_MEMORY_CONF}, e.g. '80g', to check it"
+    p = gpu_members(
+        cluster.executors, cluster.slots_per_executor, gpus_per_executor, per_task,
+        memory[0] if memory else None, bytes_per_member, source, param,
+    )  # fmt: skip
+    (log.info if p.memory_known else log.warning)("useGpu: %s", p.summary())
+    return p

@@ -26,7 +26,7 @@ from typing import Any, List, Optional
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 
-from .. import _spark_env, arg_checks, feature_arrays, launch, partitioning, serialization, tracking
+from .. import _spark_env, arg_checks, feature_arrays, launch, partitioning, plan, serialization, tracking
 from .. import gpus as gpus_mod
 from ..errors import ConfigurationError
 from . import forest, global_forest, groups, member_store, oob, validation
@@ -197,7 +197,9 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         aggs = validation.data_aggregates(self._is_classifier, bool(weight_col), max_classes, vectors)
         split = groups.by_split(prepared, spec, key_cols, extra_aggs=aggs)
         info = self._check_groups(spark, dataset, split.stats, spec, est, weight_col, vectors, width, stored)
-        gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu")
+        rows = int(split.stats.counts().max())  # the largest member's: its GPU memory estimated from it
+        need = plan.member_gpu_bytes(self.getUseGpu(), self.getGpuMemoryPerMember(), rows, info["n_features"])
+        gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu", need)
         recipe = Clone(
             blob,
             seeds=tuple(partitioning.group_seeds(spec)),
@@ -251,7 +253,8 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
     a label with more distinct values is refused, naming the column, instead of fitting a
     continuous label as thousands of classes), ``useGpu`` (False: each member fitted on a GPU of its
     task through the estimator's ``device`` parameter, e.g. XGBoost's; ``model.models[i].model.
-    get_params()["device"]`` says which).
+    get_params()["device"]`` says which; how many share a GPU at once: ``gpuMemoryPerMember`` and
+    :mod:`sparkml_dist.plan`).
 
     Labels are numbers; classes are their sorted distinct values, and ``probability`` follows that
     order (labels 0..C-1, as MLlib uses, give class ``i`` at index ``i``).
@@ -281,6 +284,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         membersDir: Optional[str] = None,
         mlflow: Optional[bool] = None,
         useGpu: bool = False,
+        gpuMemoryPerMember: Optional[str] = None,
         oobScore: bool = False,
         onError: str = "raise",
     ):
@@ -321,6 +325,7 @@ class BaggingRegressor(_BaggingEstimator, _RegressorParams):
         membersDir: Optional[str] = None,
         mlflow: Optional[bool] = None,
         useGpu: bool = False,
+        gpuMemoryPerMember: Optional[str] = None,
         oobScore: bool = False,
         onError: str = "raise",
     ):

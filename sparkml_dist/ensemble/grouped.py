@@ -46,7 +46,7 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 
 from .. import gpus as gpus_mod
-from .. import launch, serialization, tracking
+from .. import launch, plan, serialization, tracking
 from ..errors import ConfigurationError
 from ..group_rows import SeedDraw
 from . import groups, key_counts, member_store, streamed_keys, validation
@@ -68,7 +68,7 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
     ``unseenKey`` ("error" | "null"), ``seed`` (0: each key's rows are ordered by a hash of it and
     the row, and an estimator whose ``random_state`` is None gets the key's own seed: the same
     models on any partitioning), ``membersDir``, ``onError`` ("raise" | "skip": ``model.failedGroups``),
-    ``useGpu``, ``mlflow``: as for :class:`~sparkml_dist.ensemble.BaggingClassifier`;
+    ``useGpu``, ``gpuMemoryPerMember``, ``mlflow``: as for :class:`~sparkml_dist.ensemble.BaggingClassifier`;
     ``keyTimeout`` (seconds; unset: none): a key whose fit runs longer is stopped and fails
     (:mod:`._key_watch`: each task then fits in a child process, about a second to start);
     ``streamAbove`` (rows; unset: what one task's memory holds): a key with more rows trains from a
@@ -93,6 +93,7 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         membersDir: Optional[str] = None,
         onError: str = "raise",
         useGpu: bool = False,
+        gpuMemoryPerMember: Optional[str] = None,
         keyTimeout: Optional[float] = None,
         streamAbove: Optional[int] = None,
     ):
@@ -206,7 +207,9 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
             prepared, counts, [FEATURES, LABEL], keep=keep, seed=int(self.getSeed()),
             key_cols=[key_col, FEATURES, LABEL], bytes_per_row=bytes_per_row, held_rows=held,
         )  # fmt: skip
-        gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu")
+        rows, columns = int(counts.rows[keep].max(initial=1)), len(self.getFeaturesCols() or ()) or 1
+        need = plan.member_gpu_bytes(self.getUseGpu(), self.getGpuMemoryPerMember(), rows, columns)
+        gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu", need)
         store = member_store.new_store(self.getMembersDir(), self.uid)
         fit_id = uuid.uuid4().hex
         spec = GroupFitSpec(

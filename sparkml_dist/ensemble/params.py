@@ -15,7 +15,7 @@ from pyspark.ml.param.shared import (
     HasWeightCol,
 )
 
-from .. import arg_checks
+from .. import _spark_env, arg_checks
 from ..errors import ConfigurationError
 
 
@@ -82,9 +82,33 @@ class _PerGroupParams(Params):
         TypeConverters.toBoolean,
     )
 
+    gpuMemoryPerMember = declare(
+        "gpuMemoryPerMember",
+        "with useGpu: the GPU memory one member needs, as Spark writes memory ('6g', '512m'); how many "
+        "members share a GPU comes from it (sparkml_dist.plan). Unset: estimated from the largest "
+        "member's rows",
+        TypeConverters.toString,
+    )
+
     def __init__(self, *args):
         super().__init__(*args)
         self._setDefault(onError="raise", useGpu=False)
+
+    def getGpuMemoryPerMember(self) -> int:
+        """The bytes ``gpuMemoryPerMember`` says, 0 when unset (the planner estimates)."""
+        if not self.isDefined(self.gpuMemoryPerMember) or not self.getOrDefault(self.gpuMemoryPerMember):
+            return 0
+        text = self.getOrDefault(self.gpuMemoryPerMember)
+        try:
+            value = _spark_env.parse_bytes(text)
+        except ValueError:
+            value = 0
+        if value <= 0:
+            raise ConfigurationError(
+                f"gpuMemoryPerMember={text!r} is not an amount of memory: write it as Spark "
+                "does, e.g. '6g' or '512m'"
+            )
+        return value
 
     def getMembersDir(self) -> str:
         return self.getOrDefault(self.membersDir) if self.isDefined(self.membersDir) else ""

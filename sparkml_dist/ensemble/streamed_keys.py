@@ -2,7 +2,8 @@
 
 A key whose rows a task's memory would not hold (:func:`sparkml_dist._spark_env.task_memory_budget`
 over the bytes a row takes in the fit, three copies) trains from a stream with the estimator's
-``partial_fit`` (:mod:`._fit_stream`), one chunk of rows held at a time; ``streamAbove`` sets the
+``partial_fit``, or XGBoost's external memory (:mod:`._fit_stream`), one chunk of rows held at a
+time; ``streamAbove`` sets the
 number of rows instead (0: every key streams).  An estimator without ``partial_fit`` is refused
 before the fit, naming the keys, their size and the fixes.  A classifier's ``partial_fit`` must
 see every class of its key at its first call: one job reads the classes of the streamed keys.
@@ -20,6 +21,7 @@ import numpy as np
 
 from .. import _spark_env, launch
 from ..errors import ConfigurationError
+from ._fit_stream import is_xgboost
 from .member_records import LABEL
 
 
@@ -35,14 +37,15 @@ def plan(
     big = np.flatnonzero(counts.rows[keep] > held)
     if not big.size:
         return held, {}
-    if not hasattr(estimator, "partial_fit"):
+    if not hasattr(estimator, "partial_fit") and not is_xgboost(estimator):
         shown = counts.python_keys(keep[big[:5]])
         need = float(counts.rows[keep[big]].max()) * 3 * bytes_per_row
         raise ConfigurationError(
             f"{big.size} key(s) of {counts.key_col!r} (e.g. {shown}) have more rows than one task holds "
             f"(streamAbove: {held} rows; the largest needs about {need / 2**30:.2f} GiB) and "
             f"{type(estimator).__name__} has no partial_fit to train from a stream: use an estimator "
-            "that has one (SGDRegressor, SGDClassifier, MiniBatchKMeans, ...), give Python workers more "
+            "that has one (SGDRegressor, SGDClassifier, MiniBatchKMeans, ...) or XGBoost's (external "
+            "memory), give Python workers more "
             "memory (spark.executor.pyspark.memory), or split those keys"
         )
     if getattr(estimator, "_estimator_type", None) != "classifier":

@@ -56,6 +56,7 @@ if __name__ == "__main__":
             "spark.executor.resource.gpu.amount": "2",
             "spark.executor.resource.gpu.discoveryScript": script,
             "spark.ui.enabled": "false",
+            "spark.sparkml_dist.gpu.memory": "16g",  # the fake GPUs' memory, for the members' GPU plan
             "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
             "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
             "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
@@ -86,8 +87,16 @@ if __name__ == "__main__":
         from tests.support.helpers import DeviceRecorder
 
         df = spark.range(0, 80).selectExpr("cast(id as double) as x", "cast(id % 2 as double) as label")
-        bag = BaggingClassifier(estimator=DeviceRecorder(), numModels=4, featuresCols=["x"], useGpu=True).fit(
-            df
-        )
+        bag = BaggingClassifier(
+            estimator=DeviceRecorder(), numModels=4, featuresCols=["x"], useGpu=True, gpuMemoryPerMember="6g"
+        ).fit(df)
         print("BAG " + json.dumps([m.model.fitted_on_ for m in bag.models]))
+        from sparkml_dist.plan import plan_gpu_members
+
+        print("PLAN " + plan_gpu_members(spark, 6 << 30).summary())
+        too_big = dict(estimator=DeviceRecorder(), featuresCols=["x"], useGpu=True, gpuMemoryPerMember="20g")
+        try:  # a member no GPU of the executors (16g, the conf above) holds: refused before any job
+            BaggingClassifier(**too_big).fit(df)
+        except Exception as exc:
+            print("TOO_BIG " + json.dumps(f"{type(exc).__name__}: {exc}"))
     spark.stop()

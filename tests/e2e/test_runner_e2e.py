@@ -53,6 +53,14 @@ def test_each_rank_is_pinned_to_the_gpu_spark_assigned(tmp_path, mode):
         assert {t["gpus"] for t in trials} == {"0", "1"}
         members = json.loads(proc.stdout.split("BAG ", 1)[1].splitlines()[0])
         assert len(members) == 4 and set(members) <= {"cuda:0", "cuda:1"}  # each on its task's GPU
+        too_big = json.loads(proc.stdout.split("TOO_BIG ", 1)[1].splitlines()[0])
+        assert too_big.startswith("InsufficientResourcesError") and "20.00 GiB" in too_big
+        assert "16.00 GiB (spark.sparkml_dist.gpu.memory)" in too_big
+        plan = proc.stdout.split("PLAN ", 1)[1].splitlines()[0]
+        assert plan == (
+            "1 executor(s) x min(2 slots by CPU, 2 tasks by GPU (2 GPUs, 1 GPU per task; 2 member(s) "
+            "of 6.0 GiB in a GPU of 16.0 GiB)) = 2 members at once"
+        )
 
 
 @masters("local")

@@ -377,6 +377,35 @@ def test_members_fit_on_the_drivers_gpus_on_a_local_master_and_say_which(cols_df
         BaggingClassifier(estimator=DecisionTreeClassifier(), featuresCols=COLS, useGpu=True).fit(cols_df)
 
 
+@masters("local", "connect")
+def test_the_gpu_plan_says_when_gpu_memory_is_unknown_and_refuses_more_members_than_gpus_hold(
+    cols_df, monkeypatch, caplog
+):
+    """The documents' N_total rule for GPUs (sparkml_dist.plan) on a local master, whose tasks
+    all run at once: unknown GPU memory is said, not skipped; known memory bounds the members."""
+    import logging
+
+    from sparkml_dist import InsufficientResourcesError
+    from tests.support.helpers import DeviceRecorder
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")  # one GPU; nothing touches CUDA
+    spark = cols_df.sparkSession
+    bag = dict(estimator=DeviceRecorder(), numModels=2, featuresCols=COLS, useGpu=True)
+    with caplog.at_level(logging.WARNING, logger="sparkml_dist.plan"):
+        BaggingClassifier(**bag).fit(cols_df)
+    assert "GPU memory unknown (set spark.sparkml_dist.gpu.memory" in caplog.text
+    spark.conf.set("spark.sparkml_dist.gpu.memory", "3g")
+    try:
+        with pytest.raises(InsufficientResourcesError, match=r"slots.*1 member\(s\) of 2.0 GiB.*local\[1\]"):
+            BaggingClassifier(gpuMemoryPerMember="2g", **bag).fit(cols_df)  # 2 slots, 1 fits the GPU
+        with pytest.raises(InsufficientResourcesError, match=r"gpuMemoryPerMember.*3.00 GiB"):
+            BaggingClassifier(gpuMemoryPerMember="4g", **bag).fit(cols_df)
+        model = BaggingClassifier(gpuMemoryPerMember="1g", **bag).fit(cols_df)  # 3 fit: 2 at once
+        assert [m.model.fitted_on_ for m in model.models] == ["cuda:3", "cuda:3"]
+    finally:
+        spark.conf.unset("spark.sparkml_dist.gpu.memory")
+
+
 @masters("local", "connect")  # local masters deal the driver's GPUs (clusters: the e2e fake discovery test)
 def test_search_candidates_fit_on_the_drivers_gpus(spark, monkeypatch):
     from sparkml_dist.search import ParallelSearchCV

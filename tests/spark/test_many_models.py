@@ -156,6 +156,58 @@ def test_a_key_too_big_to_hold_trains_from_a_stream_the_same_on_any_partitioning
         ).fit(_big_and_small(spark, big, 2))
 
 
+@masters("local")
+def test_an_xgboost_key_too_big_to_hold_trains_on_external_memory_as_one_process_would(spark, tmp_path):
+    """XGBoost has no partial_fit: a streamed key trains on its external memory (its chunks on the
+    task's disk, read back by a DataIter), the same on any partitioning, and predicts as XGBoost's
+    external memory does in one process on the key's chunks (rows in row-key order)."""
+    import xgboost as xgb
+
+    from sparkml_dist.ensemble._fit_stream import CHUNK_ROWS
+    from sparkml_dist.group_rows import KEY_COL
+    from sparkml_dist.partitioning import row_keys
+
+    big = 2 * CHUNK_ROWS + 77
+    params = dict(n_estimators=15, max_depth=3, random_state=0, n_jobs=1)
+    fit = dict(groupCol="k", featuresCols=["x1", "x2"], labelCol="y", streamAbove=1000)
+    models = [
+        GroupedTrainer(estimator=xgb.XGBRegressor(**params), **fit).fit(_big_and_small(spark, big, parts))
+        for parts in (1, 3)
+    ]
+    rows = _big_and_small(spark, big, 1).where("k = 0")
+    local = row_keys(rows.select("k", "x1", "x2", "y"), 0, ["k", "x1", "x2", "y"]).orderBy(KEY_COL).toPandas()
+    X, y = local[["x1", "x2"]].to_numpy(np.float32), local["y"].to_numpy()
+    parts = [(X[lo : lo + CHUNK_ROWS], y[lo : lo + CHUNK_ROWS]) for lo in range(0, big, CHUNK_ROWS)]
+
+    class Chunks(xgb.DataIter):
+        def __init__(self):
+            self.i = 0
+            super().__init__(cache_prefix=str(tmp_path / "cache"))
+
+        def next(self, input_data):
+            if self.i == len(parts):
+                return False
+            input_data(data=parts[self.i][0], label=parts[self.i][1])
+            self.i += 1
+            return True
+
+        def reset(self):
+            self.i = 0
+
+    native = {k: v for k, v in xgb.XGBRegressor(**params).get_xgb_params().items() if v is not None}
+    booster = xgb.train(native, xgb.ExtMemQuantileDMatrix(Chunks(), max_bin=256), num_boost_round=15)
+    probe = np.random.default_rng(0).random((200, 2)).astype(np.float32)
+    streamed = [m.models[0].predict(probe) for m in models]
+    assert np.array_equal(streamed[0], streamed[1])  # any partitioning
+    assert np.allclose(streamed[0], booster.predict(xgb.DMatrix(probe)), atol=1e-6)
+    # as good as XGBoost fitted on the key's rows held whole (its sketch is exact, not merged)
+    whole = xgb.XGBRegressor(**params).fit(X, y).predict(probe)
+    truth = 2 * probe[:, 0] - probe[:, 1]
+    assert np.sqrt(np.mean((streamed[0] - truth) ** 2)) < 1.2 * np.sqrt(np.mean((whole - truth) ** 2)) + 0.02
+    assert models[0].models[0].get_booster().num_boosted_rounds() == 15
+    assert models[0].models[1].get_booster().num_boosted_rounds() == 15  # a small key, fitted whole
+
+
 def peak_memory_while_reading(batches, key, hold=False):
     """A user's function on a stream: a running fit (SGD's partial_fit), and the Python worker's
     resident memory sampled every 5 ms while the group is read (``hold``: every batch kept, as a

@@ -131,3 +131,37 @@ def test_gpu_memory_refuses_a_rank_share_that_cannot_fit_one_gpu(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     with pytest.raises(InsufficientResourcesError, match=r"stages=k"):  # refused before any process starts
         BarrierRunner(-2, use_gpu=True, model_bytes=50 << 30).run(print)
+
+
+def test_gpu_members_follow_the_documents_rule():
+    """N_total = executors x min(slots by CPU, GPUs / GPU per task, GPUs x members per GPU)."""
+    from sparkml_dist.plan import gpu_members
+
+    gib = 1 << 30
+    # 4 executors of 8 slots and 2 GPUs, a task per GPU: the GPUs bound it (4 x 2 = 8)
+    p = gpu_members(4, 8, 2, 1.0, 16 * gib, 6 * gib)
+    assert (p.concurrency, p.task_gpu_amount) == (8, 1.0)
+    # tasks of 0.25 GPU share one four by four, but only 2 members of 6 GiB fit 16 GiB: ask 0.5
+    p = gpu_members(4, 8, 2, 0.25, 16 * gib, 6 * gib)
+    assert (p.concurrency, p.task_gpu_amount) == (16, 0.5)
+    assert (
+        "4 tasks by GPU (2 GPUs, 0.5 GPU per task; 2 member(s) of 6.0 GiB in a GPU of 16.0 GiB)"
+        in p.summary()
+    )
+    # small members: the CPU slots bound it
+    assert gpu_members(2, 3, 2, 0.25, 16 * gib, gib).concurrency == 6
+    # unknown GPU memory: the plan says so, and keeps the cluster's share
+    p = gpu_members(1, 4, 2, 0.5, None, 6 * gib, "set spark.sparkml_dist.gpu.memory")
+    assert not p.memory_known and p.concurrency == 4
+    assert "GPU memory unknown (set spark.sparkml_dist.gpu.memory)" in p.summary()
+
+
+def test_gpu_members_refuse_what_no_gpu_holds():
+    from sparkml_dist.plan import gpu_members
+
+    with pytest.raises(
+        InsufficientResourcesError, match=r"20.00 GiB of GPU memory \(gpuMemoryPerMember\).*16.00 GiB"
+    ):
+        gpu_members(1, 4, 2, 1.0, 16 << 30, 20 << 30)
+    with pytest.raises(InsufficientResourcesError, match="executors have no GPU"):
+        gpu_members(1, 4, 0, 1.0, None, 1)
