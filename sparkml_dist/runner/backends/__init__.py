@@ -64,8 +64,10 @@ class TorchBackend(Backend):
     warm_ranks = True
 
     def preload(self):
-        import torch._dynamo  # noqa: F401 - what a rank's first optimizer imports (1.0-1.5 s here)
         import torch.distributed  # noqa: F401 - what prepare() imports; torch starts no runtime here
+
+    def preload_idle(self):
+        import torch._dynamo  # noqa: F401 - what a rank's first optimizer imports (1.0-1.5 s here)
 
     def prepare(self, rank, world, store_fd):
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store

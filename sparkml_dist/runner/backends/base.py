@@ -107,6 +107,10 @@ class Backend:
         """A warm pool process: the imports that :meth:`prepare` makes, nothing a fork cannot copy
         (no thread, no CUDA context, no socket)."""
 
+    def preload_idle(self) -> None:
+        """A warm pool process, once it serves and has nothing to do: imports that ranks often
+        make later (a rank forked before then makes them itself)."""
+
     def prepare(self, rank: int, world: int, store_fd: Optional[int]) -> Any:
         """Rank process, before the start message; returns state held for the process's life."""
         raise NotImplementedError

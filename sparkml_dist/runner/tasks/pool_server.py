@@ -54,8 +54,9 @@ class _Pending:
 
 
 class PoolServer:
-    def __init__(self, listener: socket.socket, anchor: int, idle_s: float) -> None:
+    def __init__(self, listener: socket.socket, anchor: int, idle_s: float, later=None) -> None:
         self.listener, self.idle_s = listener, idle_s
+        self.later = later  # imports made once the pool is idle (ranks forked before make their own)
         self.sel = selectors.DefaultSelector()
         self.ranks: Dict[int, _Rank] = {}  # pid -> its connection
         self.pending: Dict[socket.socket, _Pending] = {}
@@ -79,7 +80,11 @@ class PoolServer:
                 return
             if not self.ranks and (self.stopping or time.monotonic() - self.last > self.idle_s):
                 return
-            for key, _ in self.sel.select(timeout=1.0):
+            events = self.sel.select(timeout=1.0 if self.later is None else 0.2)
+            if not events and self.later is not None and not self.pending:
+                self.later, later = None, self.later
+                later()
+            for key, _ in events:
                 if key.data == "anchor":
                     return  # the application (or executor) is gone: its ranks die with this process
                 if key.data == "accept":
@@ -307,7 +312,7 @@ def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
         backend.preload()
         from ..data import shard  # noqa: F401 - every rank maps its shard through it (0.2 s)
 
-        PoolServer(listener, int(anchor), float(idle_s)).serve()
+        PoolServer(listener, int(anchor), float(idle_s), backend.preload_idle).serve()
     finally:
         try:
             if os.stat(path).st_ino == bound:  # not a newer pool's socket at the same path
