@@ -135,6 +135,7 @@ docs: $(DEV_STAMP)
 figures: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py --rows 300000 --test-rows 100000 --repeats 2 --figure docs/figures/ensemble_frontier.png
 	$(BIN)/python benchmarks/bench_runner.py --sections noop,data --repeats 2 --job-limit 120 --figure docs/figures/runner_overhead.png
+	$(BIN)/python benchmarks/bench_many_models.py --keys 10000 100000 --repeats 2 --figure docs/figures/many_models.png
 
 bench: $(HVD_STAMP)
 	$(BIN)/python benchmarks/bench_ensemble.py
