@@ -100,7 +100,7 @@ def test_a_search_logs_a_parent_and_a_child_per_candidate(tracking, data):
         assert child["metrics.mean_test_score"] == pytest.approx(search.cv_results_["mean_test_score"][i])
 
 
-def test_a_tuning_logs_a_child_per_trial_with_its_learning_curve(tracking):
+def test_a_tuning_logs_a_child_per_trial_with_its_learning_curve(spark, tracking):
     space = {"x": [0.3, 0.9], "steps": 4, "pause": 0.0}
     result = tune.Tuner(th.curve, space, metric="loss", sampler="grid", max_trials=2, mlflow=True).run()
     parent = runs(tracking, "Tuner")
@@ -116,7 +116,7 @@ def test_a_tuning_logs_a_child_per_trial_with_its_learning_curve(tracking):
         assert sorted(m.step for m in history) == [0, 1, 2, 3]  # every report, at its step
 
 
-def test_rank_zero_metrics_reach_the_runner_run(tracking):
+def test_rank_zero_metrics_reach_the_runner_run(spark, tracking):
     assert BarrierRunner(2, mlflow=True, start_timeout=120).run(th.log_from_ranks) == 0
     found = runs(tracking, "BarrierRunner")
     assert len(found) == 1 and found.iloc[0]["params.np"] == "2"
