@@ -51,7 +51,8 @@ def rss_mib() -> float:
 def holds_mib(model) -> float:
     """What the model itself holds on the driver: its keys, counts and blocks' references."""
     held = model._models
-    arrays = held.keys.nbytes + held.rows.nbytes + sum(b.rows.nbytes for b in held.blocks)
+    own = [b.rows for b in held.blocks if b.rows.base is None]  # a view of held.rows holds nothing
+    arrays = held.keys.nbytes + held.rows.nbytes + sum(r.nbytes for r in own)
     return (arrays + sum(len(str(b.meta)) + len(b.data or b"") for b in held.blocks)) / 2**20
 
 
@@ -129,7 +130,7 @@ def one_size(spark, keys: int, args, root: str) -> tuple:
         fits, scores = {"ours": ours_fit}, {"ours": ours_score}
     walls, last = interleaved(fits, args.repeats)
     assert last["ours"] == keys, last
-    swalls, _ = interleaved(scores, args.repeats)
+    swalls = {k: [float("nan")] for k in scores} if args.fit_only else interleaved(scores, args.repeats)[0]
     row = (keys, walls, swalls, held["memory"], len(held["model"]._models.blocks))
     train.unpersist(), score.unpersist()
     return row
@@ -141,6 +142,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--score-rows", type=int, default=10, help="rows scored per key")
     ap.add_argument("--no-recipe", action="store_true", help="ours only (e.g. 10^6 keys)")
+    ap.add_argument("--fit-only", action="store_true", help="no scoring (the driver's memory at 10^6 keys)")
     ap.add_argument("--figure", default=None, help="write fit and score times by keys here (PNG + JSON)")
     args = ap.parse_args()
     spark = local_session("bench_many_models")
