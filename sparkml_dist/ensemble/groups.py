@@ -244,6 +244,8 @@ def fit_keys(groups: Groups, spec: GroupFitSpec, *, what: str, description: str,
     )
     if spec.store is not None:
         member_store.commit_checked(spec.store, [b.meta for b in blocks])
+    del out
+    launch.give_back_memory()  # what collecting and checking 10^5-10^6 keys' results freed
     return FittedKeys(blocks, rows, failed)
 
 
