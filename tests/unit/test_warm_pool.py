@@ -70,6 +70,25 @@ def test_runs_with_another_environment_never_share_a_pool():
     assert len(pool_processes()) <= warm_pool.MAX_POOLS  # the least recently used ones stop
 
 
+def test_rendezvous_variables_another_launcher_left_behind_keep_the_pool(monkeypatch):
+    """TorchDistributor leaves its run's MASTER_PORT, rendezvous id and data file in the Spark
+    Python worker it ran in, which Spark reuses for our next task: the next run is still warm, and
+    its ranks still see what their process environment holds (as a cold rank would)."""
+    env = {"OMP_NUM_THREADS": "1", "POOL_TEST": "leftover"}
+    first = _warm_run(env=env)
+    pool = {o["parent"] for o in first}
+    for n in (1, 2):
+        monkeypatch.setenv("MASTER_PORT", str(29500 + n))
+        monkeypatch.setenv("PYSPARK_TORCH_DISTRIBUTOR_RDZV_ID", f"rdzv-{n}")
+        monkeypatch.setenv("SPARK_PARTITION_ARROW_DATA_FILE", f"/tmp/gone-{n}.arrow")
+        again = _run(env=env)
+        assert {o["parent"] for o in again} == pool and [o["sum"] for o in again] == [2.0, 2.0]
+    # a setting a framework reads at its import is still another pool
+    other = _warm_run(env={**env, "OMP_NUM_THREADS": "2"})
+    assert {o["parent"] for o in other}.isdisjoint(pool)
+    assert warm_pool.pool_key({"MASTER_PORT": "1"}, "torch") == warm_pool.pool_key({"MASTER_PORT": "2"}, "torch")
+
+
 def test_the_pool_ignores_malformed_requests_and_strangers_and_keeps_serving():
     out = _warm_run(env={"POOL_TEST": "hostile"})
     pool = psutil.Process(out[0]["parent"])
