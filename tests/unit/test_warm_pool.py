@@ -86,7 +86,8 @@ def test_rendezvous_variables_another_launcher_left_behind_keep_the_pool(monkeyp
     # a setting a framework reads at its import is still another pool
     other = _warm_run(env={**env, "OMP_NUM_THREADS": "2"})
     assert {o["parent"] for o in other}.isdisjoint(pool)
-    assert warm_pool.pool_key({"MASTER_PORT": "1"}, "torch") == warm_pool.pool_key({"MASTER_PORT": "2"}, "torch")
+    key = warm_pool.pool_key
+    assert key({"MASTER_PORT": "1"}, "torch") == key({"MASTER_PORT": "2"}, "torch")
 
 
 def test_the_pool_ignores_malformed_requests_and_strangers_and_keeps_serving():
