@@ -90,6 +90,75 @@ def test_rendezvous_variables_another_launcher_left_behind_keep_the_pool(monkeyp
     assert key({"MASTER_PORT": "1"}, "torch") == key({"MASTER_PORT": "2"}, "torch")
 
 
+def leave_a_daemon():
+    """Fork a daemon as a library would: a double fork, its own session, no exec (so it shows the
+    pool's environment, not the rank's); its pid comes back."""
+    import os
+    import time
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, str(os.getpid()).encode())
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
+            os.closerange(3, 1024)
+            time.sleep(600)
+        os._exit(0)
+    os.close(w)
+    os.waitpid(pid, 0)
+    return {"daemon": int(os.read(r, 32)), "parent": psutil.Process().ppid()}
+
+
+def test_a_daemon_a_warm_rank_leaves_behind_ends_with_it():
+    env = {"OMP_NUM_THREADS": "1", "POOL_TEST": "daemon"}
+    pool = {o["parent"] for o in _warm_run(env=env)}
+    out = BarrierRunner(-2, log_ranks="none", env=env).run(leave_a_daemon, return_all=True)
+    assert {o["parent"] for o in out} == pool  # they were warm ranks
+    daemons = [o["daemon"] for o in out]
+    deadline = time.time() + 10
+    while any(_running(d) for d in daemons) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not any(_running(d) for d in daemons), "a warm rank's daemon outlived its rank"
+    assert psutil.Process(pool.pop()).is_running()  # the pool itself goes on
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_an_orphan_is_ended_only_once_every_rank_it_may_belong_to_has_ended():
+    """Orphans.end in a process of its own (its children are the pool's 'ranks' and 'orphans')."""
+    script = textwrap.dedent(
+        """
+        import subprocess, time
+        from sparkml_dist.runner.tasks.orphans import Orphans
+        rank = subprocess.Popen(["sleep", "60"])
+        orphan = subprocess.Popen(["sleep", "60"])
+        left = Orphans()
+        left.end(live={rank.pid})
+        time.sleep(0.2)
+        assert orphan.poll() is None, "killed while a rank it may belong to runs"
+        rank.kill(); rank.wait()
+        left.forget(rank.pid)
+        left.end(live=set())
+        assert orphan.wait(5) == -9, orphan.returncode
+        later = subprocess.Popen(["sleep", "60"])  # found when no rank runs: ended at once
+        left.end(live=set())
+        assert later.wait(5) == -9
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
 def test_the_pool_ignores_malformed_requests_and_strangers_and_keeps_serving():
     out = _warm_run(env={"POOL_TEST": "hostile"})
     pool = psutil.Process(out[0]["parent"])

@@ -22,6 +22,9 @@ RANK_ENTRY`` would.  The pool answers ``{"pid": n}``, and ``{"exit": code}`` whe
 (``-9``: killed by SIGKILL); a connection closed while its rank runs kills the rank's process
 group.  A rank's exit code, its kill and its death with its task thus keep their meaning.
 Nothing received is executed or unpickled: a malformed request is dropped.
+
+**What a rank leaves behind** (a double fork, a daemon that left the rank's session) is re-parented
+to the pool, a child subreaper, and killed once its rank has ended (:mod:`.orphans`).
 """
 
 from __future__ import annotations
@@ -36,6 +39,9 @@ import sys
 import time
 import traceback
 from typing import Dict, List, Optional
+
+from . import orphans
+from .orphans import Orphans
 
 MAX_REQUEST = 1 << 20  # a rank's environment and directory, as JSON
 MAX_FDS = 5
@@ -59,6 +65,7 @@ class PoolServer:
         self.later = later  # imports made once the pool is idle (ranks forked before make their own)
         self.sel = selectors.DefaultSelector()
         self.ranks: Dict[int, _Rank] = {}  # pid -> its connection
+        self.orphans = Orphans()  # what ranks left behind, re-parented to this pool
         self.pending: Dict[socket.socket, _Pending] = {}
         self.stopping = False
         self.last = time.monotonic()
@@ -188,20 +195,25 @@ class PoolServer:
                 _killpg(rank.pid)
 
     def _reap(self) -> None:
-        while self.ranks:
+        reaped = False
+        while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
-                return
+                break
             if pid == 0:
-                return
+                break
+            reaped = True
+            self.orphans.forget(pid)
             rank = self.ranks.pop(pid, None)
             if rank is None:
-                continue
+                continue  # a process a rank left, ended
             self.last = time.monotonic()
             _reply(rank.conn, {"exit": os.waitstatus_to_exitcode(status)})
             self.sel.unregister(rank.conn)
             rank.conn.close()
+        if reaped:
+            self.orphans.end(set(self.ranks))
 
 
 def start_rank(request: dict, fds: List[int], pool_pid: int) -> None:
@@ -312,8 +324,10 @@ def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
         backend.preload()
         from ..data import shard  # noqa: F401 - every rank maps its shard through it (0.2 s)
 
+        orphans.subreaper()
         PoolServer(listener, int(anchor), float(idle_s), backend.preload_idle).serve()
     finally:
+        orphans.end_all()  # ranks die with the pool anyway; what they left, here
         try:
             if os.stat(path).st_ino == bound:  # not a newer pool's socket at the same path
                 os.unlink(path)
