@@ -203,7 +203,9 @@ def run_on_groups(
 def give_back_memory() -> None:
     """Return to the system what a collection freed on the driver: Arrow's pool keeps freed
     buffers, and glibc's allocator keeps freed heap pages (measured: a fit of 10^5 keys left
-    24 MiB resident that the model did not hold, 11 MiB after this)."""
+    24 MiB resident that the model did not hold, 11 MiB after this; a fit of 10^6 keys 80 MiB
+    after collecting, 19 MiB when this runs again once the fit's own objects are gone, of
+    which the model holds 15.5)."""
     import ctypes
     import ctypes.util
 

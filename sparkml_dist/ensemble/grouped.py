@@ -188,7 +188,10 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
             )
 
     def _fit(self, dataset):
-        return tracking.tracked_fit(self, self._fit_keys, dataset)
+        try:
+            return tracking.tracked_fit(self, self._fit_keys, dataset)
+        finally:  # the fit's own objects are gone now: 10^6 keys left ~60 MiB of freed heap resident
+            launch.give_back_memory()
 
     def _fit_keys(self, dataset):
         self._check_params(dataset)

@@ -321,7 +321,11 @@ def train_per_group(
     spec = GroupFitSpec(Function(blob, SeedDraw(seed, split.n)), inputs, split.keys, on_error, store,
                         blocks=(fit_id, split.n, {}), key_timeout=key_timeout,
                         stream="all" if stream else None)  # fmt: skip
-    return _fitted(split, spec, profile, spark)
+    try:
+        return _fitted(split, spec, profile, spark)
+    finally:  # the split's and the collection's objects, freed: their heap back to the system
+        del split, spec
+        launch.give_back_memory()
 
 
 def _fitted(split: groups.Groups, spec: GroupFitSpec, profile, spark) -> GroupModels:
