@@ -48,6 +48,7 @@ STORE_FD_ENV = "SPARKML_DIST_STORE_FD"
 SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's shard manifest (JSON: where its streams are)
 CHECKPOINT_DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
 REPLACES_ENV = "SPARKML_DIST_REPLACES"  # "n": this rank replaces one lost inside elastic.run (the nth)
+SPARE_ENV = "SPARKML_DIST_SPARE"  # "1": a rank started ahead, to take a lost rank's place (tasks.replace)
 
 RANK_ENTRY = "from sparkml_dist.runner.tasks.rank import run; run()"
 

@@ -48,17 +48,22 @@ def one_process(world: int, steps: int = STEPS, features=None, seen=None):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def main(marks: str, kills=(), from_shard: bool = False):
-    """``kills``: (rank, step) pairs; each kills that rank once (SIGKILL) when it reaches the step.
-    ``state.seen``: each committed step's global batch, by id, each rank's rows in rank order (a
-    replicated counter)."""
+def main(marks: str, kills=(), from_shard: bool = False, settle: float = 0.0):
+    """``kills``: (rank, step) pairs; each kills that rank once (SIGKILL) when it reaches the step,
+    ``settle`` seconds after reaching it. ``state.seen``: each committed step's global batch, by id,
+    each rank's rows in rank order (a replicated counter). A process whose function starts with
+    what an optimizer imports already imported (a spare rank) leaves an ``ahead-`` mark."""
+    import sys
+
     import torch.distributed as dist
 
     dist.init_process_group("gloo")
     open(os.path.join(marks, f"start-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    if "torch._dynamo" in sys.modules:
+        open(os.path.join(marks, f"ahead-{dist.get_rank()}-{os.getpid()}"), "w").close()
     model, opt = _model()
     state = elastic.TorchState(model=model, optimizer=opt, step=0, seen=[])
-    train(state, marks, [tuple(k) for k in kills], from_shard)
+    train(state, marks, [tuple(k) for k in kills], from_shard, settle)
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, {"pid": os.getpid(), "seen": state.seen})
     return {"weights": {k: v.detach().clone() for k, v in state.model.state_dict().items()}, "ranks": ranks}
@@ -77,7 +82,9 @@ def _shard_rows(step: int):
 
 
 @elastic.run
-def train(state, marks, kills, from_shard):
+def train(state, marks, kills, from_shard, settle=0.0):
+    import time
+
     import torch
     import torch.distributed as dist
 
@@ -87,6 +94,7 @@ def train(state, marks, kills, from_shard):
         mark = os.path.join(marks, f"killed-{rank}-{state.step}")
         if (rank, state.step) in kills and not os.path.exists(mark):
             open(mark, "w").close()
+            time.sleep(settle)
             os.kill(os.getpid(), signal.SIGKILL)
         ids, x, y = _shard_rows(state.step) if from_shard else _rows(state.step, rank, world)
         loss = ((ddp(x) - y) ** 2).mean()

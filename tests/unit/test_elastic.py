@@ -18,25 +18,27 @@ pytestmark = pytest.mark.slow  # starts rank processes: not in make test-fast
 TOL = 1e-6  # gloo's sum of 3 ranks' gradients against one process's mean over the joined batch
 
 
-def _starts(marks):
-    """{rank: [process ids that started it]} from the start marks."""
+def _starts(marks, kind="start"):
+    """{rank: [process ids that started it]} from the start marks (``ahead``: spares' only)."""
     out = {}
     for name in os.listdir(marks):
-        if name.startswith("start-"):
+        if name.startswith(kind + "-"):
             _, rank, pid = name.split("-")
             out.setdefault(int(rank), []).append(int(pid))
     return out
 
 
-def _run(tmp_path, kills, max_restarts, np_=-3):
+def _run(tmp_path, kills, max_restarts, np_=-3, settle=0.0):
     lines = []
     runner = BarrierRunner(np_, timeout=180, max_restarts=max_restarts, log_sink=lines.append)
-    out = runner.run(eh.main, str(tmp_path), kills)
+    out = runner.run(eh.main, str(tmp_path), kills, settle=settle)
     return out, lines
 
 
 def test_a_rank_killed_twice_is_replaced_in_place_and_the_run_equals_one_process(tmp_path):
-    out, lines = _run(tmp_path, [(1, 4), (2, 8)], max_restarts=2)
+    """Each kill comes 2 s after its step begins: time for the task's spare to exist, which takes
+    the lost rank's place with the optimizer's imports made (its ``ahead`` mark)."""
+    out, lines = _run(tmp_path, [(1, 4), (2, 8)], max_restarts=2, settle=2.0)
     text = "".join(lines)
     reference = eh.one_process(3)
     for name, value in reference.items():
@@ -47,6 +49,9 @@ def test_a_rank_killed_twice_is_replaced_in_place_and_the_run_equals_one_process
     starts = _starts(tmp_path)
     assert len(starts[0]) == 1 and len(starts[1]) == 2 and len(starts[2]) == 2, starts  # survivors kept
     assert out["ranks"][0]["pid"] == starts[0][0]
+    # the replacements (the last process of ranks 1 and 2) were spares; the first ranks were not
+    ahead = _starts(tmp_path, "ahead")
+    assert ahead == {1: [out["ranks"][1]["pid"]], 2: [out["ranks"][2]["pid"]]}, (ahead, starts)
     assert "rank 1 was killed by signal 9 (SIGKILL) inside elastic.run" in text
     assert "rank 1 rejoined at commit 4 {'step': 4" in text and "rank 2 rejoined at commit 8" in text
     assert "fresh rendezvous" not in text  # no restart of the run

@@ -68,7 +68,14 @@ class TorchBackend(Backend):
 
     # torch._dynamo (what a rank's first optimizer imports: 1.0-1.5 s) is not preloaded: a pool
     # that had imported it made an unchanged DDP script's rank hang at its end 1 time in 3
-    # (ProcessGroupGloo's destructor, tests/spark/test_cli_run.py), cause not found yet
+    # (ProcessGroupGloo's destructor, tests/spark/test_cli_run.py), cause not found yet; a spare
+    # rank imports it itself while it waits (nothing is forked from a spare)
+
+    def spare_preload(self):
+        try:
+            import torch._dynamo  # noqa: F401 - what the replaced function's optimizer imports first
+        except ImportError:  # pragma: no cover - a torch without it: the function imports what it has
+            pass
 
     def prepare(self, rank, world, store_fd):
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store

@@ -107,6 +107,11 @@ class Backend:
         """A warm pool process: the imports that :meth:`prepare` makes, nothing a fork cannot copy
         (no thread, no CUDA context, no socket)."""
 
+    def spare_preload(self) -> None:
+        """A spare rank process (:mod:`~sparkml_dist.runner.tasks.replace`), while it waits to take
+        a lost rank's place: what the function will import at once, imported off the critical
+        path (in the spare itself: nothing is forked after it)."""
+
     def preload_idle(self) -> None:
         """A warm pool process, once it serves and has nothing to do: imports that ranks often
         make later (a rank forked before then makes them itself)."""

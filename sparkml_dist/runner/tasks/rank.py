@@ -90,8 +90,12 @@ def main() -> int:
 
     for name, value in backend.env_defaults.items():  # KERAS_BACKEND, ...: the environment's own win
         os.environ.setdefault(name, value)
+    first = None
+    if os.environ.get(protocol.SPARE_ENV) == "1":  # a spare: its imports now, its store once it takes over
+        backend.spare_preload()
+        first = sys.stdin.readline()
     state = backend.prepare(rank, world, store_fd)  # held for the life of this process
-    message = protocol.read_start_message(sys.stdin.readline())
+    message = protocol.read_start_message(sys.stdin.readline() if first is None else first)
     if message is None:
         return 1  # the task went away before the rendezvous
     os.environ.update(message["env"])

@@ -1,11 +1,10 @@
 """RankProcess: one rank's child process, its output, its control events and its result.  [executor]
 
-The barrier task (:mod:`sparkml_dist.runner.tasks.task`) starts one :class:`RankProcess`; three reader
-threads cut its output into lines (:class:`Lines`: progress bars as their latest state, long lines
-cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the driver when the
-rank is streamed, copy every line to the executor's stderr and ``log_dir`` when asked, and queue
-the control events it sends (names in :mod:`sparkml_dist.runner.protocol`).  The process runs in
-its own process group, so :meth:`RankProcess.kill` stops everything it started.
+The barrier task (:mod:`sparkml_dist.runner.tasks.task`) starts one :class:`RankProcess`; three
+reader threads cut its output into lines (:class:`Lines`: progress bars as their latest state,
+long lines cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the
+driver when the rank is streamed, copy every line to the executor's stderr and ``log_dir``, and
+queue its control events (``runner.protocol``); :meth:`RankProcess.kill` stops its process group.
 
 **A rank's output bytes into the lines shown for it.**
 * ``\n`` ends a line (``\r\n`` too);
@@ -61,8 +60,8 @@ _REAPER = (
 
 
 class RankProcess:
-    """Start ``python -c RANK_ENTRY`` in ``cwd`` (default ``workdir``, the rank's private directory)
-    with ``env``; watch it until it ends.
+    """Start ``python -c RANK_ENTRY`` in ``cwd`` (default ``workdir``, the rank's private
+    directory) with ``env``; watch it until it ends.
 
     ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
     ``pool``: fork it from this warm pool (:mod:`.warm_pool`) if there is one, else start it cold.
@@ -92,6 +91,7 @@ class RankProcess:
         self.called_exit = False  # the function called sys.exit()
         self.returned = False  # the function returned (its result written): EVENT_DONE
         self.seen: Dict[str, dict] = {}  # the last control event of each name (EVENT_ELASTIC, ...)
+        self.on_event: Callable[[dict], None] = lambda ev: None  # each control event, as it comes
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
         token = f"{protocol.TOKEN_ENV}={uuid.uuid4().hex}"
@@ -195,6 +195,7 @@ class RankProcess:
         with os.fdopen(fd, "r") as fh:
             for ev in filter(None, map(protocol.parse_event, fh)):
                 self.seen[str(ev.get("event"))] = ev
+                self.on_event(ev)
                 if ev.get("event") == protocol.EVENT_LOG:  # log_to_driver: streamed whatever log_ranks says
                     self._relay("log", str(ev.get("text", "")))
                 elif ev.get("event") == protocol.EVENT_EXIT:

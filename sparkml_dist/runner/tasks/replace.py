@@ -10,11 +10,19 @@ rank 0 started in its place serves a new store at the address every rank knows (
 reconnect, see :mod:`sparkml_dist.runner.elastic.membership`). Not replaced (the task fails as
 before and the run restarts from its checkpoint): a rank of a cancelled run, a rank that raised out
 of ``elastic.run`` or returned from it, a rank past its task's ``max_restarts``.
+
+**A spare.**  Once the rank it watches is inside ``elastic.run`` (with replacements left), the task
+starts a *spare*: the next replacement's process, from the pool, which makes the imports the
+function's first steps would (:meth:`~sparkml_dist.runner.backends.base.Backend.spare_preload`:
+``torch._dynamo``, what a first optimizer imports, ~1 s) and waits for its start message; a lost
+rank's place then goes to it at once, and a new spare is started once it is inside ``elastic.run``
+in turn. An unused spare ends with its task.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 from .. import protocol
@@ -44,12 +52,52 @@ def close_listener(task, listener) -> None:
 
 
 def close(task) -> None:
-    """At the task's end: the processes of the ranks it lost, and the socket it kept."""
-    for process in task.lost:
+    """At the task's end: the processes of the ranks it lost, its spare, and the socket it kept."""
+    with _LOCK:
+        task.spare, spare = False, task.spare  # False: no spare is started from now on
+    for process in task.lost + ([spare] if spare else []):
         process.close()
     if task.listener is not None:
         task.listener.close()
         task.listener = None
+
+
+_LOCK = threading.Lock()
+
+
+def arm(task) -> None:
+    """Start a spare for ``task``'s rank once it is inside ``elastic.run`` (replacements left)."""
+    if task.spec.max_restarts > task.replaced:
+        task.process.on_event = lambda ev: _on_event(task, ev)
+
+
+def _on_event(task, ev: dict) -> None:
+    """The rank's control events (its reader thread): the spare starts in a thread of its own."""
+    if ev.get("event") == protocol.EVENT_ELASTIC and ev.get("inside") is True and task.spare is None:
+        threading.Thread(target=_start_spare, args=(task,), daemon=True, name="sparkml_dist-spare").start()
+
+
+def _start_spare(task) -> None:
+    with _LOCK:
+        if task.spare is None and task.replaced < task.spec.max_restarts:
+            try:
+                task.spare = _rank_process(task, spare=True)
+            except OSError:  # no spare: the next replacement starts as before
+                pass
+
+
+def _rank_process(task, spare: bool = False) -> RankProcess:
+    """The process of the task's next replacement (``spare``: started ahead, it waits)."""
+    spec = task.spec
+    env = {**spec.rank_env(task.rank, task.gpus), protocol.REPLACES_ENV: str(task.replaced + spare)}
+    if spare:
+        env[protocol.SPARE_ENV] = "1"
+    warm = spec.warm_ranks and task.backend.warm_ranks and warm_pool.enabled()
+    pool = warm_pool.Pool.of(env, task.backend.name, task.gang.pool_anchor()) if warm else None
+    fds = (task.listener.fileno(),) if task.listener is not None else ()
+    if fds:
+        env[protocol.STORE_FD_ENV] = str(fds[0])
+    return RankProcess(task.rank, task.workdir, env, fds, task.cwd, pool)
 
 
 def replaceable(task, code: int) -> bool:
@@ -81,13 +129,15 @@ def replace(task, code: int) -> None:
         os.link(spill + KEPT, spill)
     with open(os.path.join(task.workdir, protocol.FN_FILE), "wb") as fh:
         fh.write(spec.payload)
-    env = {**spec.rank_env(task.rank, task.gpus), protocol.REPLACES_ENV: str(task.replaced)}
-    warm = spec.warm_ranks and task.backend.warm_ranks and warm_pool.enabled()
-    pool = warm_pool.Pool.of(env, task.backend.name, task.gang.pool_anchor()) if warm else None
-    fds = (task.listener.fileno(),) if task.listener is not None else ()
-    if fds:
-        env[protocol.STORE_FD_ENV] = str(fds[0])
-    task.process = RankProcess(task.rank, task.workdir, env, fds, task.cwd, pool)
+    with _LOCK:
+        spare, task.spare = task.spare, None
+    if spare and spare.running:
+        task.process = spare
+    else:
+        if spare:
+            task.lost.append(spare)
+        task.process = _rank_process(task)
+    arm(task)
     task.process.watch(**task.watch_args)
     task.started = time.monotonic()
     task.send_start(task.start_message)

@@ -67,6 +67,7 @@ class _RankTask:
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         self.replies = DriverReplies()
         self.replaced, self.lost, self.start_message, self.watch_args, self.listener = 0, [], b"", {}, None
+        self.spare = None  # a process started ahead to take a lost rank's place (tasks.replace)
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
         self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
@@ -125,6 +126,7 @@ class _RankTask:
         finally:
             if listener is not None:  # the rank process holds its own copy
                 replace.close_listener(self, listener)
+        replace.arm(self)
         if spec.channel is not None:
             self._connect_driver()
         log_path = (

@@ -73,6 +73,7 @@ PER_RANK = frozenset(
         protocol.WORKDIR_ENV,
         protocol.STORE_FD_ENV,
         protocol.REPLACES_ENV,
+        protocol.SPARE_ENV,
         protocol.CHECKPOINT_DIR_ENV,  # the run's, read by checkpoint.save/load in the function
         "MLFLOW_RUN_ID",  # the job's MLflow run, read by mlflow.log_* in the function
     }
