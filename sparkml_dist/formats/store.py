@@ -73,6 +73,11 @@ def filesystem(uri: str):
         raise CollectionError(f"cannot open model store {uri!r}: {exc}") from exc
 
 
+# reads of a store that each met a newer manifest (3 were not always enough for a reader beside
+# two writers committing 30 times each, on a loaded 2-core machine)
+READ_ATTEMPTS = 30
+
+
 class ModelStore:
     """A directory of objects with a manifest (see the module docstring).
 
@@ -241,7 +246,12 @@ class ModelStore:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
             raise UnsafeModelError(f"the manifest of {self.uri!r} gives {name!r} no valid size")
         data = self._read(name, size)
-        if data is None or len(data) != size or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
+        if data is None:
+            raise CollectionError(
+                f"model file {name!r} that the manifest of {self.uri!r} lists is missing: removed by "
+                "a later commit, or never copied with the store"
+            )
+        if len(data) != size or hashlib.sha256(data).hexdigest() != meta.get("sha256"):
             raise CollectionError(
                 f"model file {name!r} in {self.uri!r} does not match its checksum in the "
                 "manifest: it is corrupt or was modified after it was written"
@@ -271,13 +281,16 @@ class ModelStore:
 
     def _consistent(self, read: Callable[[dict], Any]) -> Any:
         """``read(manifest)`` against one committed manifest: if a file it lists vanished or
-        changed meanwhile (a re-commit replaced it), once more against the new manifest."""
-        for attempt in range(3):
+        changed meanwhile (a re-commit replaced it), again against the new manifest, as long as
+        each failure met a newer one (writers committing meanwhile), at most
+        :data:`READ_ATTEMPTS` times; a failure against an unchanged manifest is the store's."""
+        for attempt in range(READ_ATTEMPTS):
             manifest = self.manifest()
             try:
                 return read(manifest)
             except CollectionError as exc:
-                if attempt == 2 or isinstance(exc, UnsafeModelError) or self.manifest() == manifest:
+                last = attempt == READ_ATTEMPTS - 1
+                if last or isinstance(exc, UnsafeModelError) or self.manifest() == manifest:
                     raise
         raise AssertionError("unreachable")
 
