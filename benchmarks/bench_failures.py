@@ -13,6 +13,7 @@ the pool, the default) and cold ones (``warm_ranks=False``), and under ``elastic
 survivor keeps running, the new rank takes the last in-memory commit from it), interleaved.
 
     python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1] [--kinds elastic,cold]
+                                         [--commit-every 25]
 
 The rank-killed case only: an executor killed and a host killed (with ``min_np``) run through the
 same restart path on a cluster and are tested in the standalone and several-hosts passes, not
@@ -171,8 +172,11 @@ def injector(run_dir: str, victim: int, interval: float, stop: threading.Event, 
         next_at = time.time() + interval
 
 
-def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm") -> dict:
-    """``kind``: "warm" / "cold" ranks restarting from checkpoints, or "elastic" (warm, in place)."""
+def one_run(
+    steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm", commit_every=None
+) -> dict:
+    """``kind``: "warm" / "cold" ranks restarting from checkpoints, or "elastic" (warm, in place,
+    committing in memory every ``commit_every`` steps, default ``every``)."""
     from sparkml_dist.runner import BarrierRunner
 
     with tempfile.TemporaryDirectory(prefix="bench-failures-") as run_dir:
@@ -193,7 +197,7 @@ def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, kind
         t0 = time.time()
         try:
             if kind == "elastic":
-                runner.run(train_elastic, steps, every, run_dir)
+                runner.run(train_elastic, steps, commit_every or every, run_dir)
             else:
                 runner.run(train, steps, every, run_dir)
         finally:
@@ -223,6 +227,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--victim", type=int, default=1, help="the rank killed")
     ap.add_argument("--kinds", default="elastic,warm,cold", help="which contenders run with failures")
+    ap.add_argument(
+        "--commit-every", type=int, default=None, help="elastic: steps between in-memory commits (--every)"
+    )
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = (
         HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -235,7 +242,9 @@ def main() -> None:
         failed = {}
         kinds = tuple(args.kinds.split(","))
         for kind in kinds if r % 2 == 0 else kinds[::-1]:  # interleaved
-            failed[kind] = f = one_run(args.steps, args.every, clean["wall"] / 10, args.victim, kind)
+            failed[kind] = f = one_run(
+                args.steps, args.every, clean["wall"] / 10, args.victim, kind, args.commit_every
+            )
             print(
                 f"round {r} with failures, {kind} ranks: {f['wall']:.1f} s, {f['kills']} ranks killed, "
                 f"{f['redone']} steps trained twice, {f['restart_s']:.1f} s from kills to the next "
