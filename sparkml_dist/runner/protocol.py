@@ -63,6 +63,7 @@ EVENT_RENDEZVOUS = "rendezvous"
 EVENT_DONE = "done"
 EVENT_LOG = "log"
 EVENT_EXIT = "exit"  # {"code"}: the function called sys.exit(code)
+EVENT_RAISED = "raised"  # the function raised: the rank leaves with code 1 (after its atexit handlers)
 EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
 EVENT_ELASTIC = "elastic"  # {"inside"}: the function entered elastic.run (true) or left it (false)
 STUCK_MARK = "stuck collective: "  # a log line naming who is in a stuck collective (stall_watch)

@@ -17,6 +17,26 @@ def allreduce_rank_sum(x=0):
     return {"sum": t.item(), "x": x, "env": {k: os.environ[k] for k in keys}}
 
 
+def raise_slow_to_exit(rank_to_fail):
+    """Rank ``rank_to_fail`` leaves the group (its peer's collective fails at once), then raises and
+    is slow to exit (an ``atexit`` handler of 3 s, as a library's teardown can be under load)."""
+    import atexit
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    if dist.get_rank() == rank_to_fail:
+        dist.destroy_process_group()
+        atexit.register(time.sleep, 3)
+        raise ValueError("failed by itself")
+    dist.all_reduce(torch.ones(1))  # its peer left: this fails as a symptom, first
+    dist.all_reduce(torch.ones(1))
+
+
 def fail_on(rank_to_fail, how, step=2):
     """Train a few all-reduce steps; rank ``rank_to_fail`` fails at ``step`` in the way ``how``."""
     import torch

@@ -22,6 +22,17 @@ class TestLocalRunner(RunnerChecks):
     np_sign = -1
 
 
+def test_a_rank_that_raised_is_the_cause_though_a_peer_reported_first_and_it_was_slow_to_exit():
+    """Its peer's failure comes first and the others are stopped a moment later: the rank that
+    raised said so before its slow exit, so it is named, not the peer nor "cancelled"."""
+    with pytest.raises(WorkerError) as info:
+        BarrierRunner(-2, timeout=120, log_ranks="none").run(h.raise_slow_to_exit, 1)
+    err = info.value
+    assert err.rank == 1 and err.exit_code == 1, str(err)
+    assert "ValueError: failed by itself" in err.worker_traceback
+    assert_no_rank_left()
+
+
 def test_horovod_backend_without_horovod_says_how_to_install_it(monkeypatch):
     import importlib.util
 

@@ -163,6 +163,9 @@ def run() -> None:
     except BaseException as exc:  # the rank failed: its traceback is what the driver reports
         print_user_traceback(exc)
         code = 1
+        sys.stderr.flush()
+        if CTRL is not None:  # said before a slow exit: stopped meanwhile, it is still the cause
+            CTRL.send(protocol.EVENT_RAISED)
         _finish_checkpoints()  # a consistent copy being written is the restart's starting point
     try:
         atexit._run_exitfuncs()

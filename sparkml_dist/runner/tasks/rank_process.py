@@ -235,13 +235,13 @@ class RankProcess:
         return None
 
     def wait_exit(self, cancel: Optional[threading.Event] = None) -> Optional[int]:
-        """The exit code once the process ends; None when ``cancel`` was set first (it is killed)."""
+        """Its exit code; if ``cancel`` came first (it is killed) 1 when its function raised, else None."""
         while self.proc.poll() is None:
             if cancel is None:
                 self.proc.wait()
             elif cancel.wait(0.1) and self.proc.poll() is None:
                 self.kill()
-                return None
+                return 1 if protocol.EVENT_RAISED in self.seen else None
         self.join_output()
         return self.proc.returncode
 
