@@ -116,6 +116,10 @@ def wait(
         raise
     if monitor.failure is not None:
         raise monitor.worker_error()
+    for exc in errors[1:]:  # ranks on the driver: every rank's failure, whichever thread ended first
+        detail = protocol.parse_failure(str(exc))
+        if detail is not None:  # the root cause is picked among them all
+            monitor.add_failure(detail)
     if errors:
         raise translate(errors[0], monitor)
 

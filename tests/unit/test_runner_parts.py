@@ -299,6 +299,26 @@ def test_return_all_results_must_fit_max_result_size_together():
     assert results[(0, 0)] == results[(1, 0)] == b"x" * 300
 
 
+def test_ranks_on_the_driver_name_the_root_cause_whichever_thread_ended_first():
+    """np < 0: each rank's thread appends its failure; the peer that only lost its collective may
+    end first, before any report reached the driver's channel: the rank that failed by itself is
+    still the one named."""
+    from sparkml_dist.runner import launchers
+    from sparkml_dist.runner.failures import Monitor as _Monitor
+
+    def failure(rank, code, tail):
+        detail = dict(rank=rank, exit_code=code, phase="run", message=f"rank {rank} exited with code {code}")
+        return protocol.RankFailure({**detail, "tail": tail, "failed_at": 1.0 + rank})
+
+    peer = failure(0, 1, ["RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:62125"])
+    own = failure(1, 7, ["rank 1 about to fail with exit"])
+    done = threading.Event()
+    done.set()
+    with pytest.raises(WorkerError, match="rank 1 exited with code 7") as info:
+        launchers.wait(done, _Monitor(2, lambda s: None), lambda: None, [peer, own], Deadline.after(60))
+    assert info.value.rank == 1 and info.value.exit_code == 7
+
+
 def test_root_cause_is_the_failure_not_its_symptoms():
     from sparkml_dist.runner.failures import Monitor as _Monitor
 
