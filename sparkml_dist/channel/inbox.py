@@ -44,6 +44,7 @@ class Inbox:
         self._bytes: Dict[int, int] = {}
         self.bytes = 0
         self.count = 0
+        self._woken = False  # wake(): a get() on an empty inbox returns at once from then on
 
     def put(self, key: int, item, size: int, connections: int) -> bool:
         """Queue ``item`` (a line of ``size`` bytes, or a report: ``size`` 0); False: no room."""
@@ -68,7 +69,8 @@ class Inbox:
     def get(self, timeout: float):
         """The next connection's oldest item, or None after ``timeout`` seconds without one."""
         with self._cond:
-            if not self._queues and not self._cond.wait_for(lambda: bool(self._queues), timeout):
+            self._cond.wait_for(lambda: bool(self._queues) or self._woken, timeout)
+            if not self._queues:
                 return None
             key, items = next(iter(self._queues.items()))
             item, size = items.popleft()
@@ -86,7 +88,9 @@ class Inbox:
             return item
 
     def wake(self) -> None:
+        """The channel closes: a reader waiting on an empty inbox returns now, not at its timeout."""
         with self._cond:
+            self._woken = True
             self._cond.notify_all()
 
 
