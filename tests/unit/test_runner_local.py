@@ -169,8 +169,8 @@ def test_a_rank_that_dies_before_its_start_message_is_reported_as_itself(monkeyp
 
     here = os.path.join(os.path.dirname(os.path.dirname(__file__)), "support", "dies_at_start")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
-    with pytest.raises(WorkerError) as err:
-        BarrierRunner(-2, timeout=60).run(h.allreduce_rank_sum)
+    with pytest.raises(WorkerError) as err:  # cold: the injection runs at an interpreter's start
+        BarrierRunner(-2, timeout=60, warm_ranks=False).run(h.allreduce_rank_sum)
     # reported as itself whether the start message met the closed pipe ("... before it started")
     # or was buffered first: never as the supervisor's BrokenPipeError
     assert err.value.rank == 1 and err.value.exit_code == 7

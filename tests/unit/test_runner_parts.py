@@ -1,5 +1,6 @@
 """Runner pieces without Spark: rendezvous maths, the log channel, shards, the task supervisor."""
 
+import dataclasses
 import hmac
 import os
 import pickle
@@ -483,7 +484,8 @@ def test_a_rank_dead_before_its_start_message_is_reported_with_its_own_exit_code
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([here, os.environ.get("PYTHONPATH", "")]))
     from tests.support.runner_helpers import allreduce_rank_sum
 
-    task = _task._RankTask(ThreadGang(2).member(1), _spec(allreduce_rank_sum), None)
+    spec = dataclasses.replace(_spec(allreduce_rank_sum), warm_ranks=False)  # the injection: at its start
+    task = _task._RankTask(ThreadGang(2).member(1), spec, None)
     try:
         task.start()
         end = time.monotonic() + 60

@@ -3,17 +3,21 @@ kept between runs, one pool per environment, gone with its anchor, closed to str
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
+import threading
 import time
 
 import psutil
+import pytest
 
 from sparkml_dist.runner import BarrierRunner
-from sparkml_dist.runner.tasks import warm_pool
+from sparkml_dist.runner.tasks import warm_pool, warm_rank
 from tests.support.runner_checks import assert_no_rank_left, is_rank, pool_processes
 
 
@@ -36,17 +40,16 @@ def _run(**kw):
 
 
 def _warm_run(**kw):
-    """A run whose ranks came from a pool: the first of a new environment starts the pool."""
-    deadline = time.time() + 60
-    while True:
-        out = _run(**kw)
-        if all(o["parent"] != os.getpid() for o in out) or time.time() > deadline:
-            return out
-        time.sleep(0.5)  # the pool this run started is still importing torch
+    """A run whose ranks came from a pool: the first of a new environment starts it (its ranks
+    forked from it once it has imported torch)."""
+    out = _run(**kw)
+    assert all(o["parent"] != os.getpid() for o in out), "a rank started cold"
+    return out
 
 
-def test_a_second_run_forks_its_ranks_from_one_pool_and_they_behave_as_cold_ones():
-    out = _warm_run(env={"OMP_NUM_THREADS": "1"})
+def test_a_first_run_forks_its_ranks_from_the_pool_it_starts_and_they_behave_as_cold_ones():
+    env = {"OMP_NUM_THREADS": "1", "POOL_TEST": f"first-{os.urandom(4).hex()}"}  # no pool has it yet
+    out = _warm_run(env=env)
     pools = {o["parent"] for o in out}
     assert len(pools) == 1 and pools != {os.getpid()}
     pool = psutil.Process(pools.pop())
@@ -54,13 +57,88 @@ def test_a_second_run_forks_its_ranks_from_one_pool_and_they_behave_as_cold_ones
     assert [o["sum"] for o in out] == [2.0, 2.0] and {o["omp"] for o in out} == {"1"}
     assert all(o["argv"] == ["-c"] for o in out)  # as `python -c RANK_ENTRY` has it
     assert all(o["cwd"] != "/" for o in out)  # the rank's own working directory, not the pool's
-    again = _run(env={"OMP_NUM_THREADS": "1"})
+    again = _run(env=env)
     assert {o["parent"] for o in again} == {pool.pid}  # kept between runs
     draws = [o["draw"] for o in out + again]
     assert len(set(draws)) == 4  # numpy reseeded in each fork: no two ranks share a stream
     cold = _run(env={"OMP_NUM_THREADS": "1"}, warm_ranks=False)
     assert {o["parent"] for o in cold} == {os.getpid()}
     assert_no_rank_left()
+
+
+class _FailingPool:
+    """A socket where a pool's would be, whose server takes each rank request (its descriptors
+    closed) and then ``answer``s it: "close" (a pool that ended before forking) or "silent" (one
+    whose import hangs: the connection stays open, unanswered)."""
+
+    def __init__(self, directory: str, anchor: int, answer: str) -> None:
+        self.answer, self.requests, self.held = answer, 0, []
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(os.path.join(directory, f"{anchor}-failing.sock"))
+        self.listener.listen(8)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk, fds, _, _ = socket.recv_fds(conn, 1 << 20, 8)
+                for fd in fds:
+                    os.close(fd)
+                if not chunk:
+                    break
+                data += chunk
+            self.requests += 1
+            self.held.append(conn) if self.answer == "silent" else conn.close()
+
+
+@pytest.mark.parametrize("answer", ["close", "silent"])
+def test_a_pool_that_fails_the_request_gets_the_rank_started_cold(answer, monkeypatch):
+    directory = tempfile.mkdtemp(prefix="pool-", dir="/tmp")  # short: a Unix socket's path is
+    pool = _FailingPool(directory, os.getpid(), answer)
+    of = lambda cls, env, backend, anchor: cls(directory, "failing", backend, anchor)  # noqa: E731
+    monkeypatch.setattr(warm_pool.Pool, "of", classmethod(of))
+    monkeypatch.setattr(warm_rank, "PID_WAIT_S", 2.0)
+    started = time.monotonic()
+    out = _run(env={"POOL_TEST": "failing"})
+    assert pool.requests == 2  # both ranks were asked of it
+    assert {o["parent"] for o in out} == {os.getpid()} and [o["sum"] for o in out] == [2.0, 2.0]
+    assert time.monotonic() - started < 60
+    pool.listener.close()
+    shutil.rmtree(directory)
+    assert_no_rank_left()
+
+
+def test_a_rank_killed_before_its_pool_forks_it_is_never_forked():
+    """A task cancelled while the pool it started still imports torch: its rank ends at once
+    (-SIGKILL) and is never started; a request whose connection ended before the pool read it
+    (its task gone meanwhile) forks nothing."""
+    env = {**os.environ, "POOL_TEST": f"killed-{os.urandom(4).hex()}"}
+    pool = warm_pool.Pool.of(env, "torch", os.getpid())
+    pool.start(env)  # returns once the pool's socket accepts; its import goes on
+    server = next(p for p in pool_processes() if pool.path in p.cmdline())
+    pids = []
+    proc = pool.fork(env, "/tmp", (sys.stderr.fileno(),), pids.append)
+    proc.kill()
+    assert proc.wait(1) == -signal.SIGKILL and proc.pid is None
+    pipes = [os.pipe() for _ in range(4)]
+    with socket.socket(socket.AF_UNIX) as s:  # a whole request, then the task is gone
+        s.connect(pool.path)
+        line = json.dumps({"env": {"RANK": "0", "WORLD_SIZE": "1"}, "cwd": "/tmp"}).encode() + b"\n"
+        socket.send_fds(s, [line], [r for r, _ in pipes])
+        s.shutdown(socket.SHUT_WR)
+        s.settimeout(60)  # read once the pool has imported torch and serves
+        assert s.recv(100) == b"", "the pool forked a rank for a request whose task had gone"
+    assert server.children() == [] and pids == [] and proc.pid is None
+    for r, w in pipes:
+        os.close(r)
+        os.close(w)
+    proc.close()
+    server.kill()
 
 
 def test_runs_with_another_environment_never_share_a_pool():

@@ -112,10 +112,6 @@ class Backend:
         a lost rank's place: what the function will import at once, imported off the critical
         path (in the spare itself: nothing is forked after it)."""
 
-    def preload_idle(self) -> None:
-        """A warm pool process, once it serves and has nothing to do: imports that ranks often
-        make later (a rank forked before then makes them itself)."""
-
     def prepare(self, rank: int, world: int, store_fd: Optional[int]) -> Any:
         """Rank process, before the start message; returns state held for the process's life."""
         raise NotImplementedError

@@ -20,8 +20,9 @@ pool forks; the child starts a session of its own, takes the descriptors, the en
 (a cold process draws a new seed; a fork would share one) and runs the rank's entry as ``python -c
 RANK_ENTRY`` would.  The pool answers ``{"pid": n}``, and ``{"exit": code}`` when the rank ends
 (``-9``: killed by SIGKILL); a connection closed while its rank runs kills the rank's process
-group.  A rank's exit code, its kill and its death with its task thus keep their meaning.
-Nothing received is executed or unpickled: a malformed request is dropped.
+group (and a request whose connection closed before it was read forks nothing).  A rank's exit
+code, its kill and its death with its task thus keep their meaning.  Nothing received is executed
+or unpickled: a malformed request is dropped.
 
 **What a rank leaves behind** (a double fork, a daemon that left the rank's session) is re-parented
 to the pool, a child subreaper, and killed once its rank has ended (:mod:`.orphans`).
@@ -60,9 +61,8 @@ class _Pending:
 
 
 class PoolServer:
-    def __init__(self, listener: socket.socket, anchor: int, idle_s: float, later=None) -> None:
+    def __init__(self, listener: socket.socket, anchor: int, idle_s: float) -> None:
         self.listener, self.idle_s = listener, idle_s
-        self.later = later  # imports made once the pool is idle (ranks forked before make their own)
         self.sel = selectors.DefaultSelector()
         self.ranks: Dict[int, _Rank] = {}  # pid -> its connection
         self.orphans = Orphans()  # what ranks left behind, re-parented to this pool
@@ -87,10 +87,7 @@ class PoolServer:
                 return
             if not self.ranks and (self.stopping or time.monotonic() - self.last > self.idle_s):
                 return
-            events = self.sel.select(timeout=1.0 if self.later is None else 0.2)
-            if not events and self.later is not None and not self.pending:
-                self.later, later = None, self.later
-                later()
+            events = self.sel.select(timeout=1.0)
             for key, _ in events:
                 if key.data == "anchor":
                     return  # the application (or executor) is gone: its ranks die with this process
@@ -142,6 +139,8 @@ class PoolServer:
         if request.get("stop"):
             self.stopping = True
             self._close_listener()
+            return self._drop(conn)
+        if _closed(conn):  # its task was killed or gave up while this pool imported: fork nothing
             return self._drop(conn)
         del self.pending[conn]
         self._fork(conn, request, pending.fds)
@@ -261,6 +260,15 @@ def _request(data: bytes, nfds: int) -> Optional[dict]:
     return request
 
 
+def _closed(conn: socket.socket) -> bool:
+    try:  # the peer's end of the connection is closed: no byte to peek at, and no wait
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
 def _reply(conn: socket.socket, message: dict) -> None:
     try:
         conn.sendall((json.dumps(message) + "\n").encode())
@@ -310,7 +318,7 @@ def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
         listener.bind(path)
     finally:
         os.umask(old)
-    listener.listen(64)
+    listener.listen(1024)  # every rank of a run may ask while the pool still imports
     bound = os.stat(path).st_ino
     if os.fork():  # the starting task waits for this exit: the socket is there, connections queue
         os._exit(0)
@@ -325,13 +333,13 @@ def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
         from ..data import shard  # noqa: F401 - every rank maps its shard through it (0.2 s)
 
         orphans.subreaper()
-        PoolServer(listener, int(anchor), float(idle_s), backend.preload_idle).serve()
+        PoolServer(listener, int(anchor), float(idle_s)).serve()
     finally:
         orphans.end_all()  # ranks die with the pool anyway; what they left, here
         try:
             if os.stat(path).st_ino == bound:  # not a newer pool's socket at the same path
                 os.unlink(path)
-        except OSError:
+        except OSError:  # gone already
             pass
     os._exit(0)
 

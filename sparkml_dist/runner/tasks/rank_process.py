@@ -32,6 +32,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 from ...channel import LogClient
 from .. import protocol
 from .warm_pool import Pool
+from .warm_rank import WarmProcess, killpg
 
 TAIL_LINES = 40
 
@@ -46,16 +47,17 @@ def exit_text(code: int) -> str:
     return f"exited with code {code}"
 
 
-# Runs beside each rank, in a session of its own: it waits for EOF on a pipe that only the task
-# holds, then kills the rank's process group and every process whose environment carries the
-# rank's token (what the rank started in sessions of their own, with setsid or daemonised, after
-# their parent died), twice (a fork in between), and removes its work directory.  A task killed by
-# Spark (a cancel, a timeout: the Python worker gets SIGKILL, no ``finally`` runs) thus leaves
-# neither the processes its rank started (data loader workers, subprocesses) nor its files.
+# Runs beside each rank, in a session of its own: it reads the rank's pid (a line; a warm rank's
+# comes once its pool forked it), waits for EOF on a pipe that only the task holds, then kills the
+# rank's process group and every process whose environment carries the rank's token (what the rank
+# started in sessions of their own, with setsid or daemonised, after their parent died), twice (a
+# fork in between), and removes its work directory.  A task killed by Spark (a cancel, a timeout:
+# the Python worker gets SIGKILL, no ``finally`` runs) thus leaves neither the processes its rank
+# started (data loader workers, subprocesses) nor its files.
 _REAPER = (
-    'cat >/dev/null; kill -9 "-$1" 2>/dev/null; '  # dash: no -- for kill
-    'for _ in 1 2; do for e in $(grep -lsxzF -- "$3" /proc/[0-9]*/environ); do '
-    'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; done; done; rm -rf -- "$2"'
+    'read -r p; cat >/dev/null; [ -n "$p" ] && kill -9 "-$p" 2>/dev/null; '  # dash: no -- for kill
+    'for _ in 1 2; do for e in $(grep -lsxzF -- "$2" /proc/[0-9]*/environ); do '
+    'p=${e#/proc/}; kill -9 "${p%/environ}" 2>/dev/null; done; done; rm -rf -- "$1"'
 )
 
 
@@ -64,10 +66,9 @@ class RankProcess:
     directory) with ``env``; watch it until it ends.
 
     ``pass_fds``: descriptors the child inherits (the control pipe's write end is added here).
-    ``pool``: fork it from this warm pool (:mod:`.warm_pool`) if there is one, else start it cold.
-    The process starts at once; :meth:`watch` starts reading its output (meanwhile it waits in
-    the pipes), so the slow start of a rank overlaps with whatever the task does next.  Whatever
-    ends the task, the rank's process group and ``workdir`` go with it (``_REAPER``).
+    ``pool``: fork it from this warm pool (:mod:`.warm_pool`), else start it cold.  It starts at
+    once; :meth:`watch` starts reading its output (meanwhile it waits in the pipes), so its slow
+    start overlaps what the task does next.  Its process group and ``workdir`` end with the task.
     """
 
     def __init__(
@@ -94,19 +95,15 @@ class RankProcess:
         self.on_event: Callable[[dict], None] = lambda ev: None  # each control event, as it comes
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
-        token = f"{protocol.TOKEN_ENV}={uuid.uuid4().hex}"
+        secret = uuid.uuid4().hex
+        self._reaper_lock = threading.Lock()
+        self._reaper_w = self._start_reaper(workdir, f"{protocol.TOKEN_ENV}={secret}")
         try:
-            env = {
-                **env,
-                protocol.TOKEN_ENV: token.split("=", 1)[1],
-                protocol.CTRL_ENV: str(ctrl_w),
-                protocol.PARENT_ENV: str(os.getpid()),
-                protocol.WORKDIR_ENV: workdir,
-            }
-            self.pool, self.env = pool, env
-            self.proc = pool.fork(env, cwd or workdir, (ctrl_w, *pass_fds)) if pool else None
-            self.warm = self.proc is not None
-            if self.proc is None:
+            env = {**env, protocol.TOKEN_ENV: secret, protocol.CTRL_ENV: str(ctrl_w)}
+            env.update({protocol.PARENT_ENV: str(os.getpid()), protocol.WORKDIR_ENV: workdir})
+            if pool is not None:  # forked once the pool is ready (or started cold if it fails)
+                self.proc = pool.fork(env, cwd or workdir, (ctrl_w, *pass_fds), self._tell_reaper)
+            else:
                 self.proc = subprocess.Popen(
                     [sys.executable, "-c", protocol.RANK_ENTRY],
                     env=env,
@@ -117,13 +114,14 @@ class RankProcess:
                     pass_fds=(ctrl_w, *pass_fds),
                     start_new_session=True,
                 )
+                self._tell_reaper(self.proc.pid)
         except BaseException:
             os.close(ctrl_r)
+            self._close_reaper()
             raise
         finally:
             os.close(ctrl_w)
         self._ctrl_r = ctrl_r
-        self._reaper_w = self._start_reaper(workdir, token)
 
     def _start_reaper(self, workdir: str, token: str) -> Optional[int]:
         if not os.path.exists("/bin/sh"):
@@ -131,7 +129,7 @@ class RankProcess:
         reap_r, reap_w = os.pipe()  # not inheritable: only this process holds the write end
         try:
             subprocess.Popen(
-                ["/bin/sh", "-c", _REAPER, "sparkml_dist-reaper", str(self.proc.pid), workdir, token],
+                ["/bin/sh", "-c", _REAPER, "sparkml_dist-reaper", workdir, token],
                 stdin=reap_r,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -143,6 +141,18 @@ class RankProcess:
         finally:
             os.close(reap_r)
         return reap_w
+
+    def _tell_reaper(self, pid: int) -> None:
+        with self._reaper_lock:
+            if self._reaper_w is not None:
+                os.write(self._reaper_w, f"{pid}\n".encode())
+
+    def _close_reaper(self) -> None:
+        """The reaper now kills what the rank left running, and removes its files."""
+        with self._reaper_lock:
+            if self._reaper_w is not None:
+                os.close(self._reaper_w)
+                self._reaper_w = None
 
     def watch(
         self,
@@ -263,28 +273,18 @@ class RankProcess:
     def kill(self) -> None:
         """Kill the process group (the rank and whatever it started), then reap the rank."""
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            if isinstance(self.proc, WarmProcess):
+                self.proc.kill()  # not forked yet: it never will be
+            else:
+                killpg(self.proc.pid)
             self.proc.wait()
-
-    def warm_later(self) -> None:
-        """A cold rank's pool starts (once) for the next run: at the rendezvous, else at close."""
-        if self.pool is not None and not self.warm:
-            self.pool.start_later(self.env)
-            self.pool = None
 
     def close(self) -> None:
         self.kill()
         self.join_output(0.5)
-        if self.warm:
+        if isinstance(self.proc, WarmProcess):
             self.proc.close()
-        else:
-            self.warm_later()
-        if self._reaper_w is not None:  # the reaper now kills what the rank left running, and its files
-            os.close(self._reaper_w)
-            self._reaper_w = None
+        self._close_reaper()
         if self._log is not None:
             self._log.close()
         if not self._threads:  # never watched: the control pipe's read end is still ours

@@ -195,7 +195,6 @@ class _RankTask:
             )
         if ev is not None:
             self._report(protocol.FRAME_RENDEZVOUS, host=self.address)
-            self.process.warm_later()  # a cold rank's pool starts importing now, for the next run
 
     @property
     def _returns(self) -> bool:

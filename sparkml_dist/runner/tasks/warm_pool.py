@@ -18,9 +18,12 @@ process for ``np < 0``).  Its socket is ``<tmp>/sparkml_dist-pool-<uid>/<anchor>
 directory of the user's own, mode 0700, refused (every rank then starts cold) when it is a link, is
 another user's or is open to others; the pool serves only its own user's processes.
 
-**When.**  A run's rank starts from its pool when one is there; otherwise it starts cold, as
-before, and when its task ends the pool is started for the next run (its import then costs the run
-nothing).  A pool ends with its anchor, after :data:`IDLE_S` seconds without a rank, or when a
+**When.**  A rank is always asked of its pool; a task that finds none starts it (in a thread: the
+task goes on), and the request waits in the pool's socket while the pool imports, the task's own
+steps (the log channel, the shard, the address exchange) overlapping that import; so a session's
+first run imports the framework once per executor instead of once per rank, and its second run
+finds the pool ready.  A pool that fails the request (see :mod:`.warm_rank`) gets the rank started
+cold.  A pool ends with its anchor, after :data:`IDLE_S` seconds without a rank, or when a
 new pool of the same anchor would be the :data:`MAX_POOLS` + 1-th (the least recently used one
 stops once its ranks end).  It holds what its imports hold: for torch ~220 MiB of resident memory,
 shared copy-on-write with the ranks forked from it.  ``BarrierRunner(warm_ranks=False)`` or
@@ -29,10 +32,8 @@ shared copy-on-write with the ranks forked from it.  ``BarrierRunner(warm_ranks=
 Example::
 
     pool = Pool.of(env, backend, anchor=os.getppid())
-    proc = pool.fork(env, cwd, (ctrl_w,)) if pool else None   # proc.stdin/stdout/stderr: pipes
-    ...
-    if pool and proc is None:
-        pool.start_later(env)          # the next run's ranks are warm
+    proc = pool.fork(env, cwd, (ctrl_w,), on_pid=print) if pool else subprocess.Popen(...)
+    proc.stdin.write(start_message)    # pipes work at once; the pid comes once the pool forked it
 """
 
 from __future__ import annotations
@@ -41,22 +42,20 @@ import fcntl
 import hashlib
 import json
 import os
-import signal
 import socket
 import stat
 import subprocess
 import sys
-import threading
-from typing import Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 from .. import protocol
 from .pool_server import alive
+from .warm_rank import WarmProcess
 
 POOL_MARK = "sparkml_dist.runner.tasks.pool_server"  # in a pool's command line (and its ranks')
 POOL_ENTRY = f"import sys; from {POOL_MARK} import main; main(*sys.argv[1:])"
 IDLE_S = 300.0  # a pool without a rank for this long ends
 MAX_POOLS = 3  # pools of one anchor (one executor's application) at most
-FORK_WAIT_S = 10.0  # a pool that does not answer within this starts the rank cold
 WARM_ENV = "SPARKML_DIST_WARM_RANKS"  # "0": every rank starts cold
 PER_RANK = frozenset(
     {
@@ -163,56 +162,18 @@ class Pool:
         return cls(directory, pool_key(env, backend), backend, anchor) if directory else None
 
     # ------------------------------------------------------------------ a rank from the pool
-    def fork(self, env: Dict[str, str], cwd: str, fds: Sequence[int]) -> Optional["WarmProcess"]:
-        """Rank process forked by the pool with new pipes for its stdin, stdout and stderr (the
-        process's ``stdin``, ``stdout``, ``stderr``) and ``fds`` (the control pipe[, the store
-        socket]); None when there is no pool, or it did not answer: start the rank cold."""
-        if not os.path.exists(self.path):
-            return None
-        in_r, in_w = os.pipe()
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        try:
-            proc = self._fork(env, cwd, (in_r, out_w, err_w, *fds))
-        finally:
-            for fd in (in_r, out_w, err_w):  # the rank holds its own copies (or there is none)
-                os.close(fd)
-        if proc is None:
-            for fd in (in_w, out_r, err_r):
-                os.close(fd)
-            return None
-        proc.stdin, proc.stdout, proc.stderr = (
-            os.fdopen(in_w, "wb"),
-            os.fdopen(out_r, "rb"),
-            os.fdopen(err_r, "rb"),
-        )
-        return proc
+    def fork(
+        self, env: Dict[str, str], cwd: str, fds: Sequence[int], on_pid: Callable[[int], None]
+    ) -> WarmProcess:
+        """The rank, forked by this pool (started first when it is not running), with new pipes for
+        its stdin, stdout and stderr (the process's ``stdin``, ``stdout``, ``stderr``) and ``fds``
+        (the control pipe[, the store socket]).  Returns at once; ``on_pid(pid)`` once it runs.
+        When the pool fails the request the rank starts cold (:mod:`.warm_rank`)."""
+        return WarmProcess(self, env, cwd, fds, on_pid)
 
-    def _fork(self, env: Dict[str, str], cwd: str, fds: Sequence[int]) -> Optional["WarmProcess"]:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.settimeout(FORK_WAIT_S)
-            conn.connect(self.path)
-            line = (json.dumps({"env": env, "cwd": cwd}) + "\n").encode()
-            socket.send_fds(conn, [line], list(fds))
-            replies = conn.makefile("rb")
-            reply = _read_line(replies)
-            pid = reply.get("pid") if reply else None
-            if not isinstance(pid, int):
-                raise OSError("the pool did not fork the rank")
-        except OSError:
-            conn.close()  # a rank it forked anyway is killed when the connection closes
-            return None
-        conn.settimeout(None)
-        os.utime(self.path, follow_symlinks=False)  # in use: the last pool to stop
-        return WarmProcess(conn, replies, pid)
-
-    # ------------------------------------------------------------------ a pool for the next run
-    def start_later(self, env: Dict[str, str]) -> None:
-        """Start this pool in the background (the task goes on; ranks of later runs fork from it)."""
-        threading.Thread(target=self._start, args=(env,), daemon=True, name="sparkml_dist-pool").start()
-
-    def _start(self, env: Dict[str, str]) -> None:
+    # ------------------------------------------------------------------ starting it
+    def start(self, env: Dict[str, str]) -> None:
+        """Start this pool (returns once its socket accepts: requests then wait for its imports)."""
         lock_path = os.path.join(self.directory, "start.lock")
         try:
             fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -261,53 +222,6 @@ class Pool:
         for _, path in sorted(mine)[: max(0, len(mine) - (MAX_POOLS - 1))]:
             _send(path, {"stop": True})
             _unlink(path)
-
-
-class WarmProcess:
-    """A forked rank as ``subprocess.Popen`` shows a started one: ``pid``, ``poll()``, ``wait()``,
-    ``returncode``; the pool's connection brings its exit code (its loss: the rank died with it)."""
-
-    def __init__(self, conn: socket.socket, replies, pid: int) -> None:
-        self.conn, self._replies, self.pid = conn, replies, pid
-        self.returncode: Optional[int] = None
-        self._ended = threading.Event()
-        self.stdin = self.stdout = self.stderr = None  # set by the caller: the task's pipe ends
-        threading.Thread(target=self._await_exit, daemon=True, name=f"sparkml_dist-rank-{pid}").start()
-
-    def _await_exit(self) -> None:
-        reply = _read_line(self._replies)
-        self._replies.close()
-        code = reply.get("exit") if reply else None
-        self.returncode = code if isinstance(code, int) else -signal.SIGKILL
-        self._ended.set()
-
-    def poll(self) -> Optional[int]:
-        return self.returncode if self._ended.is_set() else None
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        if not self._ended.wait(timeout):
-            raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout)
-        return self.returncode  # type: ignore[return-value]
-
-    def close(self) -> None:
-        try:
-            self.conn.shutdown(socket.SHUT_RDWR)  # the pool kills the rank if it still runs
-        except OSError:
-            pass
-        self.conn.close()
-
-
-def _read_line(replies, limit: int = 4096) -> Optional[dict]:
-    """One JSON object the pool sent (None: the connection ended or the line is not one)."""
-    try:
-        buf = replies.readline(limit)
-    except (OSError, ValueError):
-        return None
-    try:
-        message = json.loads(buf.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return message if isinstance(message, dict) else None
 
 
 def _answers(path: str) -> bool:
