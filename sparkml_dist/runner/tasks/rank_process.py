@@ -1,18 +1,10 @@
 """RankProcess: one rank's child process, its output, its control events and its result.  [executor]
 
 The barrier task (:mod:`sparkml_dist.runner.tasks.task`) starts one :class:`RankProcess`; three
-reader threads cut its output into lines (:class:`Lines`: progress bars as their latest state,
-long lines cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the
+reader threads cut its output into lines (:mod:`.output_lines`: progress bars as their latest
+state, long lines cut), keep the last :data:`TAIL_LINES` (for failure reports), forward lines to the
 driver when the rank is streamed, copy every line to the executor's stderr and ``log_dir``, and
 queue its control events (``runner.protocol``); :meth:`RankProcess.kill` stops its process group.
-
-**A rank's output bytes into the lines shown for it.**
-* ``\n`` ends a line (``\r\n`` too);
-* ``\r`` alone redraws the line (a tqdm bar, a progress counter): only the latest state is kept,
-  and it is shown when the line ends, or every :data:`PROGRESS_EVERY_S` seconds while it is being
-  redrawn, so a long progress bar never grows into one huge line;
-* a line longer than :data:`MAX_LINE` bytes is cut there and ends with
-  ``[... N more bytes cut]``: a printed tensor or a runaway line cannot flood the log channel.
 """
 
 from __future__ import annotations
@@ -20,7 +12,6 @@ from __future__ import annotations
 import collections
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -31,6 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 from ...channel import LogClient
 from .. import protocol
+from .output_lines import MAX_LINE, Lines
 from .warm_pool import Pool
 from .warm_rank import WarmProcess, killpg
 
@@ -221,7 +213,9 @@ class RankProcess:
 
     # ------------------------------------------------------------------ control
     def send_start(self, message: bytes) -> None:
-        """Write the start message (:func:`protocol.start_message`) to the rank's stdin."""
+        """Write the start message (:func:`protocol.start_message`) to the rank's stdin (once it runs)."""
+        if isinstance(self.proc, WarmProcess):
+            self.proc.wait_forked()
         self.proc.stdin.write(message)
         self.proc.stdin.flush()
 
@@ -293,58 +287,3 @@ class RankProcess:
             self.proc.stdin.close()
         except OSError:
             pass
-
-
-MAX_LINE = 16 * 1024
-PROGRESS_EVERY_S = 5.0
-_SEPARATORS = re.compile(rb"([\r\n])")
-
-
-class Lines:
-    """Feed bytes with :meth:`feed`, call :meth:`close` at the end; ``emit(text)`` gets each line."""
-
-    def __init__(self, emit: Callable[[str], None]) -> None:
-        self._emit = emit
-        self._buf = bytearray()
-        self._cut = 0  # bytes of the current line beyond MAX_LINE
-        self._cr = False  # the last byte seen was a lone \r (so far)
-        self._shown = time.monotonic()
-
-    def feed(self, data: bytes) -> None:
-        for token in _SEPARATORS.split(data):
-            if not token:
-                continue
-            if token == b"\n":
-                self._cr = False
-                self._end()
-            elif token == b"\r":
-                if self._cr:  # \r\r: a redraw of nothing
-                    self._redraw()
-                self._cr = True
-            else:
-                if self._cr:  # \r then text: the line is redrawn
-                    self._redraw()
-                    self._cr = False
-                room = MAX_LINE - len(self._buf)
-                self._buf += token[:room]
-                self._cut += max(0, len(token) - room)
-
-    def close(self) -> None:
-        if self._buf or self._cut:
-            self._end()
-
-    def _redraw(self) -> None:
-        now = time.monotonic()
-        if self._buf and now - self._shown >= PROGRESS_EVERY_S:
-            self._end()  # show the progress so far, now and then
-        self._buf.clear()
-        self._cut = 0
-
-    def _end(self) -> None:
-        text = self._buf.decode("utf-8", "replace")
-        if self._cut:
-            text += f" [... {self._cut} more bytes cut]"
-        self._emit(text)
-        self._buf.clear()
-        self._cut = 0
-        self._shown = time.monotonic()

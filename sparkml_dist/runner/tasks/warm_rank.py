@@ -1,11 +1,12 @@
 """A rank asked of a warm pool: returned at once, forked when the pool is ready.  [executor]
 
 :meth:`.warm_pool.Pool.fork` gives the task a :class:`WarmProcess` without waiting: its pipes
-(``stdin``, ``stdout``, ``stderr``) work from the start, so the task connects to the driver, writes
-its shard, exchanges addresses and writes the start message while the pool (started by this very
-request when it was not running) is still importing the framework. A thread of its own starts the
-pool if needed, sends the request and waits for the pool's answer: ``pid`` is None until then
-(``on_pid`` is called with it when it comes). It is ``subprocess.Popen`` as the task uses it:
+(``stdin``, ``stdout``, ``stderr``) are there from the start, so the task connects to the driver,
+writes its shard and exchanges addresses while the pool (started by this very request when it was
+not running) is still importing the framework; the start message is written once the rank runs
+(:meth:`WarmProcess.wait_forked`). A thread of its own starts the pool if needed, sends the request
+and waits for the pool's answer: ``pid`` is None until then (``on_pid`` is called with it when it
+comes).  It is ``subprocess.Popen`` as the task uses it:
 ``pid``, ``poll()``, ``wait()``, ``returncode``, and :meth:`WarmProcess.kill` for its process group.
 
 **When the pool fails the request** (it could not be started, it ended before forking the rank, or
@@ -48,6 +49,7 @@ class WarmProcess:
         self._killed = False
         self._lock = threading.Lock()
         self._ended = threading.Event()
+        self._released = threading.Event()  # the rank has its own descriptors (or never will)
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -136,6 +138,13 @@ class WarmProcess:
         for fd in self._kept:
             os.close(fd)
         self._kept = []
+        self._released.set()
+
+    def wait_forked(self) -> None:
+        """Until the rank runs (forked, or started cold) and this process holds none of its
+        descriptors: a framework that binds its reserved port again once the start message came
+        (TensorFlow, JAX) must not meet this process's copy of the socket still listening."""
+        self._released.wait()
 
     def _drop_conn(self) -> None:
         if self.conn is not None:
