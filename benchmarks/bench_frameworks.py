@@ -155,18 +155,18 @@ def main() -> None:
             "jax": lambda: BarrierRunner(2, backend="jax", **quiet).run(noop_jax),
         }
         cold = {}
-        for name, run in contenders.items():  # a session's first run of each: cold ranks
+        for name, run in contenders.items():  # a session's first run of each: it starts the pool
             t = time.perf_counter()
             run()
             cold[name] = time.perf_counter() - t
-        time.sleep(15)  # the pools the first runs started finish their imports (TensorFlow's: seconds)
+        time.sleep(15)  # the machine settles after three first runs
         walls, _ = interleaved(contenders, args.repeats)
         med = {k: statistics.median(v) for k, v in walls.items()}
-        print("\n(a) no-op job (rendezvous + one all-reduce): each backend's first run (cold ranks), then")
+        print("\n(a) no-op job (rendezvous + one all-reduce): each backend's first run (pool starts), then")
         print(f"    the median wall seconds of {args.repeats} interleaved later runs (warm ranks)")
         for name, wall in med.items():
             print(
-                f"    {name:10s} cold {cold[name]:6.2f} s; warm {wall:6.2f} s, {wall / med['torch']:.2f}x "
+                f"    {name:10s} first {cold[name]:6.2f} s; later {wall:6.2f} s, {wall / med['torch']:.2f}x "
                 "torch's (target <= 1.2x)"
             )
     if "keras" in sections:

@@ -11,17 +11,23 @@
 (e) Horovod: HorovodRunner (this runner, backend="horovod") vs horovod.spark.run (gloo), same
     functions: the wall time of a no-op job (hvd.init + one allreduce), and samples/s of the MLP
     trained with hvd.DistributedOptimizer (measured inside rank 0, after warm-up).
+(f) ``--sections session``: a notebook's first runs.  Each round starts a new Python and
+    SparkSession per contender and times ``--session-runs`` no-op runs back to back: warm ranks
+    (the default: the first run starts the executor's pool and forks its ranks from it) and
+    ``warm_ranks=False`` (every rank a new interpreter); rounds alternate which goes first.
 
 Contenders are interleaved (the order rotates every round); the load average is recorded.
 
     python benchmarks/bench_runner.py [--repeats 3] [--rows 1000000] [--steps 1500]
                                       [--sections noop,mlp,data,ckpt,hvd_noop,hvd_mlp]
+    python benchmarks/bench_runner.py --sections session [--repeats 3] [--session-runs 4]
     python benchmarks/bench_runner.py --gpu [--repeats 3] [--steps 300]   (see bench_gpu.py)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -229,8 +235,17 @@ def main() -> None:
     ap.add_argument("--sections", default="noop,mlp,data,ckpt,hvd_noop,hvd_mlp")
     ap.add_argument("--job-limit", type=float, default=180.0, help="seconds before a hung job is cancelled")
     ap.add_argument("--figure", default=None, help="bar chart of the no-op and data sections (PNG + JSON)")
+    ap.add_argument("--session-runs", type=int, default=4, help="no-op runs per new session (section f)")
+    ap.add_argument("--session-child", choices=["warm", "cold"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.session_child:
+        return session_child(args.session_child, args.session_runs)
     sections = [s for s in args.sections.split(",") if s]
+    if "session" in sections:  # new sessions of their own, before this process starts one
+        session_rounds(args.repeats, args.session_runs)
+        sections.remove("session")
+        if not sections:
+            return
 
     from pyspark.ml.torch.distributor import TorchDistributor
 
@@ -413,6 +428,44 @@ def main() -> None:
     spark.stop()
     if args.figure:
         _figure(args, results)
+
+
+def session_child(mode: str, runs: int) -> None:
+    """(f) in a new process: a new session, ``runs`` no-op runs back to back; their wall seconds."""
+    local_session("bench_runner_session")
+    from sparkml_dist.runner import BarrierRunner
+
+    walls = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        BarrierRunner(2, log_ranks="none", warm_ranks=mode == "warm").run(noop)
+        walls.append(time.perf_counter() - t)
+    print("SESSION " + json.dumps(walls), flush=True)
+
+
+def session_rounds(repeats: int, runs: int) -> None:
+    """(f): each round, a new session per contender (alternating which goes first)."""
+    out = {"warm": [], "cold": []}
+    for r in range(repeats):
+        for mode in ("warm", "cold") if r % 2 == 0 else ("cold", "warm"):
+            cmd = [sys.executable, os.path.abspath(__file__), "--session-child", mode]
+            proc = subprocess.run(
+                cmd + ["--session-runs", str(runs)], capture_output=True, text=True, timeout=900
+            )
+            if "SESSION " not in proc.stdout:
+                raise SystemExit(f"the {mode} session failed:\n{proc.stderr[-3000:]}")
+            walls = json.loads(proc.stdout.split("SESSION ", 1)[1].splitlines()[0])
+            out[mode].append(walls)
+            print(f"round {r} session {mode:4s} " + " ".join(f"{w:6.2f}s" for w in walls), flush=True)
+    med = {mode: [statistics.median(col) for col in zip(*rows)] for mode, rows in out.items()}
+    print(f"\n(f) a new session's no-op runs back to back (2 ranks), median of {repeats} sessions each")
+    for mode, walls in med.items():
+        print(f"  {mode:4s} " + "  ".join(f"run {i + 1}: {w:5.2f}s" for i, w in enumerate(walls)))
+    if runs > 1:
+        print(
+            f"  first run warm/cold {med['warm'][0] / med['cold'][0]:.3f}x (target: no worse than cold); "
+            f"second run warm {med['warm'][1]:.2f}s (target <= 0.6 s), cold {med['cold'][1]:.2f}s"
+        )
 
 
 def _figure(args, results) -> None:
