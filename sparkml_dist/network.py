@@ -13,6 +13,7 @@ import errno
 import os
 import random
 import socket
+import time
 from typing import List, Optional, Tuple
 
 
@@ -100,8 +101,10 @@ def _free_everywhere(port: int) -> bool:
 
 
 def reserve_port(address: str, tries: int = 64) -> socket.socket:
-    """A socket listening on ``address`` at a port a framework can bind again once the socket is
-    closed (TensorFlow's gRPC server binds ``[::]:port``; JAX's coordinator its address).
+    """A socket bound (not listening) on ``address`` at a port a framework can bind again once the
+    socket is closed (TensorFlow's gRPC server binds ``[::]:port``; JAX's coordinator its address).
+    Not listening: a peer that connects before the framework's server is up is refused at once
+    (:func:`wait_listening`), not queued and then reset when the reservation closes.
 
     The port comes from :func:`quiet_ports` and is free on every address: between the close and
     the framework's bind, no ``bind(port=0)`` or outgoing connection of any process on the host can
@@ -121,14 +124,32 @@ def reserve_port(address: str, tries: int = 64) -> socket.socket:
         listener = socket.socket(family, socket.SOCK_STREAM)
         try:
             listener.bind((address, port))
-            listener.listen(1024)
             return listener
         except OSError:
             listener.close()
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.bind((address, 0))
-    listener.listen(1024)
     return listener
+
+
+def wait_listening(host: str, port: int, within: float, every: float = 0.01) -> bool:
+    """Until ``host:port`` accepts a TCP connection (closed at once), at most ``within`` seconds;
+    whether it did.  A framework's client that meets a refused port waits out its reconnect backoff
+    (gRPC's: a second) before trying again; a few connects of our own every ``every`` s do not.
+
+    >>> with socket.create_server(("127.0.0.1", 0)) as s:
+    ...     wait_listening("127.0.0.1", s.getsockname()[1], 1.0)
+    True
+    """
+    end = time.monotonic() + within
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=max(every, 1.0)).close()
+            return True
+        except OSError:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(every)
 
 
 def is_this_host(host: Optional[str]) -> bool:

@@ -139,6 +139,8 @@ def test_a_port_a_framework_binds_again_is_outside_the_ephemeral_range_and_free_
     port = listener.getsockname()[1]
     (low, high), _ = network._port_ranges()
     assert listener.getsockname()[0] == "127.0.0.1" and not low <= port <= high
+    with pytest.raises(ConnectionRefusedError):  # held, not listening: an early peer is refused
+        socket.create_connection(("127.0.0.1", port), timeout=5)
     listener.close()
     grpc_like = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)  # as TensorFlow binds it
     grpc_like.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
@@ -156,3 +158,28 @@ def test_a_port_a_framework_binds_again_is_outside_the_ephemeral_range_and_free_
     assert chosen.getsockname()[1] == port + 1
     chosen.close()
     held.close()
+
+
+def test_a_peer_waits_for_the_framework_server_to_listen_on_its_reserved_port():
+    """A rank's framework connects to rank 0's server only once it accepts: a refused first
+    connection would cost gRPC's reconnect backoff (a second)."""
+    reservation = network.reserve_port("127.0.0.1")
+    port = reservation.getsockname()[1]
+    started = time.monotonic()
+    assert not network.wait_listening("127.0.0.1", port, 0.3)  # reserved only: never accepts
+    assert time.monotonic() - started >= 0.3
+
+    def serve_later():
+        time.sleep(0.3)
+        reservation.close()  # as the rank does, then its framework binds the port and listens
+        servers.append(socket.create_server(("127.0.0.1", port)))
+
+    servers = []
+    later = threading.Thread(target=serve_later)
+    started = time.monotonic()
+    later.start()
+    assert network.wait_listening("127.0.0.1", port, 30)
+    waited = time.monotonic() - started
+    later.join()
+    servers[0].close()
+    assert waited >= 0.3  # true only once the framework's server listened (the effect: bench_frameworks)

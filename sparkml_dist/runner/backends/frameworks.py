@@ -13,11 +13,13 @@
   by ``keras.distribution.initialize()``, is harmless. ``KERAS_BACKEND=jax`` and Keras's
   ``KERAS_DISTRIBUTION_*`` variables are set, so ``keras.distribution.DataParallel`` runs as is.
 
-Both close the task's listening socket just before the framework binds its port (TensorFlow's
-gRPC server, JAX's coordinator); that port is one the kernel hands no other process meanwhile and
-that no socket holds on any address (``network.reserve_port``). TensorFlow's servers listen on
-every interface of the host (TF_CONFIG workers have no bind address; JAX's coordinator is bound
-to the rank's own address): docs/security.md says so.
+Both close the task's socket (bound, not listening) just before the framework binds its port
+(TensorFlow's gRPC server, JAX's coordinator); that port is one the kernel hands no other process
+meanwhile and that no socket holds on any address (``network.reserve_port``). The other ranks wait
+until rank 0's server accepts before their framework connects to it: a connection refused first
+would cost them gRPC's reconnect backoff, a second (seen in one warm run of three). TensorFlow's
+servers listen on every interface of the host (TF_CONFIG workers have no bind address; JAX's
+coordinator is bound to the rank's own address): docs/security.md says so.
 
 Example::
 
@@ -31,6 +33,7 @@ import json
 import os
 from typing import Dict, Sequence
 
+from ... import network
 from ...errors import ConfigurationError
 from .. import protocol, rendezvous
 from .base import COMMON_PEER_LOST, Backend, after_import, report_first_call
@@ -125,10 +128,25 @@ class TensorFlowBackend(Backend):
                 closed.append(True)
                 _close(store_fd)
             reached()
+            if rank != 0:  # worker 0 leads: the others register with it first
+                leader = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0]
+                _wait_for(leader, _start_wait())
 
         report_first_call([mwms.CollectiveAllReduceStrategy], "__init__", joining)
         after_import("keras", _refuse_keras3_fit)
         return state
+
+
+def _start_wait() -> float:
+    """How long a rank waits for its peers to join: the run's start_timeout, else its collective one."""
+    return float(os.environ.get(protocol.START_TIMEOUT_ENV) or 0) or float(os.environ[protocol.TIMEOUT_ENV])
+
+
+def _wait_for(address: str, within: float) -> None:
+    """Until the server at ``address`` ("host:port", "[v6]:port") accepts (or ``within`` s passed:
+    the framework then retries as it would have)."""
+    host, port = address.rsplit(":", 1)
+    network.wait_listening(host.strip("[]"), int(port), within)
 
 
 def _refuse_keras3_fit(keras) -> None:
@@ -221,11 +239,11 @@ class JaxBackend(Backend):
 
         coordinator = os.environ["KERAS_DISTRIBUTION_JOB_ADDRESSES"]
         world = int(os.environ["WORLD_SIZE"])
-        wait = float(os.environ.get(protocol.START_TIMEOUT_ENV) or 0) or float(
-            os.environ[protocol.TIMEOUT_ENV]
-        )
+        wait = _start_wait()
         if rank == 0:
             _close(store_fd)  # the coordinator binds the port the peers were given
+        else:
+            _wait_for(coordinator, wait)
         jax.distributed.initialize(
             coordinator_address=coordinator,
             num_processes=world,
