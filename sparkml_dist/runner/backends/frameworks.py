@@ -17,7 +17,7 @@ Both close the task's socket (bound, not listening) just before the framework bi
 (TensorFlow's gRPC server, JAX's coordinator); that port is one the kernel hands no other process
 meanwhile and that no socket holds on any address (``network.reserve_port``). The other ranks wait
 until rank 0's server accepts before their framework connects to it: a connection refused first
-would cost them gRPC's reconnect backoff, a second (seen in one warm run of three). TensorFlow's
+would cost them gRPC's reconnect backoff, a second (seen in up to half the warm runs). TensorFlow's
 servers listen on every interface of the host (TF_CONFIG workers have no bind address; JAX's
 coordinator is bound to the rank's own address): docs/security.md says so.
 
