@@ -104,6 +104,7 @@ def wait(
                 if monitor.failure is not None:
                     monitor.wait_for_reports(FAILURE_GRACE_S)
                     _cancel_until_done(cancel, done)
+                    _add_failures(monitor, errors)  # a report the log channel was too slow to bring
                     raise monitor.worker_error()
                 if deadline.expired():
                     _cancel_until_done(cancel, done)
@@ -115,13 +116,20 @@ def wait(
         _cancel_until_done(cancel, done)
         raise
     if monitor.failure is not None:
+        _add_failures(monitor, errors)
         raise monitor.worker_error()
-    for exc in errors[1:]:  # ranks on the driver: every rank's failure, whichever thread ended first
-        detail = protocol.parse_failure(str(exc))
-        if detail is not None:  # the root cause is picked among them all
-            monitor.add_failure(detail)
+    _add_failures(monitor, errors[1:])  # the first is translated with them
     if errors:
         raise translate(errors[0], monitor)
+
+
+def _add_failures(monitor: Monitor, errors: List[BaseException]) -> None:
+    """Ranks on the driver: every rank's failure goes to the root-cause choice, whichever thread
+    ended first and whether or not its report came through the log channel in time."""
+    for exc in errors:
+        detail = protocol.parse_failure(str(exc))
+        if detail is not None:
+            monitor.add_failure(detail)
 
 
 def launch_spark(spark, data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline, profile=None):

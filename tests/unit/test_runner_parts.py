@@ -320,6 +320,32 @@ def test_ranks_on_the_driver_name_the_root_cause_whichever_thread_ended_first():
     assert info.value.rank == 1 and info.value.exit_code == 7
 
 
+def test_ranks_on_the_driver_name_the_root_cause_the_log_channel_was_too_slow_to_bring():
+    """np < 0 under a flooded log channel: only the peer's 'connection closed' report came through
+    within the grace (5 s while only symptoms are in); the rank that raised is in its thread's error,
+    and is the one named (seen once in a full local pass)."""
+    from sparkml_dist.runner import launchers
+    from sparkml_dist.runner.failures import Monitor as _Monitor
+
+    peer = dict(rank=0, exit_code=1, phase="run", message="rank 0 exited with code 1", failed_at=1.0)
+    peer["tail"] = ["RuntimeError: [pair.cc:553] Connection closed by peer [127.0.0.1]:62125"]
+    own = dict(rank=1, exit_code=1, phase="run", message="rank 1 exited with code 1", failed_at=2.0)
+    own["tail"] = ["ValueError: injected failure"]
+    monitor = _Monitor(2, lambda s: None)
+    monitor.add_failure(peer)  # through the channel; rank 1's report never came
+    errors = []
+    done = threading.Event()
+
+    def threads_end():  # after the driver saw the report: the job is cancelled, the threads end
+        errors.extend([protocol.RankFailure(peer), protocol.RankFailure(own)])
+        done.set()
+
+    threading.Timer(0.5, threads_end).start()
+    with pytest.raises(WorkerError, match="rank 1 exited with code 1") as info:
+        launchers.wait(done, monitor, lambda: None, errors, Deadline.after(60))
+    assert info.value.rank == 1 and "injected failure" in str(info.value)
+
+
 def test_root_cause_is_the_failure_not_its_symptoms():
     from sparkml_dist.runner.failures import Monitor as _Monitor
 
