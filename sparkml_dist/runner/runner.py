@@ -127,10 +127,12 @@ class BarrierRunner:
             ``<tmp>/sparkml_dist-work-<uid>/<script or function>``, one per machine, kept after the
             run (said in the output) so that a second run finds what the first wrote.
         clean_work_dir: remove that default directory on executors once every rank succeeded.
-        warm_ranks: fork each rank (torch) from a process that already imported torch, kept on
-            each executor between runs of the application (:mod:`.tasks.warm_pool`: a second run
-            reaches its first step sooner); False, or ``SPARKML_DIST_WARM_RANKS=0``: every rank a
-            new interpreter.
+        warm_ranks: fork each rank (torch, TensorFlow, JAX) from a process on its executor that
+            imported the framework once, started by the first run and kept between runs of the
+            application (:mod:`.tasks.warm_pool`: later runs reach their first step in a fraction
+            of a second). Code that runs at an interpreter's start (``sitecustomize``, ``.pth``
+            files) then runs once in that process, not in each rank. False, or
+            ``SPARKML_DIST_WARM_RANKS=0``: every rank a new interpreter.
         gpus_per_rank: GPUs each rank holds (with ``use_gpu``), for one-process multi-GPU code: the
             rank then sees its own GPUs as ``cuda:0 ...`` (``context().devices``).
         nodes: what a "node" is for ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` /
