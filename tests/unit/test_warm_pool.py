@@ -113,6 +113,33 @@ def test_a_pool_that_fails_the_request_gets_the_rank_started_cold(answer, monkey
     assert_no_rank_left()
 
 
+def test_a_pool_stopped_just_after_it_took_the_request_gets_the_rank_started_cold(monkeypatch):
+    """Another task making room stops a pool and removes its socket between this task's request and
+    its mark of the pool as in use (seen once in CI: the request's thread died on the missing socket,
+    the rank never started, and the run waited out its timeout)."""
+    directory = tempfile.mkdtemp(prefix="pool-", dir="/tmp")
+    pool = _FailingPool(directory, os.getpid(), "close")
+    of = lambda cls, env, backend, anchor: cls(directory, "failing", backend, anchor)  # noqa: E731
+    monkeypatch.setattr(warm_pool.Pool, "of", classmethod(of))
+    send_fds = socket.send_fds
+
+    def send_then_vanish(conn, buffers, fds):
+        sent = send_fds(conn, buffers, fds)
+        if conn.family == socket.AF_UNIX and str(conn.getpeername()).startswith(directory):
+            warm_pool._unlink(conn.getpeername())  # as _make_room does to the pool it stops
+        return sent
+
+    monkeypatch.setattr(warm_rank.socket, "send_fds", send_then_vanish)
+    started = time.monotonic()
+    out = BarrierRunner(-2, log_ranks="none", timeout=60).run(parent_and_draw, return_all=True)
+    assert pool.requests >= 1 and not os.listdir(directory)
+    assert {o["parent"] for o in out} == {os.getpid()} and [o["sum"] for o in out] == [2.0, 2.0]
+    assert time.monotonic() - started < 30
+    pool.listener.close()
+    shutil.rmtree(directory)
+    assert_no_rank_left()
+
+
 def test_a_rank_killed_before_its_pool_forks_it_is_never_forked():
     """A task cancelled while the pool it started still imports torch: its rank ends at once
     (-SIGKILL) and is never started; a request whose connection ended before the pool read it

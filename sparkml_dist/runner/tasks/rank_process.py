@@ -137,7 +137,10 @@ class RankProcess:
     def _tell_reaper(self, pid: int) -> None:
         with self._reaper_lock:
             if self._reaper_w is not None:
-                os.write(self._reaper_w, f"{pid}\n".encode())
+                try:
+                    os.write(self._reaper_w, f"{pid}\n".encode())
+                except OSError:  # the reaper is gone (killed with the task's group): nothing to tell
+                    pass
 
     def _close_reaper(self) -> None:
         """The reaper now kills what the rank left running, and removes its files."""

@@ -61,7 +61,12 @@ class WarmProcess:
 
     # ------------------------------------------------------------------ the request's thread
     def _run(self) -> None:
-        replies = self._request()
+        try:
+            replies = self._request()
+        except Exception:  # whatever went wrong asking the pool, the rank still starts (cold)
+            with self._lock:
+                self._drop_conn()
+            replies = None
         reply = _read_line(replies) if replies is not None else None
         pid = reply.get("pid") if reply else None
         with self._lock:
@@ -100,7 +105,10 @@ class WarmProcess:
                     self._drop_conn()
                 continue
             conn.settimeout(PID_WAIT_S)
-            os.utime(self.pool.path, follow_symlinks=False)  # in use: the last pool to stop
+            try:
+                os.utime(self.pool.path, follow_symlinks=False)  # in use: the last pool to stop
+            except OSError:  # the pool stopped meanwhile (another task made room): it answers nothing
+                pass
             return conn.makefile("rb")
         return None
 
