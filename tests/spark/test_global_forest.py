@@ -1,6 +1,8 @@
 """GlobalForestClassifier / Regressor: one XGBoost forest grown across the ranks of a barrier job
 (real Spark barrier tasks, real XGBoost collective), as a pyspark.ml stage."""
 
+import os
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -80,12 +82,24 @@ def test_bad_input_is_refused_by_name_before_the_barrier_job(spark, binary):
 
 
 def _listening_ports():
+    """Ports this test process's own Python processes listen on (its Spark workers, ranks and
+    pools: they carry its suite id), not a neighbour's: pytest-xdist runs another test beside this
+    one, and an idle connection to that test's Horovod ranks once failed it."""
     import psutil
+
+    from tests.support.runner_checks import SUITE_ENV
+
+    def ours(pid):
+        try:
+            p = psutil.Process(pid)
+            return "java" not in p.name() and p.environ().get(SUITE_ENV) == os.environ[SUITE_ENV]
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+            return False
 
     return {
         (c.laddr.ip, c.laddr.port)
         for c in psutil.net_connections(kind="tcp")
-        if c.status == psutil.CONN_LISTEN and c.pid and "java" not in psutil.Process(c.pid).name()
+        if c.status == psutil.CONN_LISTEN and c.pid and ours(c.pid)
     }
 
 
