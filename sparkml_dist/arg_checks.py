@@ -31,12 +31,20 @@ def integer(
     return value
 
 
+# The longest finite wait any timeout may be (about 31 years): Python's own waits
+# (threading.TIMEOUT_MAX, ~292 years here), datetime.timedelta (torch.distributed's timeouts) and
+# the milliseconds gloo and NCCL count in all hold it; inf or 1e14 overflow one of them in a rank.
+MAX_SECONDS = 1e9
+
+
 def seconds(name: str, value: Any, *, none_ok: bool = True, fix: str = "") -> Optional[float]:
-    """``value``, a positive number of seconds; or None (no limit) when ``none_ok``."""
+    """``value``, a positive, finite number of seconds up to :data:`MAX_SECONDS`; or None (no
+    limit) when ``none_ok``."""
     if value is None and none_ok:
         return None
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-        raise _refuse(name, "a positive number of seconds" + (" or None" if none_ok else ""), value, fix)
+    takes = f"a positive number of seconds up to {MAX_SECONDS:g}" + (" or None (no limit)" if none_ok else "")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= MAX_SECONDS:
+        raise _refuse(name, takes, value, fix)
     return value
 
 

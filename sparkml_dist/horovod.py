@@ -47,7 +47,9 @@ class HorovodRunner:
 
     Args:
         np: number of ranks. ``np > 0``: a Spark barrier job of ``np`` tasks, one per task slot
-            (it fails at once with a clear error when the cluster has fewer slots). ``np < 0``:
+            (too few slots: it waits up to ``start_timeout`` for executors of a cluster that can
+            still grow, and fails at once, naming needed and available slots, only where the
+            master can never hold ``np`` tasks). ``np < 0``:
             ``-np`` processes on the driver, no Spark job: for debugging; their output always goes
             to the cell. ``np = 0`` (deprecated by Databricks too): every task slot of the cluster.
         driver_log_verbosity: ``"log_callback_only"`` (default): the driver shows only what the

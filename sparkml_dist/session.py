@@ -10,7 +10,8 @@ for a virtual environment, conda-pack for a conda one, whichever applies and is 
 unpacked in each executor's working directory), and the executors run its interpreter: a cluster
 whose own Python lacks what the driver has (torch, the package itself) runs the driver's. It costs
 the archive's size in storage and, on each executor, one copy and unpack of it at its first task
-(the environment of this checkout's tests: about 2 GB, packed uncompressed in tens of seconds).
+(the environment of this checkout's tests: about 2 GB, packed as a tar.gz at gzip's fastest level
+in tens of seconds).
 
 Example::
 

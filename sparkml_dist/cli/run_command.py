@@ -21,7 +21,21 @@ from typing import Any, NamedTuple, Optional
 
 
 def _seconds(text: str) -> Optional[float]:
-    return None if text.strip().lower() in ("none", "null", "") else float(text)
+    """A timeout flag's value: seconds (finite, positive, at most ``arg_checks.MAX_SECONDS``) or
+    none; argparse names the flag in its refusal."""
+    from ..arg_checks import MAX_SECONDS
+
+    if text.strip().lower() in ("none", "null", ""):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value <= MAX_SECONDS:  # nan and inf fail too
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds between 0 and {MAX_SECONDS:g}; write none for no limit"
+        )
+    return value
 
 
 def _staging(text: str):
@@ -155,10 +169,19 @@ def run(spark, args) -> int:
 
 
 def _input(spark, where: str):
-    """``--input``: a Parquet path (a directory or file, or any URI), else a table's name."""
-    if "/" in where or "://" in where or os.path.exists(where) or where.endswith(".parquet"):
-        return spark.read.parquet(where)
-    return spark.table(where)
+    """``--input``: a Parquet path (a directory or file, or any URI), else a table's name; one that
+    Spark cannot find is a one-line error naming the flag."""
+    from pyspark.errors import AnalysisException
+
+    from ..errors import ConfigurationError
+
+    path = "/" in where or "://" in where or os.path.exists(where) or where.endswith(".parquet")
+    try:
+        return spark.read.parquet(where) if path else spark.table(where)
+    except AnalysisException as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        what = "a Parquet path" if path else "a table name (a path needs a / in it)"
+        raise ConfigurationError(f"--input {where!r}, read as {what}, cannot be read: {reason}") from None
 
 
 def _pairs(flag: str, items, value) -> dict:

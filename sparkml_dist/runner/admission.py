@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 from .. import _spark_env, arg_checks, plan, serialization
 from .._spark_env import Conf
 from ..errors import ConfigurationError, InsufficientResourcesError
+from ..formats.files import private_dir_fault
 from . import demand, rendezvous
 
 log = logging.getLogger(__name__)
@@ -50,6 +51,14 @@ def check_arguments(
             f"log_dir must be a directory path every executor can write (a local or mounted "
             f"path such as /dbfs/logs/run1), got {log_dir!r}"
         )
+    if log_dir is not None and os.path.lexists(log_dir):  # here already: refused before any job
+        why = private_dir_fault(os.lstat(log_dir))
+        if why:
+            raise ConfigurationError(
+                f"log_dir={log_dir!r} {why}: every rank's output would be written where other users "
+                "can read it or plant links. Pick a directory of your own that only you can write "
+                "(chmod go-w), or leave log_dir unset"
+            )
 
 
 def check_staging_dir(staging_dir: Any) -> Any:
@@ -195,16 +204,22 @@ def check_slots(np_: int, master: str, conf: Conf, live_slots: Optional[int] = N
         )
 
 
+# Each setting that makes Spark encrypt something: the RPC (AES-based, or TLS, Spark 4's preferred way,
+# which spark.ssl.enabled does not imply), the UI and file server, the shuffle and spill files.
+ENCRYPTION_KEYS = (
+    "spark.network.crypto.enabled",
+    "spark.ssl.rpc.enabled",
+    "spark.ssl.enabled",
+    "spark.io.encryption.enabled",
+)
+
+
 def check_encryption(conf: Conf, allow_unencrypted: bool) -> Optional[str]:
     """Refuse an encrypted cluster (gloo/NCCL traffic is not encrypted) unless opted in.
 
     Returns a warning text when the user opted in, None when the cluster is not encrypted.
     """
-    keys = [
-        k
-        for k in ("spark.network.crypto.enabled", "spark.ssl.enabled", "spark.io.encryption.enabled")
-        if (conf(k, "false") or "false").lower() == "true"
-    ]
+    keys = [k for k in ENCRYPTION_KEYS if (conf(k, "false") or "false").lower() == "true"]
     if not keys:
         return None
     text = (

@@ -153,3 +153,19 @@ def test_input_on_the_command_line_feeds_each_rank_its_shard(spark, capsys, tmp_
         if "rows " in ln
     ]
     assert sorted(n for n, _ in rows) == [50, 50] and sum(s for _, s in rows) == sum(range(100))
+
+
+@masters("local")
+def test_an_input_spark_cannot_find_is_one_line_naming_the_flag(spark, tmp_path):
+    import pytest
+
+    from sparkml_dist.errors import ConfigurationError
+
+    script = tmp_path / "s.py"
+    script.write_text("print('never runs')\n")
+    cases = ((str(tmp_path / "nothing_here"), "a Parquet path"), ("no_such_table", "a table name"))
+    for where, read_as in cases:
+        with pytest.raises(ConfigurationError) as info:
+            _run(spark, str(script), flags=["--input", where])
+        text = str(info.value)
+        assert text.startswith(f"--input {where!r}, read as {read_as}") and "\n" not in text, text

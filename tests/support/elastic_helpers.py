@@ -106,3 +106,64 @@ def train(state, marks, kills, from_shard, settle=0.0):
         state.seen = state.seen + [[state.step, [[int(i) for i in t] for t in every]]]
         state.step += 1
         state.commit()
+
+
+def state_crossing(n_floats: int = 10**6):
+    """Rank 0's state broadcast to rank 1 (which holds other values) the way ``elastic.run`` sends
+    it to a new rank: dtypes gloo lacks, a large list counter, tuples; what rank 1 got, and the
+    seconds and resident memory the crossing cost there."""
+    import resource
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner.elastic import state as state_mod
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    base = 1 if rank == 0 else 0
+    state = {
+        "u16": (torch.arange(5) * base + 7).to(torch.uint16),
+        "f8": (torch.ones(3) * (base + 1)).to(torch.float8_e4m3fn),
+        "flag": torch.tensor(bool(base)),
+        "empty": torch.zeros(0, 3),
+        "losses": [0.5 * base] * n_floats,
+        "pair": (base, "x"),
+        "nested": {3: (1.5, [base]), "__sd_t": "a text key that looks like a tag"},
+    }
+    dist.barrier()  # both ranks' states made: the time below is the crossing's
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    got = state_mod.broadcast(state, 0, "cpu")
+    took = time.perf_counter() - start
+    grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) / 1024
+    return {
+        "u16": got["u16"].tolist(),
+        "u16_dtype": str(got["u16"].dtype),
+        "f8": got["f8"].float().tolist(),
+        "f8_dtype": str(got["f8"].dtype),
+        "flag": bool(got["flag"]),
+        "empty": list(got["empty"].shape),
+        "losses": (len(got["losses"]), got["losses"][0], got["losses"][-1]),
+        "pair": got["pair"],
+        "nested": got["nested"],
+        "seconds": took,
+        "grown_mib": grown,
+    }
+
+
+def uneven_counters():
+    """Rank 1 makes its state with a counter rank 0 lacks: ``elastic.run`` refuses, naming it."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    extra = {"only_here": 1} if dist.get_rank() == 1 else {}
+    state = elastic.TorchState(model=torch.nn.Linear(2, 1), step=0, **extra)
+
+    @elastic.run
+    def train(state):
+        return state.step
+
+    return train(state)

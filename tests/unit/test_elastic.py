@@ -126,3 +126,25 @@ def test_commit_and_restore_go_back_to_the_last_commit():
     state.restore()
     assert state.step == 3 and state.commits == 1
     assert torch.allclose(model.weight, kept - 1.0)
+
+
+def test_a_state_crosses_with_any_dtype_large_counters_and_tuples_kept():
+    """uint16 and float8 tensors (gloo has neither) cross as bytes; a 10^6-float counter is one JSON
+    array, not a million objects (was 4-6 s and +254 MiB at each sync); tuples stay tuples."""
+    out = BarrierRunner(-2, timeout=120).run(eh.state_crossing, return_all=True)
+    got = out[1]
+    assert got["u16"] == [7, 8, 9, 10, 11] and got["u16_dtype"] == "torch.uint16"
+    assert got["f8"] == [2.0, 2.0, 2.0] and got["f8_dtype"] == "torch.float8_e4m3fn"
+    assert got["flag"] is True and got["empty"] == [0, 3]
+    assert got["losses"] == (10**6, 0.5, 0.5)
+    assert got["pair"] == (1, "x")
+    assert got["nested"] == {3: (1.5, [1]), "__sd_t": "a text key that looks like a tag"}
+    assert got["seconds"] < 2.0 and got["grown_mib"] < 150, got
+
+
+def test_counters_only_some_ranks_hold_are_refused_by_name():
+    from sparkml_dist import WorkerError
+
+    with pytest.raises(WorkerError, match=r"'only_here' only on ranks \[1\]"):
+        BarrierRunner(-2, timeout=120).run(eh.uneven_counters)
+    assert_no_rank_left()

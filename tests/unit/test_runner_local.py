@@ -49,7 +49,7 @@ def test_bad_constructor_arguments():
         (dict(np=0), "np must be a non-zero integer"),
         (dict(np=2, backend="mpi"), "backend must be one of"),
         (dict(np=2, timeout=0), "timeout must be a positive"),
-        (dict(np=2, data_timeout=-1), "data_timeout must be a positive number of seconds or None"),
+        (dict(np=2, data_timeout=-1), "data_timeout must be a positive number of seconds up to 1e.09 or No"),
         (dict(np=2, log_ranks="some"), "log_ranks must be"),
         (dict(np=2, log_dir="s3://bucket/logs"), "log_dir must be a directory path every executor can write"),
         (dict(np=2, max_restarts=-1), "max_restarts must be an integer >= 0"),
@@ -151,6 +151,44 @@ def test_huge_lines_and_progress_bars_do_not_cost_a_rank_its_logs(tmp_path):
     assert len(logs) == 2 and logs[0].startswith("rank0-attempt1-") and logs[1].startswith("rank1-attempt1-")
     rank1 = (tmp_path / logs[1]).read_text()
     assert all(f"line {i} of rank 1" in rank1 for i in range(100)) and "ValueError: boom" in rank1
+
+
+def test_log_dir_in_a_folder_others_can_write_is_refused_and_logs_are_private(tmp_path):
+    """A world-writable folder (another user's /tmp/shared, say) is refused before any rank starts,
+    on the driver and, for a folder made since, in the task; the files are 0600, not 0644."""
+    import stat
+
+    from sparkml_dist.runner.tasks import workdirs
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(ConfigurationError, match=r"log_dir=.*shared.* is writable by other users"):
+        BarrierRunner(-2, log_dir=str(shared))
+    with pytest.raises(ConfigurationError, match=r"log_dir=.*is writable by other users"):
+        workdirs.open_log(str(shared), "rank0.log")
+    (tmp_path / "link").symlink_to(tmp_path / "mine", target_is_directory=True)
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(ConfigurationError, match=r"log_dir=.*link.*(link|without following)"):
+        workdirs.open_log(str(tmp_path / "link"), "rank0.log")
+    logs = tmp_path / "logs"
+    BarrierRunner(-2, log_ranks="all", log_dir=str(logs), timeout=120).run(h.print_lines, 3)
+    files = list(logs.iterdir())
+    assert len(files) == 2 and all(stat.S_IMODE(f.stat().st_mode) == 0o600 for f in files), files
+    assert stat.S_IMODE(logs.stat().st_mode) == 0o700
+
+
+@pytest.mark.parametrize("value", ["inf", "1e14", "nan", "-3"])
+def test_a_timeout_flag_that_no_rank_could_hold_is_refused_naming_the_flag(value, capsys):
+    from sparkml_dist.cli import _parser
+
+    with pytest.raises(SystemExit) as exit_:
+        _parser().parse_args(["run", "--np", "2", "--collective-timeout", value, "train.py"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --collective-timeout" in err and "write none for no limit" in err, err
+    with pytest.raises(ConfigurationError, match="collective_timeout must be a positive number of seconds"):
+        BarrierRunner(-2, collective_timeout=float(value))
 
 
 def test_rank_process_copies_every_line_to_the_task_stderr(tmp_path, capsys):

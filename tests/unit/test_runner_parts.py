@@ -91,6 +91,15 @@ def test_encryption_refused_unless_opted_in():
     assert "not encrypted" in warning
 
 
+def test_every_way_spark_encrypts_is_seen_tls_rpc_included():
+    """Spark 4 encrypts its RPC with TLS through spark.ssl.rpc.enabled, which spark.ssl.enabled does
+    not imply: a cluster set up that way alone is refused too."""
+    for key in admission.ENCRYPTION_KEYS:
+        with pytest.raises(ConfigurationError, match=re.escape(f"{key}=true")):
+            admission.check_encryption(_conf({key: "true"}), False)
+    assert "spark.ssl.rpc.enabled" in admission.ENCRYPTION_KEYS
+
+
 # ------------------------------------------------------------------ channel
 def _handshake(sock, secret):
     nonce = sock.recv(32)

@@ -1,40 +1,60 @@
 """``elastic.TorchState``: what a rank commits, restores after a loss, and sends a new rank.  [rank]
 
-The state crosses between ranks as one JSON description (numbers, strings, lists, dicts with their
-key types kept) plus the tensors it names, broadcast as one flat buffer per dtype from a live rank:
-nothing a peer sends is unpickled, so nothing it sends can run code here.
+The state crosses between ranks as one JSON document and one byte buffer, broadcast from a live
+rank: the document holds the plain values as JSON holds them (a list of 10^6 floats is one JSON
+array), with tags only where JSON would change a value (``{"__sd_t": i}`` a tensor,
+``{"__sd_tuple": [...]}`` a tuple, ``{"__sd_dict": [[key, value], ...]}`` a dict whose keys are
+not all text, or that holds a key starting ``__sd_``); the tensors travel as their raw bytes, one
+buffer of ``uint8`` whatever their dtypes (``uint16``, ``float8``, ``bool``: a collective never sees
+a dtype it lacks), each rebuilt from the dtype and shape the document gives.  Nothing a peer sends
+is unpickled, so nothing it sends can run code here.
+
+Every rank must hold the same counters (the function makes its ``TorchState`` the same way on
+each): :meth:`TorchState.sync` refuses, naming them, counters that only some ranks have.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, List, Tuple
 
 from ...errors import ConfigurationError
 
 _PLAIN = (bool, int, float, str, type(None))
+_SCALARS = frozenset(_PLAIN)
+_TAG = "__sd_"
+_TENSOR, _TUPLE, _DICT = "__sd_t", "__sd_tuple", "__sd_dict"
 
 
 def _flatten(obj: Any, tensors: list, where: str) -> Any:
+    """``obj`` as a JSON value (tensors appended to ``tensors`` and named by index)."""
     import torch
 
     if torch.is_tensor(obj):
-        tensors.append(obj.detach())
-        return {"t": len(tensors) - 1, "shape": list(obj.shape), "dtype": str(obj.dtype)[len("torch.") :]}
-    if isinstance(obj, dict):
-        items = []
-        for k, v in obj.items():
-            if not isinstance(k, (int, str)):
-                raise ConfigurationError(f"elastic.TorchState: {where} has a key of type {type(k).__name__}")
-            items.append([k, _flatten(v, tensors, f"{where}[{k!r}]")])
-        return {"d": items}
-    if isinstance(obj, (list, tuple)):
-        return {"l": [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
+        t = obj.detach()
+        tensors.append(t)
+        return {_TENSOR: len(tensors) - 1, "shape": list(t.shape), "dtype": str(t.dtype)[len("torch.") :]}
     if isinstance(obj, _PLAIN):
-        return {"v": obj}
+        return obj
+    if isinstance(obj, dict):
+        keys = list(obj)
+        if not all(isinstance(k, (int, str)) and not isinstance(k, bool) for k in keys):
+            bad = next(k for k in keys if not isinstance(k, (int, str)) or isinstance(k, bool))
+            raise ConfigurationError(f"elastic.TorchState: {where} has a key of type {type(bad).__name__}")
+        values = [_flatten(v, tensors, f"{where}[{k!r}]") for k, v in obj.items()]
+        if all(isinstance(k, str) and not k.startswith(_TAG) for k in keys):
+            return dict(zip(keys, values))
+        return {_DICT: [[k, v] for k, v in zip(keys, values)]}
+    if isinstance(obj, list):
+        if all(type(v) in _SCALARS for v in obj):  # numbers and text (a loss history): as it is
+            return obj
+        return [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]
+    if isinstance(obj, tuple):
+        return {_TUPLE: [_flatten(v, tensors, f"{where}[{i}]") for i, v in enumerate(obj)]}
     raise ConfigurationError(
         f"elastic.TorchState: {where} is a {type(obj).__name__}; a state holds tensors, numbers, "
-        "strings, lists and dicts of them (keep other objects outside the state)"
+        "strings, lists, tuples and dicts of them (keep other objects outside the state)"
     )
 
 
@@ -47,56 +67,131 @@ def _dtype(name: str):
     return dtype
 
 
-def _specs(node: Any, out: List[Tuple[int, list, str]]) -> None:
-    if "t" in node:
-        out.append((int(node["t"]), [int(s) for s in node["shape"]], str(node["dtype"])))
-    for v in node.get("l", ()):
-        _specs(v, out)
-    for _, v in node.get("d", ()):
-        _specs(v, out)
+def _tensor_specs(node: Any, out: List[Tuple[int, list, str]]) -> List[Tuple[int, list, str]]:
+    """Every tensor the document names: (index, shape, dtype), in document order."""
+    if isinstance(node, list):
+        for v in _nested(node):
+            _tensor_specs(v, out)
+    elif isinstance(node, dict):
+        if _TENSOR in node:
+            out.append((int(node[_TENSOR]), [int(s) for s in node["shape"]], str(node["dtype"])))
+        elif _TUPLE in node:
+            _tensor_specs(node[_TUPLE], out)
+        elif _DICT in node:
+            for _, v in node[_DICT]:
+                _tensor_specs(v, out)
+        else:
+            for v in node.values():
+                _tensor_specs(v, out)
+    return out
 
 
-def _build(node: Any, tensors: list) -> Any:
-    if "t" in node:
-        return tensors[int(node["t"])]
-    if "d" in node:
-        return {k: _build(v, tensors) for k, v in node["d"]}
-    if "l" in node:
-        return [_build(v, tensors) for v in node["l"]]
-    return node["v"]
+def _nested(node: list) -> list:
+    """The items of a JSON array that hold something (arrays, objects); none for a flat one."""
+    if all(type(v) in _SCALARS for v in node):
+        return []
+    return [v for v in node if isinstance(v, (list, dict))]
+
+
+def _build(node: Any, tensors: dict) -> Any:
+    if isinstance(node, list):
+        return [_build(v, tensors) for v in node] if _nested(node) else node
+    if not isinstance(node, dict):
+        return node
+    if _TENSOR in node:
+        return tensors[int(node[_TENSOR])]
+    if _TUPLE in node:
+        return tuple(_build(v, tensors) for v in node[_TUPLE])
+    if _DICT in node:
+        return {k: _build(v, tensors) for k, v in node[_DICT]}
+    return {k: _build(v, tensors) for k, v in node.items()}
+
+
+def _as_bytes(t):
+    """A tensor's elements as a flat ``uint8`` tensor (any dtype: a view where it can be)."""
+    import torch
+
+    flat = t.reshape(-1).contiguous()
+    return flat.view(torch.uint8) if flat.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def _from_bytes(raw, shape: list, dtype_name: str):
+    import torch
+
+    dtype = _dtype(dtype_name)
+    count = int(torch.Size(shape).numel())
+    if raw.numel() != _nbytes(shape, dtype_name):
+        raise ValueError(f"elastic: a peer sent {raw.numel()} bytes for a {dtype_name} tensor of {shape}")
+    if not count:
+        return torch.empty(shape, dtype=dtype, device=raw.device)
+    return raw.clone().view(dtype).reshape(shape)
+
+
+def _nbytes(shape: list, dtype_name: str) -> int:
+    import torch
+
+    return int(torch.Size(shape).numel()) * torch.empty(0, dtype=_dtype(dtype_name)).element_size()
+
+
+def _broadcast_bytes(data: bytes, root: int, device) -> bytes:
+    """``data`` as rank ``root`` has it, on every rank (its length first)."""
+    import torch
+    import torch.distributed as dist
+
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    dist.broadcast(size, root)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    if dist.get_rank() == root and len(data):
+        buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device))
+    dist.broadcast(buf, root)
+    return buf.cpu().numpy().tobytes()
 
 
 def broadcast(obj: Any, root: int, device) -> Any:
-    """``obj`` (tensors, numbers, strings, lists, dicts) as rank ``root`` holds it, on every rank."""
+    """``obj`` (tensors, numbers, strings, lists, tuples, dicts) as rank ``root`` holds it, on every
+    rank: one JSON document, then every tensor's bytes in one buffer (see the module docstring)."""
     import torch
     import torch.distributed as dist
 
     me, tensors = dist.get_rank(), []
-    meta = json.dumps(_flatten(obj, tensors, "the state")).encode() if me == root else b""
-    size = torch.tensor([len(meta)], dtype=torch.int64, device=device)
-    dist.broadcast(size, root)
-    buf = torch.zeros(int(size.item()), dtype=torch.uint8, device=device)
+    doc = b""
     if me == root:
-        buf.copy_(torch.frombuffer(bytearray(meta), dtype=torch.uint8))
-    dist.broadcast(buf, root)
-    tree = json.loads(bytes(buf.cpu().tolist()).decode())
-    specs: List[Tuple[int, list, str]] = []
-    _specs(tree, specs)
-    by_dtype: Dict[str, List[Tuple[int, list]]] = {}
-    for index, shape, dtype in specs:
-        by_dtype.setdefault(dtype, []).append((index, shape))
-    out: Dict[int, Any] = {}
-    for dtype in sorted(by_dtype):  # one flat buffer per dtype, the same order on every rank
-        parts = sorted(by_dtype[dtype])
-        sizes = [int(torch.Size(shape).numel()) for _, shape in parts]
-        if me == root:
-            flat = torch.cat([tensors[i].reshape(-1).to(device) for i, _ in parts]) if parts else None
-        else:
-            flat = torch.empty(sum(sizes), dtype=_dtype(dtype), device=device)
+        doc = json.dumps(_flatten(obj, tensors, "the state"), separators=(",", ":")).encode()
+    tree = json.loads(_broadcast_bytes(doc, root, device).decode())
+    specs = sorted(_tensor_specs(tree, []))
+    sizes = [_nbytes(shape, dtype) for _, shape, dtype in specs]
+    if me == root:
+        flat = torch.cat([_as_bytes(tensors[i]).to(device) for i, _, _ in specs]) if specs else None
+    else:
+        flat = torch.empty(sum(sizes), dtype=torch.uint8, device=device)
+    if specs:
         dist.broadcast(flat, root)
-        for (index, shape), piece in zip(parts, torch.split(flat, sizes)):
-            out[index] = piece.reshape(shape).clone()
-    return _build(tree, [out[i] for i in range(len(out))])
+    out = {}
+    for (index, shape, dtype), piece in zip(specs, torch.split(flat, sizes) if specs else ()):
+        out[index] = _from_bytes(piece, shape, dtype)
+    return _build(tree, out)
+
+
+def _same_names(names: List[str], device) -> None:
+    """Refuse counters that differ across ranks, naming them and the ranks."""
+    import torch
+    import torch.distributed as dist
+
+    text = json.dumps(sorted(names))
+    digest = int.from_bytes(hashlib.sha256(text.encode()).digest()[:7], "big")
+    mine = torch.tensor([digest], dtype=torch.int64, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    if len({int(t.item()) for t in every}) == 1:
+        return
+    held = [json.loads(_broadcast_bytes(text.encode(), r, device).decode()) for r in range(len(every))]
+    union = sorted(set().union(*held))
+    differ = {n: [r for r, h in enumerate(held) if n in h] for n in union if any(n not in h for h in held)}
+    said = "; ".join(f"{n!r} only on ranks {ranks}" for n, ranks in differ.items())
+    raise ConfigurationError(
+        f"elastic.TorchState: the ranks hold different counters ({said}): make the state the same "
+        "way on every rank (the same counter names), so that a new rank's state matches its peers'"
+    )
 
 
 class TorchState:
@@ -163,6 +258,7 @@ class TorchState:
         import torch.distributed as dist
 
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+        _same_names(self._names, device)
         mine = torch.tensor([-1 if fresh else self.commits], dtype=torch.int64, device=device)
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)

@@ -25,6 +25,7 @@ from .. import protocol
 from .output_lines import MAX_LINE, Lines
 from .warm_pool import Pool
 from .warm_rank import WarmProcess, killpg
+from .workdirs import open_log
 
 TAIL_LINES = 40
 
@@ -161,9 +162,8 @@ class RankProcess:
         stderr with ``echo`` (a Spark task's: the executor log) and to ``log_path`` when given."""
         self._forward, self._client = forward, client
         self._echo = echo
-        if log_path is not None:
-            os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
-            self._log = open(log_path, "a", encoding="utf-8", buffering=1)
+        if log_path is not None:  # checked and opened 0600 (workdirs.open_log's rule)
+            self._log = open_log(os.path.dirname(log_path) or ".", os.path.basename(log_path))
         self._threads = [
             threading.Thread(target=self._lines, args=(self.proc.stdout, "stdout"), daemon=True),
             threading.Thread(target=self._lines, args=(self.proc.stderr, "stderr"), daemon=True),

@@ -100,6 +100,32 @@ def rank_cwd(work_dir: Optional[str], launch_dir: Optional[str], on_launch_machi
     return default_dir(job)
 
 
+def open_log(directory: str, name: str):
+    """``directory/name`` opened to append a rank's lines (text, line-buffered): the directory is
+    made 0700 when missing and must be this user's own, writable by no one else (``log_dir``'s
+    rule, as ``work_dir``'s); the file is created 0600 and never reached through a link, so a rank's
+    output cannot land where another user reads it or planted a link."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    try:
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        why = f"cannot be opened as a directory without following a link ({exc.strerror})"
+    else:
+        why = private_dir_fault(os.fstat(dfd))
+    if why:
+        raise ConfigurationError(
+            f"log_dir={directory!r} {why}: every rank's output would be written where other users "
+            "can read it or plant links. Pick a directory of your own that only you can write "
+            "(chmod go-w), or leave log_dir unset (the executors' logs keep every line too)"
+        )
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(name, flags, 0o600, dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    return os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+
+
 def _open_here(path: str, flags: int):
     """``path`` opened without following a link (one planted in its place is refused)."""
     try:
