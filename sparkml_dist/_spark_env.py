@@ -234,7 +234,7 @@ def driver_host(spark) -> str:
         host = spark.conf.get("spark.driver.host", None)
         if host:
             return host
-    from .network import host_address
+    from .host.network import host_address
 
     return host_address()
 

@@ -7,8 +7,8 @@ per-key timeout, in a child process the task watches: :mod:`._key_watch`), the d
 groups done is told (batched), and the result goes out: collected per group, or, for a fit of
 many keys, added to the task's open block (:mod:`.key_blocks`), written to the store or collected
 whole when it closes.  One group's rows are held at a time, or none of them for a group trained
-from a stream (:mod:`._fit_stream`: fitted in the task even with a per-key timeout).  Nothing here
-touches a SparkSession.
+from a stream (:mod:`._fit_stream`; with a per-key timeout its batches go to the watched child as
+they arrive).  Nothing here touches a SparkSession.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def fit_groups(batches: Iterable[pa.RecordBatch], spec: GroupFitSpec) -> Iterato
     with progress.Reporter(spec.progress) as report, watched:
         for group, stream in group_streams(b for b in batches if b.num_rows):
             key, stream = _keyed(spec, group, stream)
-            if _streamed(spec, group):  # never held: fitted here, as its batches arrive
+            if spec.key_timeout:  # in the watched child, its rows held or streamed to it
+                out = watched.fit(group, key, stream, streamed=_streamed(spec, group))
+            elif _streamed(spec, group):  # never held: fitted here, as its batches arrive
                 out = _one(spec, loaded, group, key, Counted(stream))
-            elif spec.key_timeout:
-                out = watched.fit(group, key, list(stream))
             else:
                 out = _one(spec, loaded, group, key, list(stream))
             report()

@@ -21,7 +21,7 @@ from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import tune
 from sparkml_dist.ensemble import BaggingClassificationModel, BaggingClassifier, GlobalForestClassifier
-from sparkml_dist.network import host_address
+from sparkml_dist.host.network import host_address
 from sparkml_dist.runner import BarrierRunner
 from sparkml_dist.search import ParallelSearchCV
 from tests.conftest import ROOT

@@ -2,6 +2,7 @@
 train_per_group, the same models on any partitioning, the driver holding references; scoring
 routed by block; a key whose fit hangs stopped by its timeout and recorded in the members table."""
 
+import os
 import re
 import time
 from functools import partial
@@ -256,3 +257,53 @@ def test_a_function_reads_a_group_four_times_larger_than_its_memory_as_a_stream(
     assert seen["peak"] < group_bytes / 4, (seen["peak"], group_bytes)  # under a quarter of the group
     holding = train_per_group(df, partial(peak_memory_while_reading, hold=True), group_col="k", stream=True)
     assert holding[0].model["peak"] > group_bytes * 0.9  # the same sampling sees a group held whole
+
+
+def spawns_and_hangs(data, key, marks):
+    """Key 1 starts a process in a session of its own that would outlive it (its pid written to
+    a file), then hangs; read as a stream, its batches arrive as an iterator."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    rows = sum(b.num_rows for b in data) if not hasattr(data, "shape") else len(data)
+    if key == 1:
+        child = subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True, env={}
+        )
+        with open(os.path.join(marks, f"child-{child.pid}"), "w"):
+            pass
+        time.sleep(25)
+    return {"n": rows}
+
+
+@masters("local")
+@pytest.mark.parametrize("stream", [False, True], ids=["held", "streamed"])
+def test_a_timed_out_key_takes_its_processes_with_it_streamed_or_not(spark, tmp_path, stream):
+    """keyTimeout=3 stops key 1's 25 s fit within seconds whether its rows were held or streamed
+    (a streamed key was fitted in the task, without the bound), and the process its fit started
+    in a session of its own, with its own environment, is gone too."""
+    df = spark.createDataFrame(pd.DataFrame({"k": np.repeat(np.arange(3), 4), "x": np.arange(12.0)}))
+    started = time.monotonic()
+    fn = partial(spawns_and_hangs, marks=str(tmp_path))
+    result = train_per_group(df, fn, group_col="k", on_error="skip", key_timeout=3, stream=stream)
+    took = time.monotonic() - started
+    assert took < 22, took  # the 25 s fit did not run to its end
+    assert "ran past keyTimeout=3s" in result.skipped[1] and "(4 rows)" in result.skipped[1]
+    assert [m.group for m in result.members] == [0, 2] and result[2].model == {"n": 4}
+    pids = [int(n.split("-")[1]) for n in os.listdir(tmp_path) if n.startswith("child-")]
+    assert len(pids) == 1
+    deadline = time.monotonic() + 5
+    while _running(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(pids[0]), "the fit's own process outlived its timeout"
+
+
+def _running(pid):
+    """Whether process ``pid`` runs (a zombie waiting for its parent to read it does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except OSError:
+        return False

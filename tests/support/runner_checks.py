@@ -9,6 +9,7 @@ import pytest
 
 from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.runner import BarrierRunner
+from sparkml_dist.runner.tasks.keeper import KEEPER_MARK
 from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
 from tests.support import runner_helpers as h
 
@@ -23,9 +24,10 @@ def _cmdline(p) -> str:
 
 
 def is_rank(p) -> bool:
-    """A rank started cold (``python -c RANK_ENTRY``) or forked by a warm pool (its parent a pool)."""
+    """A rank started cold (``python -c RANK_ENTRY``), or its keeper, or a rank forked by a warm pool
+    (its parent a pool)."""
     cmd = _cmdline(p)
-    if RANK_MARK in cmd:
+    if RANK_MARK in cmd or KEEPER_MARK in cmd:
         return True
     return POOL_MARK in cmd and p.ppid() > 1 and POOL_MARK in _cmdline(psutil.Process(p.ppid()))
 

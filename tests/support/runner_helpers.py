@@ -381,11 +381,36 @@ def setsid_children(marker, outcome):
     from sparkml_dist.runner import init_process_group
 
     subprocess.Popen(["sleep", f"{marker}"], start_new_session=True)
-    subprocess.Popen(["sh", "-c", f"(setsid sleep {marker}.5 &) &"])  # reparented to init at once
+    subprocess.Popen(["sh", "-c", f"(setsid sleep {marker}5 &) &"])  # reparented to init at once
     init_process_group()
     dist.barrier()
     if outcome == "raise":
         raise RuntimeError("failing after starting children")
+    if outcome == "hang":
+        time.sleep(3600)
+    return "done"
+
+
+def own_env_children(marker, outcome):
+    """Every rank starts a child in a session of its own *with an environment of its own* (so no
+    token of the run is in it), both directly and as a daemon that double-forks away, running
+    ``sleep`` with ``marker`` in their command line; then the function returns, raises, is killed
+    (SIGKILL to itself) or hangs (``outcome``: "return", "raise", "killed", "hang")."""
+    import signal
+    import subprocess
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    subprocess.Popen(["sleep", f"{marker}"], start_new_session=True, env={})
+    subprocess.Popen(["/bin/sh", "-c", f"(setsid sleep {marker}5 &) &"], env={})
+    init_process_group()
+    dist.barrier()
+    if outcome == "raise":
+        raise RuntimeError("failing after starting children")
+    if outcome == "killed":
+        os.kill(os.getpid(), signal.SIGKILL)
     if outcome == "hang":
         time.sleep(3600)
     return "done"

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from sparkml_dist import WorkerError, network
+from sparkml_dist import WorkerError
 from sparkml_dist.errors import ConfigurationError
+from sparkml_dist.host import network
 from sparkml_dist.runner import BarrierRunner, backends
 from sparkml_dist.runner.backends.base import after_import
 from sparkml_dist.tensorflow_distributor import MirroredStrategyRunner

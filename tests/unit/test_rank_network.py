@@ -7,10 +7,11 @@ import time
 
 import pytest
 
-from sparkml_dist import ConfigurationError, channel, network
+from sparkml_dist import ConfigurationError, channel
 from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel import server as channel_server
 from sparkml_dist.channel.server import LogServer
+from sparkml_dist.host import network
 from sparkml_dist.runner import BarrierRunner, admission
 
 

@@ -267,6 +267,34 @@ def test_children_in_their_own_session_are_killed_after_success_failure_or_timeo
     assert not left(), [p.info["cmdline"] for p in left()]
 
 
+def _processes_with(marker):
+    import psutil
+
+    return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warm"])
+@pytest.mark.parametrize("outcome", ["return", "raise", "killed"])
+def test_children_with_an_environment_of_their_own_end_with_the_rank(outcome, warm):
+    """No token of the run in their environment, in sessions of their own: still ended, whether
+    the rank returned, raised or was killed, cold or warm (the rank's keeper, or its pool, is their
+    subreaper)."""
+    marker = str(700 + 10 * warm + ["return", "raise", "killed"].index(outcome) + 0.25)
+    runner = BarrierRunner(-2, timeout=60, warm_ranks=warm)
+    if outcome == "return":
+        assert runner.run(h.own_env_children, marker, outcome) == "done"
+    else:
+        with pytest.raises(Exception, match="failing after starting children|signal 9"):
+            runner.run(h.own_env_children, marker, outcome)
+    deadline = time.monotonic() + 10
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = _processes_with(marker)
+    for p in left:
+        p.kill()
+    assert not left, [p.info["cmdline"] for p in left]
+
+
 def test_a_rank_may_hold_several_gpus_for_one_process_multi_gpu_code(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
     out = BarrierRunner(-2, use_gpu=True, gpus_per_rank=2, timeout=60).run(h.gpu_view, return_all=True)

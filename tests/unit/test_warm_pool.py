@@ -18,6 +18,7 @@ import pytest
 
 from sparkml_dist.runner import BarrierRunner
 from sparkml_dist.runner.tasks import warm_pool, warm_rank
+from sparkml_dist.runner.tasks.keeper import KEEPER_MARK
 from tests.support.runner_checks import assert_no_rank_left, is_rank, pool_processes
 
 
@@ -31,8 +32,11 @@ def parent_and_draw():
     t = torch.ones(1)
     dist.all_reduce(t)
     me = psutil.Process()
+    parent = me.parent()
+    keeper = KEEPER_MARK in " ".join(parent.cmdline())  # a cold rank's: its keeper's parent is the task
     return {"parent": me.ppid(), "pid": me.pid, "draw": float(np.random.rand()), "sum": t.item(),
-            "omp": os.environ.get("OMP_NUM_THREADS"), "cwd": os.getcwd(), "argv": sys.argv}  # fmt: skip
+            "omp": os.environ.get("OMP_NUM_THREADS"), "cwd": os.getcwd(), "argv": sys.argv,
+            "cold_of": parent.ppid() if keeper else None}  # fmt: skip
 
 
 def _run(**kw):
@@ -43,7 +47,7 @@ def _warm_run(**kw):
     """A run whose ranks came from a pool: the first of a new environment starts it (its ranks
     forked from it once it has imported torch)."""
     out = _run(**kw)
-    assert all(o["parent"] != os.getpid() for o in out), "a rank started cold"
+    assert all(o["cold_of"] is None for o in out), "a rank started cold"
     return out
 
 
@@ -62,7 +66,8 @@ def test_a_first_run_forks_its_ranks_from_the_pool_it_starts_and_they_behave_as_
     draws = [o["draw"] for o in out + again]
     assert len(set(draws)) == 4  # numpy reseeded in each fork: no two ranks share a stream
     cold = _run(env={"OMP_NUM_THREADS": "1"}, warm_ranks=False)
-    assert {o["parent"] for o in cold} == {os.getpid()}
+    assert [o["cold_of"] for o in cold] == [os.getpid()] * 2  # each from a keeper of its own
+    assert len({o["parent"] for o in cold}) == 2
     assert_no_rank_left()
 
 
@@ -106,7 +111,7 @@ def test_a_pool_that_fails_the_request_gets_the_rank_started_cold(answer, monkey
     started = time.monotonic()
     out = _run(env={"POOL_TEST": "failing"})
     assert pool.requests == 2  # both ranks were asked of it
-    assert {o["parent"] for o in out} == {os.getpid()} and [o["sum"] for o in out] == [2.0, 2.0]
+    assert {o["cold_of"] for o in out} == {os.getpid()} and [o["sum"] for o in out] == [2.0, 2.0]
     assert time.monotonic() - started < 60
     pool.listener.close()
     shutil.rmtree(directory)
@@ -134,7 +139,7 @@ def test_a_pool_stopped_just_after_it_took_the_request_gets_the_rank_started_col
     started = time.monotonic()
     out = BarrierRunner(-2, log_ranks="none", timeout=60).run(parent_and_draw, return_all=True)
     assert pool.requests >= 1 and not os.path.exists(os.path.join(directory, f"{os.getpid()}-failing.sock"))
-    assert {o["parent"] for o in out} == {os.getpid()} and [o["sum"] for o in out] == [2.0, 2.0]
+    assert {o["cold_of"] for o in out} == {os.getpid()} and [o["sum"] for o in out] == [2.0, 2.0]
     assert time.monotonic() - started < 30
     pool.listener.close()
     shutil.rmtree(directory)
@@ -328,3 +333,42 @@ def test_the_pool_and_its_ranks_end_with_the_process_that_anchors_it(tmp_path):
         driver.wait()
     gone, alive = psutil.wait_procs([pool, *ranks], timeout=15)
     assert alive == []
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "cold"])
+def test_what_ranks_started_with_their_own_environment_ends_when_the_driver_is_killed(tmp_path, warm):
+    """A driver (np < 0) killed with SIGKILL while its ranks hang, each having started a process in
+    a session of its own with an environment of its own (no token of the run to find it by): the
+    pool, or each cold rank's keeper, ends it.  Slow (~10 s): a driver of its own."""
+    marker = f"{800 + warm}.25"
+    script = tmp_path / "driver.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {os.getcwd()!r})
+        from sparkml_dist.runner import BarrierRunner
+        from tests.support import runner_helpers as h
+        BarrierRunner(-2, log_ranks="none", warm_ranks={warm}).run(h.own_env_children, {marker!r}, "hang")
+    """)
+    )
+
+    def left():
+        return [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+    driver = subprocess.Popen([sys.executable, str(script)])
+    try:
+        deadline = time.time() + 60
+        while len(left()) < 4 and time.time() < deadline:  # 2 ranks x (a child, a daemon)
+            time.sleep(0.2)
+        assert len(left()) == 4
+    finally:
+        driver.send_signal(signal.SIGKILL)
+        driver.wait()
+    deadline = time.time() + 15
+    while left() and time.time() < deadline:
+        time.sleep(0.2)
+    stayed = left()
+    for p in stayed:
+        p.kill()
+    assert not stayed, [p.info["cmdline"] for p in stayed]
+    assert_no_rank_left()

@@ -27,9 +27,10 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Sequence
 
-from ... import arg_checks, network
+from ... import arg_checks
 from ...errors import ConfigurationError
 from ...gpus import gpu_env
+from ...host import network
 from .. import comm_settings, protocol, rendezvous
 from .base import COMMON_PEER_LOST, Backend, collective_timeout, report_first_call
 from .frameworks import JaxBackend, TensorFlowBackend, refuse_multi_worker_strategy

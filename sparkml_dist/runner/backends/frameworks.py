@@ -33,8 +33,8 @@ import json
 import os
 from typing import Dict, Sequence
 
-from ... import network
 from ...errors import ConfigurationError
+from ...host import network
 from .. import protocol, rendezvous
 from .base import COMMON_PEER_LOST, Backend, after_import, report_first_call
 

@@ -20,52 +20,18 @@ Example::
 from __future__ import annotations
 
 import os
-import signal
-from typing import Dict, List, Set
+from typing import Dict, Set
 
+from ...host.processes import children, kill, kill_descendants, subreaper
 
-def subreaper() -> bool:
-    """Make this process the child subreaper of its descendants (Linux); False where it cannot."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(36, 1, 0, 0, 0) == 0  # PR_SET_CHILD_SUBREAPER
-    except (OSError, AttributeError):
-        return False
-
-
-def children(pid: int) -> List[int]:
-    """The processes whose parent is ``pid`` (from ``/proc``)."""
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2 :].split()  # after "pid (comm) ": state, ppid, ...
-        if len(fields) > 1 and fields[1] == str(pid).encode():
-            out.append(int(name))
-    return out
-
-
-def kill(pid: int) -> None:
-    """SIGKILL to ``pid``, and to its process group when it leads one (a daemon's)."""
-    try:
-        if os.getpgid(pid) == pid:
-            os.killpg(pid, signal.SIGKILL)
-        os.kill(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+__all__ = ["Orphans", "end_all", "subreaper"]
 
 
 def end_all() -> None:
-    """Kill every child of this process (the pool's end)."""
-    for pid in children(os.getpid()):
-        kill(pid)
+    """Kill every descendant of this process (the pool's end): its ranks, what they started in
+    sessions of their own while still running (the pool is their subreaper: once their rank is
+    killed they would be its children, but it is about to end), and what those left."""
+    kill_descendants(os.getpid())
 
 
 class Orphans:

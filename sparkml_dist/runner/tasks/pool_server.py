@@ -30,7 +30,6 @@ to the pool, a child subreaper, and killed once its rank has ended (:mod:`.orpha
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -43,9 +42,7 @@ from typing import Dict, List, Optional
 
 from . import orphans
 from .orphans import Orphans
-
-MAX_REQUEST = 1 << 20  # a rank's environment and directory, as JSON
-MAX_FDS = 5
+from .rank_request import MAX_FDS, MAX_REQUEST, close_all, parse_request, reply, take_descriptors
 
 
 class _Rank:
@@ -117,7 +114,7 @@ class PoolServer:
     def _drop(self, conn: socket.socket) -> None:
         pending = self.pending.pop(conn, None)
         if pending is not None:
-            _close_all(pending.fds)
+            close_all(pending.fds)
         self.sel.unregister(conn)
         conn.close()
 
@@ -133,7 +130,7 @@ class PoolServer:
             return self._drop(conn)
         if not pending.data.endswith(b"\n"):
             return  # the rest of the line comes in the next read
-        request = _request(bytes(pending.data), len(pending.fds))
+        request = parse_request(bytes(pending.data), len(pending.fds))
         if request is None:
             return self._drop(conn)
         if request.get("stop"):
@@ -155,16 +152,16 @@ class PoolServer:
     def _fork(self, conn: socket.socket, request: dict, fds: List[int]) -> None:
         torch = sys.modules.get("torch")
         if torch is not None and torch.cuda.is_initialized():  # never: a fork would share a context
-            _close_all(fds)
+            close_all(fds)
             conn.close()
             os._exit(3)
         pid = os.fork()
         if pid == 0:
             self._child(conn, request, fds)  # never returns
-        _close_all(fds)
+        close_all(fds)
         self.ranks[pid] = _Rank(conn, pid)
         self.sel.modify(conn, selectors.EVENT_READ, "rank")
-        _reply(conn, {"pid": pid})
+        reply(conn, {"pid": pid})
 
     def _child(self, conn: socket.socket, request: dict, fds: List[int]) -> None:
         try:
@@ -173,8 +170,8 @@ class PoolServer:
             self.sel.close()
             for c in [conn, self.listener, *self.pending, *(r.conn for r in self.ranks.values())]:
                 c.close()
-            _close_all([fd for p in self.pending.values() for fd in p.fds])
-            _close_all([self.wake_r, self.wake_w] + ([self.anchor_fd] if self.anchor_fd is not None else []))
+            close_all([fd for p in self.pending.values() for fd in p.fds])
+            close_all([self.wake_r, self.wake_w] + ([self.anchor_fd] if self.anchor_fd is not None else []))
             os.setsid()
             start_rank(request, fds, os.getppid())
         except BaseException:
@@ -208,7 +205,7 @@ class PoolServer:
             if rank is None:
                 continue  # a process a rank left, ended
             self.last = time.monotonic()
-            _reply(rank.conn, {"exit": os.waitstatus_to_exitcode(status)})
+            reply(rank.conn, {"exit": os.waitstatus_to_exitcode(status)})
             self.sel.unregister(rank.conn)
             rank.conn.close()
         if reaped:
@@ -217,19 +214,7 @@ class PoolServer:
 
 def start_rank(request: dict, fds: List[int], pool_pid: int) -> None:
     """In the forked child: become the rank ``request`` describes, then run its entry."""
-    from .. import protocol
-
-    stdin, stdout, stderr, ctrl, *store = fds
-    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
-        os.dup2(fd, target)
-    _close_all([stdin, stdout, stderr])
-    env = dict(request["env"])
-    env[protocol.CTRL_ENV] = str(ctrl)
-    env[protocol.PARENT_ENV] = str(pool_pid)  # the rank dies with this pool (its reaper with its task)
-    if store:
-        env[protocol.STORE_FD_ENV] = str(store[0])
-    else:
-        env.pop(protocol.STORE_FD_ENV, None)
+    env = take_descriptors(request, fds, pool_pid)
     os.environ.clear()
     os.environ.update(env)
     os.chdir(request["cwd"])
@@ -242,24 +227,6 @@ def start_rank(request: dict, fds: List[int], pool_pid: int) -> None:
     run()
 
 
-def _request(data: bytes, nfds: int) -> Optional[dict]:
-    """The request, if well formed: a stop, or a rank's env (str to str), cwd and 4-5 descriptors."""
-    try:
-        request = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(request, dict):
-        return None
-    if request.get("stop") is True:
-        return request
-    env, cwd = request.get("env"), request.get("cwd")
-    if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
-        return None
-    if not isinstance(cwd, str) or not os.path.isdir(cwd) or nfds not in (4, 5):
-        return None
-    return request
-
-
 def _closed(conn: socket.socket) -> bool:
     try:  # the peer's end of the connection is closed: no byte to peek at, and no wait
         return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
@@ -269,26 +236,11 @@ def _closed(conn: socket.socket) -> bool:
         return True
 
 
-def _reply(conn: socket.socket, message: dict) -> None:
-    try:
-        conn.sendall((json.dumps(message) + "\n").encode())
-    except OSError:
-        pass
-
-
 def _killpg(pid: int) -> None:
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _close_all(fds: List[int]) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 def _pidfd(pid: int) -> Optional[int]:

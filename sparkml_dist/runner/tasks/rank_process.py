@@ -24,7 +24,7 @@ from ...channel import LogClient
 from .. import protocol
 from .output_lines import MAX_LINE, Lines
 from .warm_pool import Pool
-from .warm_rank import WarmProcess, killpg
+from .warm_rank import WarmProcess
 from .workdirs import open_log
 
 TAIL_LINES = 40
@@ -94,20 +94,9 @@ class RankProcess:
         try:
             env = {**env, protocol.TOKEN_ENV: secret, protocol.CTRL_ENV: str(ctrl_w)}
             env.update({protocol.PARENT_ENV: str(os.getpid()), protocol.WORKDIR_ENV: workdir})
-            if pool is not None:  # forked once the pool is ready (or started cold if it fails)
-                self.proc = pool.fork(env, cwd or workdir, (ctrl_w, *pass_fds), self._tell_reaper)
-            else:
-                self.proc = subprocess.Popen(
-                    [sys.executable, "-c", protocol.RANK_ENTRY],
-                    env=env,
-                    cwd=cwd or workdir,  # where the user's code runs; the runner's files stay in workdir
-                    stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.PIPE,
-                    pass_fds=(ctrl_w, *pass_fds),
-                    start_new_session=True,
-                )
-                self._tell_reaper(self.proc.pid)
+            # forked once the pool is ready; without one (or if it fails) started cold by a keeper;
+            # it runs in cwd, the user's code's directory (the runner's files stay in workdir)
+            self.proc = WarmProcess(pool, env, cwd or workdir, (ctrl_w, *pass_fds), self._tell_reaper)
         except BaseException:
             os.close(ctrl_r)
             self._close_reaper()
@@ -217,8 +206,7 @@ class RankProcess:
     # ------------------------------------------------------------------ control
     def send_start(self, message: bytes) -> None:
         """Write the start message (:func:`protocol.start_message`) to the rank's stdin (once it runs)."""
-        if isinstance(self.proc, WarmProcess):
-            self.proc.wait_forked()
+        self.proc.wait_forked()
         self.proc.stdin.write(message)
         self.proc.stdin.flush()
 
@@ -270,17 +258,13 @@ class RankProcess:
     def kill(self) -> None:
         """Kill the process group (the rank and whatever it started), then reap the rank."""
         if self.proc.poll() is None:
-            if isinstance(self.proc, WarmProcess):
-                self.proc.kill()  # not forked yet: it never will be
-            else:
-                killpg(self.proc.pid)
+            self.proc.kill()  # not started yet: it never will be
             self.proc.wait()
 
     def close(self) -> None:
         self.kill()
         self.join_output(0.5)
-        if isinstance(self.proc, WarmProcess):
-            self.proc.close()
+        self.proc.close()
         self._close_reaper()
         if self._log is not None:
             self._log.close()

@@ -26,10 +26,11 @@ from typing import Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 
-from ... import collection, network
+from ... import collection
 from ...channel import LogClient
 from ...channel.outbox import Outbox
 from ...gpus import rank_gpus, task_gpus
+from ...host import network
 from .. import backends, protocol
 from ..data.feeding import feed as _feed
 from ..protocol import RankFailure

@@ -48,8 +48,8 @@ import subprocess
 import sys
 from typing import Callable, Dict, Optional, Sequence
 
-from .. import protocol
 from .pool_server import alive
+from .rank_request import NOT_KEYED, server_env
 from .warm_rank import WarmProcess
 
 POOL_MARK = "sparkml_dist.runner.tasks.pool_server"  # in a pool's command line (and its ranks')
@@ -57,56 +57,6 @@ POOL_ENTRY = f"import sys; from {POOL_MARK} import main; main(*sys.argv[1:])"
 IDLE_S = 300.0  # a pool without a rank for this long ends
 MAX_POOLS = 3  # pools of one anchor (one executor's application) at most
 WARM_ENV = "SPARKML_DIST_WARM_RANKS"  # "0": every rank starts cold
-PER_RANK = frozenset(
-    {
-        "RANK",
-        "WORLD_SIZE",
-        "CUDA_VISIBLE_DEVICES",
-        protocol.TIMEOUT_ENV,
-        protocol.START_TIMEOUT_ENV,
-        protocol.RUN_ENV,
-        protocol.USE_GPU_ENV,
-        protocol.TOKEN_ENV,
-        protocol.CTRL_ENV,
-        protocol.PARENT_ENV,
-        protocol.WORKDIR_ENV,
-        protocol.STORE_FD_ENV,
-        protocol.REPLACES_ENV,
-        protocol.SPARE_ENV,
-        protocol.CHECKPOINT_DIR_ENV,  # the run's, read by checkpoint.save/load in the function
-        "MLFLOW_RUN_ID",  # the job's MLflow run, read by mlflow.log_* in the function
-    }
-)
-# What a launcher sets for one run of its own, read when a process group forms and never at an
-# import: TorchDistributor leaves these in the Spark Python worker its task ran in (a new
-# MASTER_PORT and rendezvous id each run), and Spark reuses that worker for the next task, ours
-# included: in the key, every run after one of TorchDistributor's would have started cold
-# (measured: a warm launch 0.44-0.51 s, after TorchDistributor 0.99-1.29 s).
-PER_RUN = frozenset(
-    {
-        "MASTER_ADDR",
-        "MASTER_PORT",
-        "NODE_RANK",
-        "LOCAL_RANK",
-        "LOCAL_WORLD_SIZE",
-        "GROUP_RANK",
-        "PYSPARK_TORCH_DISTRIBUTOR_RDZV_ID",
-        "SPARK_PARTITION_ARROW_DATA_FILE",
-        "SPARK_DATAFRAME_SCHEMA_FILE",
-        "TORCHELASTIC_RUN_ID",
-        "TORCHELASTIC_RESTART_COUNT",
-        "TF_CONFIG",
-        "HOROVOD_RANK",
-        "HOROVOD_SIZE",
-        "HOROVOD_LOCAL_RANK",
-        "HOROVOD_LOCAL_SIZE",
-        "HOROVOD_CROSS_RANK",
-        "HOROVOD_CROSS_SIZE",
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-        "HOROVOD_GLOO_RENDEZVOUS_PORT",
-    }
-)
-NOT_KEYED = PER_RANK | PER_RUN
 
 
 def enabled(setting: bool = True) -> bool:
@@ -185,7 +135,7 @@ class Pool:
                 return
             _unlink(self.path)  # a pool that ended without removing its socket
             self._make_room()
-            env = {k: v for k, v in env.items() if k not in NOT_KEYED}
+            env = server_env(env)
             cmd = [sys.executable, "-c", POOL_ENTRY, self.path, self.backend, str(self.anchor), str(IDLE_S)]
             subprocess.run(
                 cmd,

@@ -1,4 +1,4 @@
-"""A rank asked of a warm pool: returned at once, forked when the pool is ready.  [executor]
+"""A rank asked of a warm pool, or of a cold rank's keeper: returned at once.  [executor]
 
 :meth:`.warm_pool.Pool.fork` gives the task a :class:`WarmProcess` without waiting: its pipes
 (``stdin``, ``stdout``, ``stderr``) are there from the start, so the task connects to the driver,
@@ -9,11 +9,13 @@ and waits for the pool's answer: ``pid`` is None until then (``on_pid`` is calle
 comes).  It is ``subprocess.Popen`` as the task uses it:
 ``pid``, ``poll()``, ``wait()``, ``returncode``, and :meth:`WarmProcess.kill` for its process group.
 
-**When the pool fails the request** (it could not be started, it ended before forking the rank, or
-it did not answer within :data:`PID_WAIT_S`) the rank starts cold (``python -c RANK_ENTRY``) with
-the same pipes and descriptors, which this object keeps until then; ``cold`` says so.  Killed
-before the pool answered, the rank is never started: the request's connection is closed, and a
-pool that reads a request whose connection is gone forks nothing.
+**A cold rank** (no pool: ``warm_ranks=False``, or the pool failed the request: it could not be
+started, it ended before forking the rank, or it did not answer within :data:`PID_WAIT_S`) is asked
+of a *keeper* (:mod:`.keeper`) the same way, with the same pipes and descriptors, which this object
+keeps until then: a small process of its own that starts the rank as a new interpreter and, as a
+pool does, outlives it to end whatever it left behind; ``cold`` says so.  Killed before the pool
+answered, the rank is never started: the request's connection is closed, and a pool that reads a
+request whose connection is gone forks nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ import sys
 import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .. import protocol
+from .keeper import KEEPER_ENTRY
+from .rank_request import read_line, server_env
 
 CONNECT_WAIT_S = 10.0  # a pool's socket that does not accept within this: the rank starts cold
 PID_WAIT_S = 120.0  # a pool that does not fork within this (its import hangs): the rank starts cold
@@ -43,9 +46,8 @@ class WarmProcess:
         self.pool, self.env, self.cwd, self.on_pid = pool, env, cwd, on_pid
         self.pid: Optional[int] = None
         self.returncode: Optional[int] = None
-        self.cold = False  # the pool failed the request: started as a new interpreter
+        self.cold = False  # no pool, or it failed the request: started by a keeper, a new interpreter
         self.conn: Optional[socket.socket] = None
-        self._cold: Optional[subprocess.Popen] = None
         self._killed = False
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -61,27 +63,38 @@ class WarmProcess:
 
     # ------------------------------------------------------------------ the request's thread
     def _run(self) -> None:
-        try:
-            replies = self._request()
-        except Exception:  # whatever went wrong asking the pool, the rank still starts (cold)
+        replies = self._ask(self._request) if self.pool is not None else None
+        reply = read_line(replies) if replies is not None else None
+        if not isinstance(reply.get("pid") if reply else None, int):  # no pool, or it failed
             with self._lock:
                 self._drop_conn()
-            replies = None
-        reply = _read_line(replies) if replies is not None else None
+            self.cold = True
+            replies = self._ask(self._keeper_request)
+            reply = read_line(replies) if replies is not None else None
         pid = reply.get("pid") if reply else None
         with self._lock:
             if self._killed:  # killed or closed meanwhile: a rank forked anyway dies with the connection
                 return self._end(-signal.SIGKILL) if not self._ended.is_set() else None
-            if not isinstance(pid, int):  # no pool, or it failed the request
-                self._drop_conn()
-                return self._start_cold()
+            if not isinstance(pid, int):  # not even a keeper could start it
+                os.write(self._kept[2], b"the rank could not be started: its keeper did not run it\n")
+                self._release()
+                return self._end(1)
             self.pid = pid
             self._release()
             self.conn.settimeout(None)
         self.on_pid(pid)
-        reply = _read_line(replies)
+        reply = read_line(replies)
         code = reply.get("exit") if reply else None
         self._end(code if isinstance(code, int) else -signal.SIGKILL)
+
+    def _ask(self, request):
+        """``request()``'s reader of replies; None when it failed (whatever went wrong)."""
+        try:
+            return request()
+        except Exception:  # noqa: BLE001 - a pool or keeper that failed: the caller goes on without it
+            with self._lock:
+                self._drop_conn()
+            return None
 
     def _request(self):
         """Connect (starting the pool first when it is not running) and send the request; the
@@ -91,15 +104,11 @@ class WarmProcess:
                 self.pool.start(self.env)  # a stale socket is replaced; another task's start is waited for
             conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             conn.settimeout(CONNECT_WAIT_S)
-            with self._lock:
-                if self._killed:
-                    conn.close()
-                    return None
-                self.conn = conn
+            if not self._hold(conn):
+                return None
             try:
                 conn.connect(self.pool.path)
-                line = (json.dumps({"env": self.env, "cwd": self.cwd}) + "\n").encode()
-                socket.send_fds(conn, [line], self._kept)
+                self._send(conn)
             except OSError:
                 with self._lock:
                     self._drop_conn()
@@ -112,31 +121,41 @@ class WarmProcess:
             return conn.makefile("rb")
         return None
 
-    def _start_cold(self) -> None:
-        """(under the lock) The rank as a new interpreter, with the descriptors the pool was sent."""
-        ctrl, *store = self._kept[3:]
-        env = {**self.env, protocol.CTRL_ENV: str(ctrl)}
-        if store:
-            env[protocol.STORE_FD_ENV] = str(store[0])
+    def _keeper_request(self):
+        """Start a keeper for the rank (:mod:`.keeper`) and send it the request; its reader."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            self._cold = subprocess.Popen(
-                [sys.executable, "-c", protocol.RANK_ENTRY],
-                env=env,
+            if not self._hold(mine):
+                mine.close()
+                return None
+            subprocess.Popen(
+                [sys.executable, "-c", KEEPER_ENTRY, str(theirs.fileno())],
+                env=server_env(self.env),  # no token: not the rank's reaper's to kill (it ends
+                # what the rank left, then itself), no RANK: startup code keyed to ranks skips it
                 cwd=self.cwd,
-                stdin=self._kept[0],
-                stdout=self._kept[1],
-                stderr=self._kept[2],
-                pass_fds=(ctrl, *store),
-                start_new_session=True,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._kept[2],  # a keeper that fails says why in the rank's stderr
+                pass_fds=(theirs.fileno(),),
+                start_new_session=True,  # its own: a kill of the task's group leaves it to clean up
             )
-        except OSError as exc:
-            os.write(self._kept[2], f"the rank could not be started: {exc}\n".encode())
-            self._release()
-            return self._end(1)
-        self.cold, self.pid = True, self._cold.pid
-        self._release()
-        threading.Thread(target=lambda: self._end(self._cold.wait()), daemon=True).start()
-        self.on_pid(self.pid)
+        finally:
+            theirs.close()
+        self._send(mine)
+        return mine.makefile("rb")
+
+    def _hold(self, conn: socket.socket) -> bool:
+        """Keep ``conn`` as the request's connection (False: killed meanwhile, nothing to ask)."""
+        with self._lock:
+            if self._killed:
+                conn.close()
+                return False
+            self.conn = conn
+        return True
+
+    def _send(self, conn: socket.socket) -> None:
+        line = (json.dumps({"env": self.env, "cwd": self.cwd}) + "\n").encode()
+        socket.send_fds(conn, [line], self._kept)
 
     def _end(self, code: int) -> None:
         self.returncode = code
@@ -196,16 +215,3 @@ def killpg(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def _read_line(replies, limit: int = 4096) -> Optional[dict]:
-    """One JSON object the pool sent (None: the connection ended, timed out, or the line is not one)."""
-    try:
-        buf = replies.readline(limit)
-    except (OSError, ValueError):
-        return None
-    try:
-        message = json.loads(buf.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return message if isinstance(message, dict) else None
