@@ -17,14 +17,14 @@ format               written for                                 how loading sta
 ``parquet``          a pyarrow Table (a grouped model's keys,    Parquet: typed columns, no objects
                      its blocks of members)
 ``estimator_state``  a scikit-learn estimator whose state is     JSON and raw numeric arrays; the class
-                     plain values and numeric arrays (a linear   from scikit-learn's own list of
-                     model: ~0.4 KB, ~100x faster than skops)    estimators (:mod:`.estimator_state`)
+                     plain values and numeric arrays (a linear   from a reviewed list of classes numpy
+                     model: ~0.4 KB, ~100x faster than skops)    alone predicts with (:mod:`.estimator_state`)
 ``skops``            everything else: scikit-learn estimators    ``skops.io`` (the scikit-learn project's
                      and pipelines, numpy arrays, other plain    safe persistence): only types on an
                      Python objects                              explicit list are constructed, no
                                                                  ``__reduce__`` is ever called; tree node
-                                                                 arrays are then validated
-                                                                 (:mod:`.model_checks`)
+                                                                 arrays and support vector machines are
+                                                                 then validated (:mod:`.checks`)
 ``pickle``           only when the writer passed                 not loaded unless the reader passes
                      ``allow_pickle=True``                       ``allow_pickle=True``
 ===================  ==========================================  ===========================================

@@ -16,7 +16,13 @@ what is wrong, any
   initial predictions are not ``n_trees_per_iteration_`` wide;
 * ``HistGradientBoosting*`` predictor that is empty, has children, features, bitset indices or
   bitset widths out of range, categorical splits on features the bin mapper does not call
-  categorical, or a preprocessor whose output width is not the model's input width.
+  categorical, or a preprocessor whose output width is not the model's input width;
+* support vector machine (libsvm: ``SVC``, ``NuSVC``, ``SVR``, ``NuSVR``, ``OneClassSVM``) whose
+  ``support_``, ``support_vectors_`` and ``_n_support`` disagree on how many support vectors there
+  are (``len(support_) == len(support_vectors_) == _n_support.sum()`` for a classifier), whose
+  ``_dual_coef_`` is not ``(n_class - 1, l)``, whose intercepts or ``_probA``/``_probB`` are not
+  one per pair of classes, whose precomputed-kernel indices fall outside its training samples, or
+  whose sparse matrices have indices out of range.
 
 XGBoost models are checked before XGBoost sees them (:mod:`sparkml_dist.formats.xgboost_checks`).
 
@@ -191,6 +197,70 @@ def _check_gradient_boosting(est: Any, what: str, where: str) -> None:
         _refuse(what, where, f"starts from predictions {init.shape[1]} wide, not n_trees_per_iteration_={k}")
 
 
+def _int_array(value: Any, dims: int) -> bool:
+    return isinstance(value, np.ndarray) and value.ndim == dims and value.dtype.kind in "iu"
+
+
+def _check_libsvm(est: Any, what: str, where: str) -> None:
+    """A fitted support vector machine (``SVC``, ``NuSVC``, ``SVR``, ``NuSVR``, ``OneClassSVM``):
+    libsvm's predictor walks its support vectors by the counts and coefficients it holds, unchecked."""
+    import scipy.sparse as sp
+
+    width = _n_features(est, what, where)
+    sv, support, counts = est.support_vectors_, est.support_, est._n_support
+    if not _int_array(support, 1) or not _int_array(counts, 1):
+        _refuse(what, where, "has support_ or _n_support that are not 1-d integer arrays")
+    n = len(support)
+    if (
+        getattr(sv, "ndim", 0) != 2
+        or sv.shape[0] != n
+        and not (est.kernel == "precomputed" and sv.shape[0] == 0)
+    ):
+        _refuse(what, where, f"has {getattr(sv, 'shape', None)} support vectors for {n} support_ indices")
+    if est.kernel == "precomputed":
+        fit = getattr(est, "shape_fit_", None)
+        if not (isinstance(fit, (tuple, list)) and len(fit) == 2 and all(isinstance(v, int) for v in fit)):
+            _refuse(what, where, f"has shape_fit_ {fit!r}, not (samples, features) of its training")
+        if n and (support.min() < 0 or support.max() >= fit[0]):
+            _refuse(what, where, f"has support_ indices outside [0, {fit[0]}) of its training samples")
+    elif est.kernel in ("linear", "poly", "rbf", "sigmoid") and sv.shape[1] != width:
+        _refuse(what, where, f"has support vectors {sv.shape[1]} wide, not n_features_in_={width}")
+    classifier = est._impl in ("c_svc", "nu_svc")
+    classes = len(getattr(est, "classes_", ())) if classifier else 2
+    if classifier and (len(counts) != classes or counts.min(initial=0) < 0 or int(counts.sum()) != n):
+        _refuse(what, where, f"has _n_support {counts.tolist()} that does not split {n} support vectors "
+                f"among {classes} classes")  # fmt: skip
+    if not classifier and (len(counts) != 2 or counts.min() < 0 or counts.max() > n):
+        _refuse(what, where, f"has _n_support {counts.tolist()} for {n} support vectors")
+    pairs = classes * (classes - 1) // 2
+    coef = est._dual_coef_
+    if getattr(coef, "shape", None) != (classes - 1, n) or (sp.issparse(coef) and coef.nnz != coef.size):
+        _refuse(
+            what, where, f"has _dual_coef_ of shape {getattr(coef, 'shape', None)}, not ({classes - 1}, {n})"
+        )
+    for name, lengths in (("_intercept_", (pairs,)), ("_probA", (0, pairs)), ("_probB", (0, pairs))):
+        value = getattr(est, name, None)
+        if not isinstance(value, np.ndarray) or value.ndim != 1 or len(value) not in lengths:
+            _refuse(
+                what, where, f"has {name} of shape {getattr(value, 'shape', None)}, not of length {lengths}"
+            )
+    weights = getattr(est, "class_weight_", None)
+    if (
+        classifier
+        and sp.issparse(sv)
+        and (not isinstance(weights, np.ndarray) or weights.shape != (classes,))
+    ):
+        _refuse(what, where, f"has class_weight_ for other than its {classes} classes")
+    for name, matrix in (("support_vectors_", sv), ("_dual_coef_", coef)):
+        if sp.issparse(matrix):
+            try:
+                matrix.check_format(full_check=True)
+            except (ValueError, TypeError, AttributeError) as exc:
+                _refuse(what, where, f"has a sparse {name} whose indices are not valid ({exc})")
+            if matrix.format != "csr":
+                _refuse(what, where, f"has a sparse {name} in {matrix.format} format, not csr")
+
+
 def _unchecked_callers():
     """Estimators that call their trees without checking the input width again."""
     from sklearn.ensemble import IsolationForest
@@ -206,6 +276,7 @@ def check_sklearn(obj: Any, what: str = "model file") -> None:
     from sklearn.base import BaseEstimator
     from sklearn.ensemble._hist_gradient_boosting.gradient_boosting import BaseHistGradientBoosting
     from sklearn.ensemble._hist_gradient_boosting.predictor import TreePredictor
+    from sklearn.svm._base import BaseLibSVM
     from sklearn.tree import BaseDecisionTree
     from sklearn.tree._tree import Tree
 
@@ -231,6 +302,8 @@ def check_sklearn(obj: Any, what: str = "model file") -> None:
             elif isinstance(node, BaseHistGradientBoosting) and hasattr(node, "_predictors"):
                 _check_hist_gb(node, what, where)
                 seen.update(id(p) for row in node._predictors for p in row)
+            elif isinstance(node, BaseLibSVM) and hasattr(node, "support_"):
+                _check_libsvm(node, what, where)
             fitted = isinstance(node, unchecked) and hasattr(node, "estimators_")
             bound = _n_features(node, what, where) if fitted else None
         stack.extend((child, bound, f"{where}{label}") for label, child in _children(node))

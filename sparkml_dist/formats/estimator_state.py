@@ -5,24 +5,29 @@ scikit-learn object safely, at about 0.5 ms and 5 KB for a linear model; with on
 at 10^5-10^6 keys that is most of the fit and most of the storage.  This format takes an
 estimator when
 
-* its class is one scikit-learn lists among its estimators (``sklearn.utils.all_estimators``: the
-  list skops trusts by default), exactly that class, not a subclass;
+* its class is one of :data:`CLASSES`, exactly that class, not a subclass: scikit-learn
+  estimators reviewed for this format, each predicting or transforming with numpy alone on its
+  arrays (linear models, naive Bayes, linear discriminant analysis, scalers, PCA, dummies), so
+  that arrays of the wrong shape make numpy raise, never a compiled loop read out of bounds;
 * every attribute (``__dict__``: its parameters and its fitted state) is a JSON value (text,
   numbers, booleans, None, and lists and string-keyed dicts of those), a numpy array of numbers,
   booleans or fixed-width text, a numpy number, or a 1-d object array of text
   (``feature_names_in_`` of a model fitted on a DataFrame, string ``classes_``).
 
-Anything else (a tree, a pipeline, an object array of other things) goes to skops as before.  Layout::
+Anything else (a tree, a support vector machine, a pipeline, an object array of other things)
+goes to skops as before.  Layout::
 
     b"SDSTATE1" | 4 bytes: the header's length | the header (JSON) | the arrays' bytes
 
 with the header ``{"class", "sklearn", "values": {name: JSON value}, "arrays": {name: [dtype,
-shape, offset, nbytes]}, "scalars": [names of numpy numbers, stored as 0-d arrays], "texts":
-{name: [text, ...]}}``.  Loading runs
-no code from the bytes: the class is looked up in that fixed list (a name outside it is refused),
-the object is made with ``object.__new__`` and its ``__dict__`` set, and each array is read with
-``numpy.frombuffer`` after its dtype (numbers, booleans or fixed-width text; no objects) and its
-size against the bytes were checked.  Nothing is called on the object.
+shape, offset, nbytes(, "F": a Fortran-ordered array's bytes)]}, "scalars": [names of numpy
+numbers, stored as 0-d arrays], "texts": {name: [text, ...]}}``. Loading runs no code from the
+bytes: the class is looked up in :data:`CLASSES` (a name outside it is refused, whatever else
+scikit-learn offers), the object is made with ``object.__new__`` and its ``__dict__`` set, and each
+array is read with ``numpy.frombuffer`` after its dtype (numbers, booleans or fixed-width text; no
+objects), its element count (exact integers: a shape whose product would wrap int64 is refused) and
+its size against the bytes were checked; the object then passes the same structural checks as a
+skops file (:func:`~sparkml_dist.formats.checks.check_sklearn`). Nothing is called on the object.
 
 Example::
 
@@ -33,27 +38,57 @@ Example::
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 import logging
+import math
 import struct
 from typing import Any, Dict, Optional
 
 import numpy as np
 
-from .checks import UnsafeModelError
+from .checks import UnsafeModelError, check_sklearn
 from .plain import is_plain
 
 MAGIC = b"SDSTATE1"
 _KINDS = "biufc?US"  # numpy dtype kinds an array may have: numbers, fixed-width text; no objects
+_MAX_ELEMENTS = 1 << 40  # more elements than any model here holds; past it a count is a forgery
 log = logging.getLogger(__name__)
+
+# The classes this format writes and reads (reviewed: numpy alone predicts or transforms with
+# their arrays; a fitted one holds plain values only: others, say SGDClassifier's loss object or
+# MinMaxScaler's tuple, go to skops).  Public names: where scikit-learn keeps each class is looked up at load.
+CLASSES = (
+    "sklearn.linear_model.LinearRegression", "sklearn.linear_model.Ridge", "sklearn.linear_model.Lasso",
+    "sklearn.linear_model.LassoCV", "sklearn.linear_model.ElasticNet", "sklearn.linear_model.ElasticNetCV",
+    "sklearn.linear_model.LassoLars", "sklearn.linear_model.LassoLarsIC",
+    "sklearn.linear_model.OrthogonalMatchingPursuit", "sklearn.linear_model.BayesianRidge",
+    "sklearn.linear_model.ARDRegression", "sklearn.linear_model.HuberRegressor",
+    "sklearn.linear_model.QuantileRegressor", "sklearn.linear_model.TheilSenRegressor",
+    "sklearn.linear_model.LogisticRegression", "sklearn.linear_model.SGDRegressor",
+    "sklearn.linear_model.PassiveAggressiveRegressor", "sklearn.svm.LinearSVC", "sklearn.svm.LinearSVR",
+    "sklearn.naive_bayes.GaussianNB", "sklearn.naive_bayes.MultinomialNB",
+    "sklearn.naive_bayes.BernoulliNB", "sklearn.naive_bayes.ComplementNB",
+    "sklearn.discriminant_analysis.LinearDiscriminantAnalysis", "sklearn.dummy.DummyClassifier",
+    "sklearn.dummy.DummyRegressor", "sklearn.preprocessing.StandardScaler",
+    "sklearn.preprocessing.MaxAbsScaler", "sklearn.preprocessing.Normalizer",
+    "sklearn.preprocessing.Binarizer", "sklearn.decomposition.PCA",
+    "sklearn.decomposition.IncrementalPCA", "sklearn.decomposition.TruncatedSVD",
+    "sklearn.feature_selection.VarianceThreshold",
+)  # fmt: skip
 
 
 @functools.lru_cache(maxsize=1)
 def estimator_classes() -> Dict[str, type]:
-    """scikit-learn's estimators by full name (``sklearn.linear_model._base.LinearRegression``)."""
-    from sklearn.utils import all_estimators
-
-    return {f"{c.__module__}.{c.__qualname__}": c for _, c in all_estimators()}
+    """The classes of :data:`CLASSES` by full name (``sklearn.linear_model._base.LinearRegression``,
+    as objects name their class); one a scikit-learn release lacks is left out."""
+    out = {}
+    for public in CLASSES:
+        module, _, name = public.rpartition(".")
+        cls = getattr(importlib.import_module(module), name, None)
+        if isinstance(cls, type):
+            out[f"{cls.__module__}.{cls.__qualname__}"] = cls
+    return out
 
 
 def _name(obj: Any) -> str:
@@ -99,8 +134,9 @@ def dumps(obj: Any) -> bytes:
             scalars.append(name)
             value = np.asarray(value)
         if isinstance(value, np.ndarray):
-            raw = np.ascontiguousarray(value).tobytes()
-            arrays[name] = [value.dtype.str, list(value.shape), offset, len(raw)]
+            fortran = value.ndim > 1 and value.flags.f_contiguous and not value.flags.c_contiguous
+            raw = value.tobytes(order="F" if fortran else "C")  # its layout kept: BLAS sums the same
+            arrays[name] = [value.dtype.str, list(value.shape), offset, len(raw)] + (["F"] if fortran else [])
             chunks.append(raw)
             offset += len(raw)
         else:
@@ -132,8 +168,9 @@ def loads(data: bytes, what: str = "model") -> Any:
     cls = estimator_classes().get(header.get("class"))
     if cls is None:
         raise UnsafeModelError(
-            f"{what} names class {header.get('class')!r}, which is not a scikit-learn estimator; "
-            "refusing to construct it"
+            f"{what} names class {header.get('class')!r}, which this format never writes (it holds "
+            "only the reviewed classes of sparkml_dist.formats.estimator_state.CLASSES); refusing to "
+            "construct it"
         )
     state = dict(header["values"])
     if not all(type(k) is str for k in state):
@@ -152,18 +189,23 @@ def loads(data: bytes, what: str = "model") -> Any:
     _warn_version(header.get("sklearn"))
     obj = object.__new__(cls)
     obj.__dict__.update(state)
+    check_sklearn(obj, what)  # the structures a compiled predictor would walk, as for skops
     return obj
 
 
 def _array(body: memoryview, spec: Any, what: str) -> np.ndarray:
     try:
-        dtype_text, shape, offset, nbytes = spec
+        dtype_text, shape, offset, nbytes, *order = spec
+        if order not in ([], ["F"]):
+            raise ValueError(order)
         dtype = np.dtype(str(dtype_text))
         shape = tuple(int(s) for s in shape)
         offset, nbytes = int(offset), int(nbytes)
     except (TypeError, ValueError):
         raise UnsafeModelError(f"{what} is described wrongly: {spec!r}") from None
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)  # exact: a product that would wrap int64 stays huge and is refused
+    if any(s > _MAX_ELEMENTS for s in shape) or count > _MAX_ELEMENTS:
+        raise UnsafeModelError(f"{what} claims {count} elements: more than any model holds ({spec!r})")
     if (
         dtype.kind not in _KINDS
         or dtype.hasobject
@@ -173,7 +215,8 @@ def _array(body: memoryview, spec: Any, what: str) -> np.ndarray:
         or offset + nbytes > len(body)
     ):
         raise UnsafeModelError(f"{what} does not fit its bytes or is not numbers: {spec!r}")
-    return np.frombuffer(body[offset : offset + nbytes], dtype=dtype).reshape(shape).copy()
+    flat = np.frombuffer(body[offset : offset + nbytes], dtype=dtype)
+    return flat.reshape(shape, order="F" if order else "C").copy(order="K")
 
 
 @functools.lru_cache(maxsize=8)

@@ -80,7 +80,26 @@ def sklearn_cases():
     pred.nodes["is_categorical"][0], pred.nodes["bitset_idx"][0] = 1, 0
     pred.raw_left_cat_bitsets = pred.binned_left_cat_bitsets = np.zeros((1, 8), np.uint32)
     cases["hist gradient boosting categorical split on a numeric feature"] = hgb
+    svc = _svc(X, y)
+    svc.support_ = np.concatenate([svc.support_] * 3).astype(np.int32)  # segfaulted in predict
+    cases["svc support_ longer than its support vectors"] = svc
+    svc = _svc(X, y)
+    svc._dual_coef_ = svc._dual_coef_[:, :2].copy()  # read past it: decision values ~1e231
+    cases["svc _dual_coef_ too small"] = svc
+    svc = _svc(X, y)
+    svc._n_support = (svc._n_support * 4).astype(np.int32)
+    cases["svc _n_support past its support vectors"] = svc
     return cases
+
+
+def _svc(X, y):
+    import warnings
+
+    from sklearn.svm import SVC
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return SVC(random_state=0).fit(X, y)
 
 
 def xgboost_model():
@@ -217,6 +236,91 @@ def _fuzz_hgb(rng, X, y):
     return hgb
 
 
+_SVC_ARRAYS = ("support_", "_n_support", "_dual_coef_", "_intercept_", "_probA", "_probB", "support_vectors_")
+
+
+def _fuzz_svc(rng, X, y):
+    """An SVC (a classifier of 3 classes) whose libsvm arrays are cut, stretched or overwritten."""
+    svc = _fitted("svc", lambda: _svc(X, y + (X[:, 2] > 0.8)), X, y + (X[:, 2] > 0.8))
+    for _ in range(rng.integers(1, 3)):
+        name = _SVC_ARRAYS[rng.integers(len(_SVC_ARRAYS))]
+        value = np.array(getattr(svc, name))
+        roll = rng.random()
+        if roll < 0.4 and value.size:  # overwrite an element
+            flat = value.reshape(-1)
+            flat[rng.integers(flat.size)] = _value(rng, max(1, value.shape[-1]))
+        elif roll < 0.7:  # cut or stretch along its last axis
+            n = max(0, value.shape[-1] + int(rng.choice([-3, -1, 1, 3, 40])))
+            value = np.resize(value, value.shape[:-1] + (n,))
+        else:  # cut or stretch along its first axis
+            n = max(0, value.shape[0] + int(rng.choice([-2, -1, 1, 5])))
+            value = np.resize(value, (n,) + value.shape[1:])
+        setattr(svc, name, np.ascontiguousarray(value))
+    return svc
+
+
+def state_models(X, y):
+    """A genuine fitted model of every class the estimator_state format writes."""
+    import warnings
+
+    from sparkml_dist.formats import estimator_state
+
+    out = []
+    Xp = np.abs(X) + 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for cls in estimator_state.estimator_classes().values():
+            for target in (y, Xp[:, 0], None):
+                try:
+                    out.append(cls().fit(Xp) if target is None else cls().fit(Xp, target))
+                    break
+                except Exception:  # noqa: BLE001 - a classifier given a continuous target, ...
+                    continue
+    return out
+
+
+def _fuzz_state(rng, blobs):
+    """A genuine estimator_state file whose header (its class, an array's shape, dtype or place, a
+    value) or array bytes were changed, lengths kept consistent so that most still load."""
+    import struct
+
+    from sparkml_dist.formats import estimator_state
+
+    data = blobs[rng.integers(len(blobs))]
+    size = struct.unpack("<I", data[8:12])[0]
+    header, body = json.loads(data[12 : 12 + size]), bytearray(data[12 + size :])
+    arrays = header["arrays"]
+    for _ in range(rng.integers(1, 3)):
+        roll = rng.random()
+        if roll < 0.15:
+            names = list(estimator_state.estimator_classes())
+            header["class"] = names[rng.integers(len(names))]
+        elif roll < 0.55 and arrays:  # reshape an array, its bytes kept (the count may then differ)
+            name = list(arrays)[rng.integers(len(arrays))]
+            dtype, shape = arrays[name][0], list(arrays[name][1])
+            shape = shape or [1]
+            shape[rng.integers(len(shape))] = int(abs(_value(rng, 8)) % 12)
+            if rng.random() < 0.3:
+                shape = shape + [int(rng.integers(0, 3))]
+            count = int(np.prod(shape)) if shape else 1
+            arrays[name] = [dtype, shape, len(body), count * np.dtype(dtype).itemsize]
+            body += bytes(count * np.dtype(dtype).itemsize)
+        elif roll < 0.7 and arrays:  # another dtype of the same size
+            name = list(arrays)[rng.integers(len(arrays))]
+            itemsize = np.dtype(arrays[name][0]).itemsize
+            arrays[name][0] = {8: rng.choice(["<i8", "<u8", "<f8"]), 4: rng.choice(["<i4", "<f4"])}.get(
+                itemsize, arrays[name][0]
+            )
+        elif roll < 0.85 and header["values"]:  # a plain value changed
+            name = list(header["values"])[rng.integers(len(header["values"]))]
+            header["values"][name] = [0, -1, 2**31, 1e308, None, "x", [1, 2]][rng.integers(7)]
+        elif len(body):  # array bytes overwritten (NaN, huge, negative)
+            at = int(rng.integers(len(body)))
+            body[at : at + 8] = np.array([rng.choice([np.nan, 1e308, -1, 2**62])]).tobytes()[: len(body) - at]
+    text = json.dumps(header).encode()
+    return estimator_state.MAGIC + struct.pack("<I", len(text)) + text + bytes(body)
+
+
 _XGB_ARRAYS = ("left_children", "right_children", "parents", "split_indices", "split_type", "tree_info")
 
 
@@ -262,7 +366,10 @@ def fuzz(kind, n, seed):
     if kind == "xgboost":
         header = json.dumps({"class": "XGBClassifier"}).encode() + b"\n"
         body = bytes(xgboost_model().get_booster().save_raw("ubj"))
-    make = {"tree": _fuzz_tree, "gb": _fuzz_gb, "hgb": _fuzz_hgb}.get(kind)
+    if kind == "state":
+        Xs = np.abs(X) + 0.1
+        blobs = [model_formats.encode(m)[1] for m in state_models(X, y)]
+    make = {"tree": _fuzz_tree, "gb": _fuzz_gb, "hgb": _fuzz_hgb, "svc": _fuzz_svc}.get(kind)
     through_file = max(1, n // 20)  # every 20th sklearn mutation also goes through skops
     for i in range(n):
         sys.stdout.write(f"{i}\n")  # the parent names the last case when this process crashes
@@ -270,6 +377,8 @@ def fuzz(kind, n, seed):
         try:
             if kind == "xgboost":
                 model = model_formats.decode("xgboost", header + _fuzz_xgboost(rng, body))
+            elif kind == "state":
+                model = model_formats.decode("estimator_state", _fuzz_state(rng, blobs))
             else:
                 model = make(rng, X, y)
                 if i % through_file == 0:
@@ -282,12 +391,13 @@ def fuzz(kind, n, seed):
         except ValueError:  # the library's own refusal (XGBoostError is one): no crash either
             counts["refused by the library"] = counts.get("refused by the library", 0) + 1
             continue
-        try:
-            model.predict_proba(X)
-            if hasattr(model, "decision_path"):
-                model.decision_path(X)
-        except (ValueError, IndexError, TypeError, AttributeError, KeyError):
-            pass  # a Python-level error is fine: what must never happen is a crash
+        for method in ("predict_proba", "predict", "decision_function", "transform", "decision_path"):
+            if not hasattr(model, method):
+                continue
+            try:
+                getattr(model, method)(Xs if kind == "state" else X)
+            except Exception:  # noqa: BLE001 - a Python-level error is fine: never a crash
+                pass
         counts["predicted"] += 1
     return counts
 

@@ -29,6 +29,9 @@ REFUSALS = {  # what each refusal must say
     "hist gradient boosting negative feature_idx": "features outside [0, 5)",
     "hist gradient boosting empty predictor": "has no nodes",
     "hist gradient boosting categorical split on a numeric feature": "does not call categorical",
+    "svc support_ longer than its support vectors": "(115, 5) support vectors for 345 support_ indices",
+    "svc _dual_coef_ too small": "_dual_coef_ of shape (1, 2), not (1, 115)",
+    "svc _n_support past its support vectors": "does not split 115 support vectors among 2 classes",
     "xgboost split index out of range": "splits on features outside [0, 5)",
     "xgboost child out of range": "children out of range",
     "xgboost cycle": "children out of range",
@@ -111,10 +114,13 @@ def test_xgboost_structures_that_cannot_be_validated_need_a_signed_store(tmp_pat
         model_formats.decode("xgboost", b'{"class": "XGBClassifier"}\n\x00\x01garbage')
 
 
-@pytest.mark.parametrize("kind", ["tree", "gb", "hgb", "xgboost"])
+@pytest.mark.parametrize("kind", ["tree", "gb", "hgb", "svc", "state", "xgboost"])
 def test_fuzzed_models_are_refused_or_predict_without_crashing(kind):
     """2,000 mutations of a genuine model's arrays (random and boundary values), in a child process:
-    a crash (SIGSEGV, heap-corruption abort) or a hang fails the test, naming the mutation."""
+    a crash (SIGSEGV, heap-corruption abort) or a hang fails the test, naming the mutation.  Every
+    class either route reads with a compiled predictor or from its own format is covered: trees,
+    gradient boosting, support vector machines (skops), XGBoost, and every class of the
+    estimator_state format (its header and bytes mutated)."""
     n = 2000
     proc = subprocess.run(
         [sys.executable, "-m", "tests.support.crafted", kind, str(n), "7"],
