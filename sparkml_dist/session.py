@@ -94,18 +94,29 @@ def shipped(archive: str) -> dict:
     }
 
 
+SECRET_FILES = ("pip.conf", "pip.ini", ".env", ".netrc")  # left out of a shipped environment
+LARGE_BYTES = 2 << 30  # an archive past this is said to be large (every executor copies it)
+
+
 def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None) -> str:
-    """``prefix`` (default: this Python's environment) packed into a tar.gz that any
-    executor can unpack and run: venv-pack for a virtual environment, conda-pack for a conda one
-    (the ``ship`` extra brings venv-pack). Returns the archive's path (default: in the temporary
-    directory, named after the environment; replaced when it exists)."""
-    import tempfile
+    """``prefix`` (default: this Python's environment) packed into a tar.gz that any executor can
+    unpack and run: venv-pack for a virtual environment, conda-pack for a conda one (the ``ship``
+    extra brings venv-pack).  Returns the archive's path.
+
+    By default the archive lies in a directory of this user's own (``<tmp>/sparkml_dist-env-<uid>``,
+    mode 0700, refused when it is a link, another user's or open to others) and is named after the
+    environment's full path (two projects' ``.venv`` folders never share an archive); it is written
+    under a temporary name and moved into place.  A given ``output`` must be a new path or this
+    user's regular file.  Files that may hold credentials (``pip.conf``, ``pip.ini``, ``.env``,
+    ``.netrc``: a private index's token, say) are left out, and a warning names them; an
+    environment with editable installs is refused, naming them; an archive over 2 GiB is said to
+    be large."""
+    import logging
 
     from .errors import ConfigurationError
 
-    prefix = os.path.abspath(prefix or sys.prefix)
-    name = f"sparkml_dist-env-{os.path.basename(prefix)}.tar.gz"
-    output = output or os.path.join(tempfile.gettempdir(), name)
+    log = logging.getLogger(__name__)
+    prefix = os.path.realpath(prefix or sys.prefix)
     conda = os.path.isdir(os.path.join(prefix, "conda-meta"))
     venv = os.path.exists(os.path.join(prefix, "pyvenv.cfg"))
     if not (conda or venv):
@@ -113,6 +124,14 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
             f"ship_environment: {prefix} is neither a virtual environment nor a conda one, so there is "
             "nothing self-contained to ship: create one (python -m venv, conda create), install the "
             "package and your frameworks into it, and run the driver from it"
+        )
+    editable = editable_installs(prefix)
+    if editable:
+        raise ConfigurationError(
+            f"ship_environment: {prefix} has packages installed in editable mode ({', '.join(editable)}): "
+            "the archive would hold only links to their source folders, which the executors do not "
+            "have. Install them without -e (pip install ./path, or a wheel) in the environment you "
+            "ship, or ship another environment"
         )
     tool = "conda_pack" if conda else "venv_pack"
     try:
@@ -122,8 +141,125 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
             f"ship_environment needs {tool.replace('_', '-')} to pack {prefix}: pip install "
             f"'sparkml_dist[ship]'{' conda-pack' if conda else ''}"
         ) from None
-    # tar.gz, not tar: Spark unpacks a plain tar in Java, which drops every file's mode (the shipped
-    # python would not be executable) and refuses a link out of the archive (a venv's bin/python3);
-    # a gzipped one goes to the system's tar, as YARN's does. Level 1: packing time, not size, counts
-    packer.pack(prefix=prefix, output=output, format="tar.gz", compress_level=1, force=True)
-    return output
+    secrets = secret_files(prefix)
+    if secrets:
+        log.warning(
+            "ship_environment: left out of the archive of %s, as they may hold credentials (a private "
+            "index's token, passwords): %s",
+            prefix,
+            ", ".join(secrets),
+        )
+    directory, name = _archive_place(output, prefix)
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _check_target(fd, name, os.path.join(directory, name))
+        tmp = f".{name}.{os.getpid()}.tmp"
+        # tar.gz, not tar: Spark unpacks a plain tar in Java, which drops every file's mode (the
+        # shipped python would not be executable) and refuses a link out of the archive (a venv's
+        # bin/python3); a gzipped one goes to the system's tar, as YARN's does. Level 1: packing
+        # time, not size, counts
+        packer.pack(
+            prefix=prefix,
+            output=f"/proc/self/fd/{fd}/{tmp}",  # inside the directory checked, whatever its path
+            format="tar.gz",
+            compress_level=1,
+            force=True,
+            filters=[("exclude", rel) for rel in secrets] or None,
+        )
+        os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+        size = os.stat(name, dir_fd=fd).st_size
+    finally:
+        os.close(fd)
+    if size > LARGE_BYTES:
+        log.warning(
+            "ship_environment: the archive of %s is %.1f GiB; every executor copies and unpacks it "
+            "at its first task. Ship a smaller environment (only what the job imports)",
+            prefix,
+            size / (1 << 30),
+        )
+    return os.path.join(directory, name)
+
+
+def _archive_place(output: Optional[str], prefix: str):
+    """(directory, file name) of the archive: ``output``'s, or the private default."""
+    import hashlib
+    import tempfile
+
+    from .errors import ConfigurationError
+    from .formats.files import private_dir_fault
+
+    if output is not None:
+        output = os.path.abspath(output)
+        return os.path.dirname(output), os.path.basename(output)
+    directory = os.path.join(tempfile.gettempdir(), f"sparkml_dist-env-{os.getuid()}")
+    try:
+        os.mkdir(directory, 0o700)
+    except FileExistsError:
+        pass
+    why = private_dir_fault(os.lstat(directory))
+    if why or os.lstat(directory).st_mode & 0o077:
+        raise ConfigurationError(
+            f"ship_environment: {directory} {why or 'is open to other users'}: the archive would be "
+            "written where another user can read or replace it. Remove it, or set TMPDIR to a "
+            "directory of your own"
+        )
+    digest = hashlib.sha256(prefix.encode()).hexdigest()[:16]
+    return directory, f"{os.path.basename(prefix).lstrip('.') or 'env'}-{digest}.tar.gz"
+
+
+def _check_target(dir_fd: int, name: str, shown: str) -> None:
+    """Refuse an archive path that exists and is not this user's regular file."""
+    import stat
+
+    from .errors import ConfigurationError
+
+    try:
+        st = os.lstat(name, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+        kind = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"another user's (uid {st.st_uid})"
+        raise ConfigurationError(
+            f"ship_environment: {shown} exists and is {kind}; refusing to write the archive there. "
+            "Remove it, or pack to another path"
+        )
+
+
+def secret_files(prefix: str) -> list:
+    """The files of ``prefix`` (relative paths) that may hold credentials: :data:`SECRET_FILES`."""
+    found = []
+    for root, _, files in os.walk(prefix):
+        for name in files:
+            if name in SECRET_FILES:
+                found.append(os.path.relpath(os.path.join(root, name), prefix))
+    return sorted(found)
+
+
+def editable_installs(prefix: str) -> list:
+    """What is installed in ``prefix`` in editable mode (``pip install -e``): ``.pth`` lines that
+    point outside it (the setuptools way, as venv-pack finds them) and distributions whose
+    ``direct_url.json`` says editable (PEP 660)."""
+    import glob
+    import json
+
+    found = set()
+    for pth in glob.glob(os.path.join(prefix, "lib", "python*", "site-packages", "*.pth")):
+        with open(pth, errors="replace") as fh:
+            for line in fh:
+                line = line.strip()
+                if not line or line.startswith(("#", "import ")):
+                    continue
+                location = os.path.normpath(os.path.join(os.path.dirname(pth), line))
+                if not location.startswith(prefix):
+                    found.add(os.path.basename(pth)[: -len(".pth")])
+    for url in glob.glob(
+        os.path.join(prefix, "lib", "python*", "site-packages", "*.dist-info", "direct_url.json")
+    ):
+        try:
+            with open(url) as fh:
+                editable = (json.load(fh).get("dir_info") or {}).get("editable")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if editable:
+            found.add(os.path.basename(os.path.dirname(url)).split("-")[0])
+    return sorted(found)
