@@ -183,6 +183,7 @@ def _checked_rows(rows: List[dict], key_b: Optional[bytes]) -> List[Tuple[dict, 
             )
     if parsed and all(current):
         _check_table(parsed)
+        _check_keys(parsed)
     elif parsed and key_b:
         log.warning(
             "this members table was written by an earlier release: its signature covers each model and "
@@ -213,6 +214,37 @@ def _check_table(parsed: List[Tuple[dict, dict]]) -> None:
         raise UnsafeModelError(
             f"the members table was written with {want} rows and holds {len(seen)}: rows {lost} are missing"
         )
+
+
+def _check_keys(parsed: List[Tuple[dict, dict]]) -> None:
+    """Each row bound to its key: the key its record holds (or, a member's, its group) is the key
+    its ``group`` column names; a key model's index is its place in the table; no key twice.  (A
+    row whose model bytes alone were swapped for another's, its digest recomputed, stays possible
+    without a signing ``key``: the digests then guard against mistakes, a signature against a
+    forger.)"""
+    seen: dict = {}
+    for r, rec in parsed:
+        kind = rec.get("kind")
+        if kind is None or rec.get("empty"):
+            continue
+        named = rec["key"] if kind == "key_model" and "key" in rec else rec.get("group")
+        if kind == "key_model" and "key" not in rec:
+            named = r["group"]  # a key JSON cannot hold: its text is the key
+        if str(named) != str(r["group"]):
+            raise UnsafeModelError(
+                f"the row of group {r['group']!r} holds the model recorded for key {named!r}: a row's "
+                "key and its model were mixed after the table was written"
+            )
+        if kind == "key_model" and rec.get("group") != rec["table"].get("row"):
+            raise UnsafeModelError(
+                f"the row of group {r['group']!r} says it is key number {rec.get('group')!r} but lies "
+                f"at place {rec['table'].get('row')!r}: rows were moved after the table was written"
+            )
+        if (kind, str(named)) in seen:
+            raise UnsafeModelError(
+                f"the members table holds key {named!r} twice: rows were duplicated or mixed"
+            )
+        seen[(kind, str(named))] = True
 
 
 class TableMembers:

@@ -94,3 +94,40 @@ def test_a_table_with_every_row_deleted_is_refused_and_one_saved_empty_loads_emp
         members_table.decode_rows([forged], KEY)  # a stranger cannot write "empty" without the key
     with pytest.raises(UnsafeModelError, match="2 different tables"):
         members_table.decode_rows(empty + _rows()[:1], KEY)  # nor add rows to an empty table
+
+
+def _key_rows():
+    """A grouped model's table: one key model per key 0, 1, 2, unsigned (no key set)."""
+    entries = []
+    for i, (key, n, model, metrics, _) in enumerate(_models()):
+        record = {"kind": "key_model", "group": i, "rows": n, "key": i}
+        entries.append((i, n, model, metrics, record))
+    return [dict(zip(members_table.COLUMNS, r)) for r in members_table.table_rows(entries, None)]
+
+
+def _redigest(r):
+    r["sha256"] = members_table.row_digest(
+        r["group"], r["rows"], r["format"], r["metrics"], r["record"], bytes(r["model"]), None
+    )
+
+
+def test_a_row_that_carries_another_keys_model_is_refused_though_its_digest_was_recomputed():
+    """Key 0's row given key 1's model and record (its place kept): before, key 0 was scored by key
+    1's model; now the key its record holds must be the key its row names."""
+    rows = _key_rows()
+    forged = json.loads(rows[1]["record"])
+    forged["table"]["row"] = 0
+    rows[0].update(model=rows[1]["model"], record=json.dumps(forged, sort_keys=True))
+    _redigest(rows[0])
+    with pytest.raises(UnsafeModelError, match="row of group '0' holds the model recorded for key 1"):
+        members_table.decode_rows(rows, None)
+    rows[0]["group"] = "1"  # renamed too: key 1 twice, key 0 gone
+    _redigest(rows[0])
+    with pytest.raises(UnsafeModelError, match="says it is key number 1 but lies at place 0|holds key 1 twice"):
+        members_table.decode_rows(rows, None)
+    forged["group"] = 0
+    rows[0]["record"] = json.dumps(forged, sort_keys=True)
+    _redigest(rows[0])
+    with pytest.raises(UnsafeModelError, match="holds key 1 twice"):
+        members_table.decode_rows(rows, None)
+    assert [g for g, *_ in members_table.decode_rows(_key_rows(), None)] == ["0", "1", "2"]
