@@ -9,7 +9,7 @@ and cluster shape; :func:`group_runs` hands a task's rows over one group at a ti
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List, Tuple
+from typing import Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +17,40 @@ import pyarrow as pa
 GROUP_COL = "__sd_group"
 KEY_COL = "__sd_key"
 KEY_VALUE_COL = "__sd_key_value"  # a fit by key: the key itself, read by the task that fits it
+
+
+# Keys are equal when Spark's grouping and joins hold them equal: a float's -0.0 is its 0.0 (and
+# every NaN one NaN, as Arrow's lookups already have it); text under the UTF8_LCASE collation
+# compares lower-cased. Other collations (ICU's UNICODE, UNICODE_CI, ...) have rules of their own
+# that Python does not share: a key column collated so is refused, naming the fix.
+FOLDS = ("UTF8_BINARY", "UTF8_LCASE")
+
+
+def key_fold(data_type, column: str, param: str) -> Optional[str]:
+    """The collation a key column's text is compared under (None: byte for byte), from its Spark
+    type; a collation whose equality Python cannot follow is refused by name."""
+    collation = getattr(data_type, "collation", None) or "UTF8_BINARY"
+    if collation not in FOLDS:
+        from .errors import ConfigurationError
+
+        raise ConfigurationError(
+            f"{param}={column!r} is text collated {collation}, whose equality (Spark's ICU rules) "
+            "sparkml_dist cannot follow when it looks keys up; collate it as UTF8_BINARY or "
+            f"UTF8_LCASE first (F.collate(F.col({column!r}), 'UTF8_LCASE'))"
+        )
+    return None if collation == "UTF8_BINARY" else collation
+
+
+def comparable(values: pa.Array, fold: Optional[str] = None) -> pa.Array:
+    """``values`` as Spark compares keys (see :data:`FOLDS`): -0.0 made 0.0, text lower-cased
+    under UTF8_LCASE."""
+    import pyarrow.compute as pc
+
+    if pa.types.is_floating(values.type):
+        return pc.if_else(pc.equal(values, pa.scalar(0, values.type)), pa.scalar(0, values.type), values)
+    if fold == "UTF8_LCASE" and (pa.types.is_string(values.type) or pa.types.is_large_string(values.type)):
+        return pc.utf8_lower(values)
+    return values
 
 
 def hashable(value):

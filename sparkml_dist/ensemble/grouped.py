@@ -215,14 +215,16 @@ class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
         gpus, profile = gpus_mod.plan_models(spark, est, self.getUseGpu(), "useGpu", need)
         store = member_store.new_store(self.getMembersDir(), self.uid)
         fit_id = uuid.uuid4().hex
+        state = {"label_is_string": is_string_label, **({"key_fold": counts.fold} if counts.fold else {})}
         spec = GroupFitSpec(
             Clone(blob, seeds=SeedDraw(int(self.getSeed()), split.n), gpus=gpus), Inputs((FEATURES,), LABEL),
-            None, self.getOnError(), store, "key", (fit_id, split.n, {"label_is_string": is_string_label}),
+            None, self.getOnError(), store, "key", (fit_id, split.n, state),
             key_timeout=timeout, stream=stream,
         )  # fmt: skip
         description = f"sparkml_dist: fitting {split.n} models by {key_col}"
         fitted = groups.fit_keys(split, spec, what="key", description=description, profile=profile)
-        models = KeyModels(split.key_array, fitted.rows, fitted.blocks, fit_id, store.uri if store else None)
+        uri = store.uri if store else None
+        models = KeyModels(split.key_array, fitted.rows, fitted.blocks, fit_id, uri, fold=counts.fold)
         model = GroupedModel(models=models, skipped=split.small, label_is_string=is_string_label)
         model.failedGroups = {split.key(i): why for i, why in fitted.failed.items()}
         return self._copyValues(model)

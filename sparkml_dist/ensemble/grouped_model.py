@@ -204,7 +204,8 @@ class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
             raise ConfigurationError("the members table has no rows: there is no model to rebuild")
         keys = pa.array([record.get("key", group) for group, _, _, _, record in rows])
         entries = [(m, n, metrics, record.get("error")) for _, n, m, metrics, record in rows]
-        model = cls(KeyModels.from_models(keys, entries))
+        fold = (rows[0][4].get("model") or {}).get("key_fold")
+        model = cls(KeyModels.from_models(keys, entries, fold))
         model._label_is_string = bool((rows[0][4].get("model") or {}).get("label_is_string"))
         model.failedGroups = {model._models.key(i): why for i, why in model._models.failed.items()}
         model._set(**params)

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from .. import launch, partitioning
 from ..errors import ConfigurationError
-from ..group_rows import GROUP_COL, hashable
+from ..group_rows import GROUP_COL, hashable, key_fold
 
 ROWS = "__rows"
 _INJECTIVE = ("binary", "large_binary", "bool", "date32[day]")
@@ -40,6 +40,7 @@ class KeyCounts:
     key_col: str
     arrow: pa.Table
     rows: np.ndarray
+    fold: Optional[str] = None  # the key text's collation, when not byte for byte (group_rows.key_fold)
 
     @property
     def n(self) -> int:
@@ -74,11 +75,12 @@ def count_keys(df, key_col: str, extra_aggs: Optional[Mapping[str, Any]] = None,
         raise ConfigurationError(
             f"{param}={key_col!r} is {bad}, which Spark cannot group by; derive a key column from it"
         )
+    fold = key_fold(df.schema[key_col].dataType, key_col, param)
     aggs = [F.count(F.lit(1)).alias(ROWS)] + [c.alias(n) for n, c in (extra_aggs or {}).items()]
     with launch.job_scope(launch.session_of(df), f"sparkml_dist: counting rows per {key_col}"):
         counted = df.groupBy(key_col).agg(*aggs).orderBy(key_col).toArrow()
     _check_keys(counted, key_col, param)
-    return KeyCounts(key_col, counted, counted.column(ROWS).to_numpy().astype(np.int64))
+    return KeyCounts(key_col, counted, counted.column(ROWS).to_numpy().astype(np.int64), fold)
 
 
 def _check_keys(counted: pa.Table, key_col: str, param: str) -> None:

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..formats.checks import UnsafeModelError
-from ..group_rows import hashable
+from ..group_rows import FOLDS, comparable, hashable
 from .key_blocks import BLOCK_ITEM, Block, BlockWriter, decode_row, read_block
 from .key_blocks import FORMAT as BLOCK_FORMAT
 from .members_table import safe_encode
@@ -58,8 +58,10 @@ class KeyModels:
     def __init__(
         self, keys: Optional[pa.Array], rows: np.ndarray, blocks: Sequence[Block], fit_id: str,
         uri: Optional[str] = None, trusted_types: Sequence[str] = (), failed: Optional[dict] = None,
+        fold: Optional[str] = None,
     ) -> None:  # fmt: skip
         self.keys = keys
+        self.fold = fold  # the keys' collation when not byte for byte (group_rows.key_fold)
         self.rows = np.asarray(rows, dtype=np.int64)
         self.blocks = sorted(blocks, key=lambda b: b.lo)
         self.fit_id, self.uri, self.trusted_types = fit_id, uri, tuple(trusted_types)
@@ -73,14 +75,16 @@ class KeyModels:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_models(cls, keys: pa.Array, entries: Sequence[tuple]) -> "KeyModels":
+    def from_models(cls, keys: pa.Array, entries: Sequence[tuple], fold: Optional[str] = None) -> "KeyModels":
         """Models given whole: ``entries[i] = (model, rows, metrics[, error])`` of key ``i``
-        (an error: its fit failed, it has no model)."""
+        (an error: its fit failed, it has no model); ``fold``: the keys' collation."""
         full = [(e[0], int(e[1]), dict(e[2] or {}), e[3] if len(e) > 3 else None) for e in entries]
         block = Block(0, len(full), np.array([e[1] for e in full], dtype=np.int64))
         block.models = full
         block.failed = {i: e[3] for i, e in enumerate(full) if e[3] is not None}
-        return cls(keys, block.rows, [block], fit_id="")
+        if fold is not None and fold not in FOLDS:
+            raise UnsafeModelError(f"the members table names an unknown key collation {fold!r}")
+        return cls(keys, block.rows, [block], fit_id="", fold=fold)
 
     def __getstate__(self):
         return {k: v for k, v in self.__dict__.items() if k not in ("_cache", "_lock")}
@@ -115,9 +119,12 @@ class KeyModels:
         return [hashable(k) for k in keys.to_pylist()]
 
     def indices(self, values: pa.Array) -> np.ndarray:
-        """The index of each of ``values`` among the keys (-1 where it is not one)."""
+        """The index of each of ``values`` among the keys (-1 where it is not one), keys compared
+        as Spark compares them (:func:`~sparkml_dist.group_rows.comparable`: ``-0.0`` is ``0.0``,
+        UTF8_LCASE text case-blind)."""
         keys = self.keys if self.keys.type == values.type else self.keys.cast(values.type)
-        found = pc.index_in(values, value_set=keys)
+        fold = getattr(self, "fold", None)  # a model pickled before keys had a collation
+        found = pc.index_in(comparable(values, fold), value_set=comparable(keys, fold))
         return pc.fill_null(found, -1).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def position(self, key: Any) -> int:
@@ -215,7 +222,10 @@ class KeyModels:
         failed = {i: why for i, why in enumerate(failed_col) if why is not None}
         fit_id = meta.get(b"fit_id", b"").decode()
         keys = table.column("key").combine_chunks()
-        return cls(keys, rows, blocks, fit_id, store.uri, trusted_types, failed)
+        fold = meta.get(b"key_fold", b"").decode() or None
+        if fold is not None and fold not in FOLDS:
+            raise UnsafeModelError(f"the model in {store.uri!r} names an unknown key collation {fold!r}")
+        return cls(keys, rows, blocks, fit_id, store.uri, trusted_types, failed, fold=fold)
 
     def _index_table(self) -> pa.Table:
         failed = (
@@ -224,7 +234,8 @@ class KeyModels:
         table = pa.table(
             {"key": self.keys, "rows": pa.array(self.rows), "failed": pa.array(failed, pa.string())}
         )
-        return table.replace_schema_metadata({"fit_id": self.fit_id})
+        fold = {"key_fold": self.fold} if getattr(self, "fold", None) else {}
+        return table.replace_schema_metadata({"fit_id": self.fit_id, **fold})
 
     def _encoded(self) -> "KeyModels":
         """These models written into blocks (models given whole), under a new fit id."""
@@ -237,7 +248,7 @@ class KeyModels:
             encoded = safe_encode(model, self.key(i)) if error is None else None
             blocks += [b for b in [writer.add(i, self.key(i), rows, encoded, metrics, error)] if b]
         blocks += [b for b in [writer.close()] if b]
-        return KeyModels(self.keys, self.rows, blocks, fit_id)
+        return KeyModels(self.keys, self.rows, blocks, fit_id, fold=self.fold)
 
 
 def members_table(models: KeyModels, spark, key: Any = None):

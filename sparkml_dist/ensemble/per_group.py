@@ -154,7 +154,8 @@ class GroupModels:
         keys = [record.get("key", g) for g, _, _, _, record in rows]
         entries = [(m, n, metrics, record.get("error")) for _, n, m, metrics, record in rows]
         skipped = {k: e[3] for k, e in zip(keys, entries) if e[3] is not None}
-        return cls(KeyModels.from_models(pa.array(keys), entries), skipped)
+        fold = (rows[0][4].get("model") or {}).get("key_fold") if rows else None
+        return cls(KeyModels.from_models(pa.array(keys), entries, fold), skipped)
 
 
 def _order(row) -> tuple:
@@ -319,13 +320,19 @@ def train_per_group(
     inputs = Inputs(features=tuple(features), label=label, keep_sparse=True)
     fit_id = uuid.uuid4().hex
     spec = GroupFitSpec(Function(blob, SeedDraw(seed, split.n)), inputs, split.keys, on_error, store,
-                        blocks=(fit_id, split.n, {}), key_timeout=key_timeout,
+                        blocks=(fit_id, split.n, _fold_state(split)), key_timeout=key_timeout,
                         stream="all" if stream else None)  # fmt: skip
     try:
         return _fitted(split, spec, profile, spark)
     finally:  # the split's and the collection's objects, freed: their heap back to the system
         del split, spec
         launch.give_back_memory()
+
+
+def _fold_state(split: groups.Groups) -> dict:
+    """What each block row's record keeps of the fit: the keys' collation, when not byte for byte."""
+    fold = split.counts.fold if split.counts is not None else None
+    return {"key_fold": fold} if fold else {}
 
 
 def _fitted(split: groups.Groups, spec: GroupFitSpec, profile, spark) -> GroupModels:
@@ -335,5 +342,6 @@ def _fitted(split: groups.Groups, spec: GroupFitSpec, profile, spark) -> GroupMo
     )
     keys = split.key_array if split.counts is not None else pa.array(np.arange(split.n))
     uri = spec.store.uri if spec.store is not None else None
-    models = KeyModels(keys, fitted.rows, fitted.blocks, spec.blocks[0], uri)
+    fold = split.counts.fold if split.counts is not None else None
+    models = KeyModels(keys, fitted.rows, fitted.blocks, spec.blocks[0], uri, fold=fold)
     return GroupModels(models, {split.key(i): why for i, why in fitted.failed.items()}, spark)

@@ -168,3 +168,39 @@ def test_a_stored_model_with_a_failed_key_as_a_table_saved_and_loaded(spark, sal
     assert GroupedModel.from_table(signed, key="k" * 16, groupCol="store").keys == model.keys
     with pytest.raises(Exception, match="does not match its sha256"):
         GroupedModel.from_table(signed, groupCol="store")
+
+
+@masters("local")
+def test_keys_are_equal_as_spark_holds_them_equal(spark, tmp_path):
+    """-0.0 and 0.0 are one key to Spark, so they are to the model; under UTF8_LCASE 'a' and 'A'
+    are one key (before: models[-0.0] a KeyError, predict said 'not seen in training'); a
+    collation whose equality Python cannot follow is refused by name."""
+    from pyspark.sql import functions as F
+
+    rows = [(k, float(i), 2.0 * i + (k or 0)) for i, k in enumerate([0.0, -0.0, 1.0] * 4)]
+    df = spark.createDataFrame(rows, "k double, x double, y double")
+    model = GroupedTrainer(estimator=LinearRegression(), groupCol="k", featuresCols=["x"], labelCol="y").fit(
+        df
+    )
+    assert len(model.keys) == 2 and model.models[-0.0] is model.models[0.0]
+    assert model.predict(np.array([[1.0], [1.0]]), [-0.0, 0.0]).tolist() == pytest.approx([2.0, 2.0])
+    words = spark.createDataFrame([("A", 1.0), ("a", 2.0), ("b", 3.0), ("B", 4.0)] * 3, "k string, x double")
+    lcase = words.withColumn("k", F.col("k").cast("string collate UTF8_LCASE")).withColumn(
+        "y", F.col("x") * 3
+    )
+    model = GroupedTrainer(estimator=LinearRegression(), groupCol="k", featuresCols=["x"], labelCol="y").fit(
+        lcase
+    )
+    assert len(model.keys) == 2
+    scored = model.transform(lcase).toPandas()
+    local = model.predict(scored[["x"]].to_numpy(), scored.k.tolist())  # 'a' and 'B' as Spark scored them
+    np.testing.assert_allclose(local, scored.prediction.to_numpy())
+    assert model.models["a"] is model.models["A"] and model.models["b"] is model.models["B"]
+    model.write().save(str(tmp_path / "lcase"))
+    again = GroupedModel.load(str(tmp_path / "lcase"))
+    np.testing.assert_allclose(again.predict(np.array([[2.0]]), ["a"]), [6.0])
+    back = GroupedModel.from_table(model.members_table(spark), groupCol="k", featuresCols=["x"])
+    np.testing.assert_allclose(back.predict(np.array([[2.0]]), ["b"]), [6.0])
+    ci = words.withColumn("k", F.col("k").cast("string collate UNICODE_CI")).withColumn("y", F.col("x"))
+    with pytest.raises(ConfigurationError, match=r"groupCol='k' is text collated UNICODE_CI.*UTF8_LCASE"):
+        GroupedTrainer(estimator=LinearRegression(), groupCol="k", featuresCols=["x"], labelCol="y").fit(ci)
