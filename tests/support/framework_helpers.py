@@ -340,6 +340,24 @@ def jax_keras_data_parallel(epochs=2, on_data=False):
     }
 
 
+def jax_keras_as_the_guide_writes_it(epochs=2):
+    """Keras 3's distribution guide for one process with several devices, unchanged: no
+    ``keras.distribution.initialize()`` call, no seed set, the initial weights drawn by Keras."""
+    import keras
+
+    distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+    distribution.auto_shard_dataset = False  # each process brings its own rows
+    keras.distribution.set_distribution(distribution)
+    model = keras.Sequential(
+        [keras.Input((FEATURES,)), keras.layers.Dense(8, activation="tanh"), keras.layers.Dense(1)]
+    )
+    first = weights_of(model)
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse")
+    x, y = rank_data(int(os.environ["RANK"]))
+    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0)
+    return {"first": first, "weights": weights_of(model)}
+
+
 def keras_load_model(path):
     """A model saved with its Adam state, loaded by hvd.load_model: the optimizer distributed, its
     state kept; the same file loads as a plain Keras model too."""

@@ -191,6 +191,20 @@ def test_keras_data_parallel_on_jax_ends_with_the_same_weights_on_every_process(
 
 
 @pytest.mark.slow
+def test_keras_guides_program_without_initialize_draws_the_same_weights_on_every_rank():
+    """No keras.distribution.initialize() call (Keras's guide for one process with several
+    devices): the ranks drew different initial weights and JAX failed with 'passed to device_put is
+    not the same on each process'; the runner now agrees Keras's seed as that call would."""
+    out = BarrierRunner(-2, backend="jax", timeout=300).run(
+        fh.jax_keras_as_the_guide_writes_it, return_all=True
+    )
+    assert out[0]["first"] == out[1]["first"]
+    assert out[0]["weights"] == out[1]["weights"] and out[0]["weights"] != out[0]["first"]
+    again = BarrierRunner(-2, backend="jax", timeout=300).run(fh.jax_keras_as_the_guide_writes_it)
+    assert again["first"] != out[0]["first"]  # a new run, a new draw: the seed is the run's
+
+
+@pytest.mark.slow
 def test_a_ranks_batch_is_cut_over_its_own_replicas_in_order_each_part_within_a_row():
     """What a rank with several GPUs gives each of its replicas under the strategy (one replica
     per rank here: no GPU), checked on the dataset the distribution is built from."""

@@ -99,7 +99,7 @@ def test_a_table_with_every_row_deleted_is_refused_and_one_saved_empty_loads_emp
 def _key_rows():
     """A grouped model's table: one key model per key 0, 1, 2, unsigned (no key set)."""
     entries = []
-    for i, (key, n, model, metrics, _) in enumerate(_models()):
+    for i, (_, n, model, metrics, _) in enumerate(_models()):
         record = {"kind": "key_model", "group": i, "rows": n, "key": i}
         entries.append((i, n, model, metrics, record))
     return [dict(zip(members_table.COLUMNS, r)) for r in members_table.table_rows(entries, None)]
@@ -123,7 +123,9 @@ def test_a_row_that_carries_another_keys_model_is_refused_though_its_digest_was_
         members_table.decode_rows(rows, None)
     rows[0]["group"] = "1"  # renamed too: key 1 twice, key 0 gone
     _redigest(rows[0])
-    with pytest.raises(UnsafeModelError, match="says it is key number 1 but lies at place 0|holds key 1 twice"):
+    with pytest.raises(
+        UnsafeModelError, match="says it is key number 1 but lies at place 0|holds key 1 twice"
+    ):
         members_table.decode_rows(rows, None)
     forged["group"] = 0
     rows[0]["record"] = json.dumps(forged, sort_keys=True)

@@ -11,7 +11,9 @@
 * ``backend="jax"``: the runner calls ``jax.distributed.initialize`` before the function (the
   coordinator is rank 0's address, CPU collectives through gloo); a second call by the program, or
   by ``keras.distribution.initialize()``, is harmless. ``KERAS_BACKEND=jax`` and Keras's
-  ``KERAS_DISTRIBUTION_*`` variables are set, so ``keras.distribution.DataParallel`` runs as is.
+  ``KERAS_DISTRIBUTION_*`` variables are set, and when the function imports Keras every rank gets
+  the same global seed (the rest of what ``keras.distribution.initialize()`` does), so
+  ``keras.distribution.DataParallel`` runs as is, with or without that call.
 
 Both close the task's socket (bound, not listening) just before the framework binds its port
 (TensorFlow's gRPC server, JAX's coordinator); that port is one the kernel hands no other process
@@ -252,8 +254,25 @@ class JaxBackend(Backend):
             initialization_timeout=max(1, int(wait)),
         )
         jax.distributed.initialize = _initialized(rank, world)
+        after_import("keras", _agree_keras_seed)  # the rest of keras.distribution.initialize()
         reached()
         return state
+
+
+def _agree_keras_seed(keras) -> None:
+    """What ``keras.distribution.initialize()`` does after ``jax.distributed.initialize``: every
+    process gets one global seed (Keras sums one drawn on each; here the run's id gives it, the same
+    on every rank, with no collective), so a program written for one process with several devices
+    (``DataParallel`` without the call, as Keras's guide writes it) starts from the same weights on
+    every rank.  A seed the program set itself stands; one it sets later wins, as with Keras."""
+    import hashlib
+
+    rng = getattr(getattr(keras, "src", None), "utils", None)
+    rng = getattr(rng, "rng_utils", None)
+    if rng is None or rng.get_random_seed() is not None or keras.backend.backend() != "jax":
+        return
+    run = os.environ.get(protocol.RUN_ENV, "")
+    rng.set_random_seed(int.from_bytes(hashlib.sha256(run.encode()).digest()[:4], "big"))
 
 
 def _initialized(rank: int, world: int):
