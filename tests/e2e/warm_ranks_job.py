@@ -35,7 +35,10 @@ if __name__ == "__main__":
     import psutil
 
     ours = {c.pid for c in psutil.Process().children(recursive=True)}  # the JVM, its Python daemon
-    pools = [p for p in pool_processes() if int(p.cmdline()[-2]) in ours]  # anchored to this session
+    from tests.support.runner_checks import pool_socket
+
+    anchored = lambda p: int(pool_socket(p).split("-")[0] or 0) in ours  # noqa: E731 - to this session
+    pools = [p for p in pool_processes() if anchored(p)]
     spark.stop()
     gone, alive = psutil.wait_procs(pools, timeout=20)
     result = {"runs": runs, "pools": [p.pid for p in pools], "after_stop": [p.pid for p in alive]}

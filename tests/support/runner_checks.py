@@ -32,6 +32,17 @@ def is_rank(p) -> bool:
     return POOL_MARK in cmd and p.ppid() > 1 and POOL_MARK in _cmdline(psutil.Process(p.ppid()))
 
 
+def pool_socket(p) -> str:
+    """The name of the socket pool process ``p`` serves (``<anchor>-<key>.sock``; its directory is
+    ``warm_pool.pool_dir()``): read from the process's own sockets, never from its command line."""
+    import os
+
+    for conn in p.net_connections(kind="unix"):
+        if conn.laddr and conn.laddr.endswith(".sock"):
+            return os.path.basename(conn.laddr)
+    return ""
+
+
 def pool_processes(suite=None):
     """The warm pools (not their ranks) this pytest run's processes started."""
     return _mine(lambda p: POOL_MARK in _cmdline(p) and not is_rank(p), suite)

@@ -3,6 +3,7 @@ kept between runs, one pool per environment, gone with its anchor, closed to str
 
 import json
 import os
+import pathlib
 import shutil
 import signal
 import socket
@@ -19,7 +20,7 @@ import pytest
 from sparkml_dist.runner import BarrierRunner
 from sparkml_dist.runner.tasks import warm_pool, warm_rank
 from sparkml_dist.runner.tasks.keeper import KEEPER_MARK
-from tests.support.runner_checks import assert_no_rank_left, is_rank, pool_processes
+from tests.support.runner_checks import assert_no_rank_left, is_rank, pool_processes, pool_socket
 
 
 def parent_and_draw():
@@ -105,7 +106,8 @@ class _FailingPool:
 def test_a_pool_that_fails_the_request_gets_the_rank_started_cold(answer, monkeypatch):
     directory = tempfile.mkdtemp(prefix="pool-", dir="/tmp")  # short: a Unix socket's path is
     pool = _FailingPool(directory, os.getpid(), answer)
-    of = lambda cls, env, backend, anchor: cls(directory, "failing", backend, anchor)  # noqa: E731
+    opened = warm_pool.PoolDir.open(directory)
+    of = lambda cls, env, backend, anchor: cls(opened, "failing", backend, anchor)  # noqa: E731
     monkeypatch.setattr(warm_pool.Pool, "of", classmethod(of))
     monkeypatch.setattr(warm_rank, "PID_WAIT_S", 2.0)
     started = time.monotonic()
@@ -124,14 +126,15 @@ def test_a_pool_stopped_just_after_it_took_the_request_gets_the_rank_started_col
     the rank never started, and the run waited out its timeout)."""
     directory = tempfile.mkdtemp(prefix="pool-", dir="/tmp")
     pool = _FailingPool(directory, os.getpid(), "close")
-    of = lambda cls, env, backend, anchor: cls(directory, "failing", backend, anchor)  # noqa: E731
+    opened = warm_pool.PoolDir.open(directory)
+    of = lambda cls, env, backend, anchor: cls(opened, "failing", backend, anchor)  # noqa: E731
     monkeypatch.setattr(warm_pool.Pool, "of", classmethod(of))
     send_fds = socket.send_fds
 
     def send_then_vanish(conn, buffers, fds):
         sent = send_fds(conn, buffers, fds)
         if conn.family == socket.AF_UNIX and str(conn.getpeername()).startswith(directory):
-            warm_pool._unlink(conn.getpeername())  # as _make_room does to the pool it stops
+            os.unlink(conn.getpeername())  # as _make_room does to the pool it stops
         return sent
 
     monkeypatch.setattr(warm_rank.socket, "send_fds", send_then_vanish)
@@ -153,7 +156,7 @@ def test_a_rank_killed_before_its_pool_forks_it_is_never_forked():
     env = {**os.environ, "POOL_TEST": f"killed-{os.urandom(4).hex()}"}
     pool = warm_pool.Pool.of(env, "torch", os.getpid())
     pool.start(env)  # returns once the pool's socket accepts; its import goes on
-    server = next(p for p in pool_processes() if pool.path in p.cmdline())
+    server = next(p for p in pool_processes() if pool_socket(p) == pool.name)
     pids = []
     proc = pool.fork(env, "/tmp", (sys.stderr.fileno(),), pids.append)
     proc.kill()
@@ -273,7 +276,9 @@ def test_an_orphan_is_ended_only_once_every_rank_it_may_belong_to_has_ended():
 def test_the_pool_ignores_malformed_requests_and_strangers_and_keeps_serving():
     out = _warm_run(env={"POOL_TEST": "hostile"})
     pool = psutil.Process(out[0]["parent"])
-    path = next(p for p in pool.cmdline() if p.endswith(".sock"))
+    path = os.path.join(warm_pool.pool_dir().path, pool_socket(pool))
+    cmdline = " ".join(pool.cmdline())  # which any user can read: neither the socket nor its directory
+    assert ".sock" not in cmdline and warm_pool.pool_dir().path not in cmdline
     for junk in (b"{not json\n", json.dumps({"env": {"A": 1}, "cwd": "/"}).encode() + b"\n", b"x" * 70000):
         with socket.socket(socket.AF_UNIX) as s:
             s.connect(path)
@@ -302,7 +307,7 @@ def test_a_pool_directory_others_can_enter_is_refused(tmp_path, monkeypatch):
     shared.symlink_to(tmp_path)
     assert warm_pool.pool_dir() is None
     shared.unlink()
-    assert warm_pool.pool_dir() == str(shared) and (shared.stat().st_mode & 0o777) == 0o700
+    assert warm_pool.pool_dir().path == str(shared) and (shared.stat().st_mode & 0o777) == 0o700
 
 
 def test_the_pool_and_its_ranks_end_with_the_process_that_anchors_it(tmp_path):
@@ -371,4 +376,176 @@ def test_what_ranks_started_with_their_own_environment_ends_when_the_driver_is_k
     for p in stayed:
         p.kill()
     assert not stayed, [p.info["cmdline"] for p in stayed]
+    assert_no_rank_left()
+
+
+# ------------------------------------------------------------------ another user on a shared TMPDIR
+NOBODY = 65534
+
+
+class _Stranger:
+    """Another user's process (uid 65534, forked from this one: no interpreter of ours to execute)
+    serving a Unix socket at ``path``; :meth:`heard` is what connections sent it, in bytes."""
+
+    def __init__(self, path):
+        out_r, out_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the stranger: bind as uid 65534, count what each connection sends
+            try:
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):
+                    os.dup2(null, fd)
+                os.closerange(3, out_w)  # nothing of the test's (pytest's pipes) held open
+                os.closerange(out_w + 1, 65536)
+                os.setgid(NOBODY)
+                os.setuid(NOBODY)
+                s = socket.socket(socket.AF_UNIX)
+                s.bind(path)
+                s.listen(8)
+                os.write(out_w, b"ready\n")
+                while True:
+                    conn, _ = s.accept()
+                    conn.settimeout(3)
+                    got = 0
+                    try:
+                        while chunk := conn.recv(65536):
+                            got += len(chunk)
+                    except OSError:
+                        pass
+                    os.write(out_w, f"{got}\n".encode())
+            finally:
+                os._exit(0)
+        os.close(out_w)
+        self.out = os.fdopen(out_r)
+        assert self.out.readline().strip() == "ready"
+
+    def heard(self):
+        os.kill(self.pid, signal.SIGKILL)
+        os.waitpid(self.pid, 0)
+        return [int(line) for line in self.out.read().split() if int(line)]
+
+
+def _forked(pool, env) -> bool:
+    """Whether a rank asked of ``pool`` was forked by a pool (not started cold); killed after."""
+    r, w = os.pipe()
+    proc = pool.fork(env, "/tmp", (w,), lambda pid: None)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + 60
+        while proc.pid is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return proc.pid is not None and not proc.cold
+    finally:
+        proc.kill()
+        proc.close()
+        os.close(r)
+        for p in pool_processes():
+            if pool_socket(p) == pool.name:
+                p.kill()
+
+
+@pytest.fixture
+def shared_tmp(monkeypatch):
+    """TMPDIR on a shared folder anyone can write, without the sticky bit (where another user, uid
+    65534, can reach it: pytest's own tmp_path is this user's only)."""
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="shared-", dir="/tmp")
+    os.chmod(base, 0o755)
+    shared = os.path.join(base, "shared")
+    os.mkdir(shared)
+    os.chmod(shared, 0o777)
+    monkeypatch.setattr(tempfile, "tempdir", shared)
+    yield pathlib.Path(shared)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="plays another user: needs root (CI and this machine are)")
+def test_a_pool_directory_swapped_after_its_check_is_never_used(shared_tmp):
+    """Another user renames our pool directory away and puts theirs, with a socket of the pool's
+    name, in its place: the rank's request still reaches our own directory (through the descriptor
+    its check opened) and the stranger receives nothing (before: the rank's environment, token and
+    start message)."""
+    shared = shared_tmp
+    env = {**os.environ, "POOL_TEST": f"swapped-{os.urandom(4).hex()}"}
+    pool = warm_pool.Pool.of(env, "torch", os.getpid())
+    ours = pool.directory.path
+    os.rename(ours, str(shared / "moved-away"))
+    os.mkdir(ours, 0o700)
+    os.chown(ours, NOBODY, NOBODY)
+    stranger = _Stranger(os.path.join(ours, pool.name))
+    try:
+        assert _forked(pool, env)  # by our own pool, in our directory
+        assert os.path.exists(shared / "moved-away" / pool.name)
+    finally:
+        heard = stranger.heard()
+    assert heard == []
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="plays another user: needs root (CI and this machine are)")
+def test_a_socket_another_user_serves_at_the_pools_name_gets_nothing(shared_tmp):
+    """A socket served by another user's process at our pool's very name (in our directory): the
+    task checks who serves it (SO_PEERCRED) before sending a byte, replaces it with a pool of ours,
+    and the rank is forked warm."""
+    env = {**os.environ, "POOL_TEST": f"peer-{os.urandom(4).hex()}"}
+    pool = warm_pool.Pool.of(env, "torch", os.getpid())
+    theirs = shared_tmp.parent / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, NOBODY, NOBODY)
+    stranger = _Stranger(str(theirs / "s.sock"))
+    try:
+        os.rename(theirs / "s.sock", pool.path)  # as root only could: the test's stand-in for a race
+        assert _forked(pool, env)
+    finally:
+        heard = stranger.heard()
+    assert heard == []
+
+
+class _LyingPool(_FailingPool):
+    """A pool (of this user) that answers each request with another process's pid, no pidfd."""
+
+    def __init__(self, directory, anchor, victim):
+        self.victim = victim
+        super().__init__(directory, anchor, "silent")
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk, fds, _, _ = socket.recv_fds(conn, 1 << 20, 8)
+                for fd in fds:
+                    os.close(fd)
+                if not chunk:
+                    break
+                data += chunk
+            self.requests += 1
+            conn.sendall(json.dumps({"pid": self.victim}).encode() + b"\n")
+            self.held.append(conn)
+
+
+def test_a_pid_a_pool_names_without_a_pidfd_is_never_signalled(monkeypatch):
+    """A pool that answers with the pid of some other process of ours (a session leader), and no
+    pidfd of it: the rank is started cold and that process is never killed (before: the task took
+    the pid as its rank's, waited for it to reach the rendezvous, then SIGKILLed its group)."""
+    victim = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    directory = tempfile.mkdtemp(prefix="pool-", dir="/tmp")
+    pool = _LyingPool(directory, os.getpid(), victim.pid)
+    opened = warm_pool.PoolDir.open(directory)
+    monkeypatch.setattr(warm_pool.Pool, "of", classmethod(lambda cls, e, b, a: cls(opened, "failing", b, a)))
+    try:
+        out = BarrierRunner(-2, log_ranks="none", timeout=60, start_timeout=15).run(
+            parent_and_draw, return_all=True
+        )
+        assert pool.requests == 2 and [o["sum"] for o in out] == [2.0, 2.0]
+        assert {o["cold_of"] for o in out} == {os.getpid()}
+        assert victim.poll() is None, "a process the pool named was killed"
+    finally:
+        victim.kill()
+        victim.wait()
+        pool.listener.close()
+        shutil.rmtree(directory)
     assert_no_rank_left()

@@ -114,7 +114,7 @@ def main(fd: int) -> None:
         finally:
             os._exit(127)  # exec failed; its error went to the rank's stderr
     close_all(fds)
-    reply(conn, {"pid": pid})
+    reply(conn, {"pid": pid}, pid)  # with a pidfd: the task signals this process, none other
     code = _wait_rank(conn, pid)
     if code is None:  # killed with everything below it; the exit code no one reads
         kill(pid)

@@ -30,6 +30,7 @@ to the pool, a child subreaper, and killed once its rank has ended (:mod:`.orpha
 
 from __future__ import annotations
 
+import json
 import os
 import selectors
 import signal
@@ -58,8 +59,8 @@ class _Pending:
 
 
 class PoolServer:
-    def __init__(self, listener: socket.socket, anchor: int, idle_s: float) -> None:
-        self.listener, self.idle_s = listener, idle_s
+    def __init__(self, listener: socket.socket, anchor: int, idle_s: float, dir_fd: int = -1) -> None:
+        self.listener, self.idle_s, self.dir_fd = listener, idle_s, dir_fd
         self.sel = selectors.DefaultSelector()
         self.ranks: Dict[int, _Rank] = {}  # pid -> its connection
         self.orphans = Orphans()  # what ranks left behind, re-parented to this pool
@@ -161,7 +162,7 @@ class PoolServer:
         close_all(fds)
         self.ranks[pid] = _Rank(conn, pid)
         self.sel.modify(conn, selectors.EVENT_READ, "rank")
-        reply(conn, {"pid": pid})
+        reply(conn, {"pid": pid}, pid)  # with a pidfd: the task signals this process, none other
 
     def _child(self, conn: socket.socket, request: dict, fds: List[int]) -> None:
         try:
@@ -171,7 +172,10 @@ class PoolServer:
             for c in [conn, self.listener, *self.pending, *(r.conn for r in self.ranks.values())]:
                 c.close()
             close_all([fd for p in self.pending.values() for fd in p.fds])
-            close_all([self.wake_r, self.wake_w] + ([self.anchor_fd] if self.anchor_fd is not None else []))
+            close_all(
+                [self.wake_r, self.wake_w, self.dir_fd]
+                + ([self.anchor_fd] if self.anchor_fd is not None else [])
+            )
             os.setsid()
             start_rank(request, fds, os.getppid())
         except BaseException:
@@ -261,40 +265,57 @@ def alive(pid: int) -> bool:
     return True
 
 
-def main(path: str, backend_name: str, anchor: str, idle_s: str) -> None:
-    """Bind ``path``, leave the parent (which waits for that), preload, serve (the arguments as
-    :data:`.warm_pool.POOL_ENTRY` passes them: strings)."""
+def _arguments() -> dict:
+    """What :meth:`.warm_pool.Pool.start` wrote on this pool's stdin (one JSON line)."""
+    args = json.loads(sys.stdin.buffer.readline(65536).decode("utf-8"))
+    name = args["name"]
+    if not (isinstance(name, str) and name.endswith(".sock") and "/" not in name and len(name) < 80):
+        raise ValueError(f"not a pool socket's name: {name!r}")
+    return {
+        "dir_fd": int(args["dir_fd"]),
+        "name": name,
+        "backend": str(args["backend"]),
+        "anchor": int(args["anchor"]),
+        "idle_s": float(args["idle_s"]),
+    }
+
+
+def main() -> None:
+    """Bind its socket in the directory it was handed, leave the parent (which waits for that),
+    preload, serve (its arguments on stdin: :func:`_arguments`)."""
+    args = _arguments()
+    dir_fd, name = args["dir_fd"], args["name"]
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old = os.umask(0o077)
     try:
-        listener.bind(path)
+        listener.bind(f"/proc/self/fd/{dir_fd}/{name}")  # in that very directory, whatever its path
     finally:
         os.umask(old)
     listener.listen(1024)  # every rank of a run may ask while the pool still imports
-    bound = os.stat(path).st_ino
+    bound = os.stat(name, dir_fd=dir_fd).st_ino
     if os.fork():  # the starting task waits for this exit: the socket is there, connections queue
         os._exit(0)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a notebook's interrupt is for the driver
     try:
         from .. import backends
 
-        backend = backends.get(backend_name)
-        for name, value in backend.env_defaults.items():  # as the rank sets them before its imports
-            os.environ.setdefault(name, value)
+        backend = backends.get(args["backend"])
+        for key, value in backend.env_defaults.items():  # as the rank sets them before its imports
+            os.environ.setdefault(key, value)
         backend.preload()
         from ..data import shard  # noqa: F401 - every rank maps its shard through it (0.2 s)
 
         orphans.subreaper()
-        PoolServer(listener, int(anchor), float(idle_s)).serve()
+        PoolServer(listener, args["anchor"], args["idle_s"], dir_fd).serve()
     finally:
         orphans.end_all()  # ranks die with the pool anyway; what they left, here
         try:
-            if os.stat(path).st_ino == bound:  # not a newer pool's socket at the same path
-                os.unlink(path)
+            if os.stat(name, dir_fd=dir_fd).st_ino == bound:  # not a newer pool's socket there
+                os.unlink(name, dir_fd=dir_fd)
         except OSError:  # gone already
             pass
     os._exit(0)
 
 
 if __name__ == "__main__":  # pragma: no cover - started with POOL_ENTRY
-    main(*sys.argv[1:])
+    main()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import struct
 from typing import Dict, List, Optional
 
 from .. import protocol
@@ -120,11 +121,61 @@ def take_descriptors(request: dict, fds: List[int], parent: int) -> Dict[str, st
     return env
 
 
-def reply(conn: socket.socket, message: dict) -> None:
+def reply(conn: socket.socket, message: dict, pid: Optional[int] = None) -> None:
+    """Send ``message`` (one JSON line); with ``pid``, a pidfd of that process beside it."""
+    line = (json.dumps(message) + "\n").encode()
     try:
-        conn.sendall((json.dumps(message) + "\n").encode())
+        if pid is None:
+            conn.sendall(line)
+            return
+        pidfd = os.pidfd_open(pid)
+        try:
+            socket.send_fds(conn, [line], [pidfd])
+        finally:
+            os.close(pidfd)
     except OSError:
         pass
+
+
+def check_peer(conn: socket.socket, path: str) -> None:
+    """Refuse (``PermissionError``) a connected socket whose server is not this user's process
+    (``SO_PEERCRED``): a socket another user put at ``path`` is never sent a rank's environment,
+    its descriptors or its start message."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    uid = struct.unpack("3i", creds)[1]
+    if uid != os.getuid():
+        raise PermissionError(f"the socket {path} is served by uid {uid}, not by this user")
+
+
+class Replies:
+    """The lines a pool or keeper sends over ``conn``, and the descriptors that came with them."""
+
+    def __init__(self, conn: socket.socket, limit: int = 4096) -> None:
+        self.conn, self.limit, self.buf, self.fds = conn, limit, b"", []
+
+    def next(self) -> Optional[dict]:
+        """The next JSON object (None: the connection ended, timed out, or the line is not one)."""
+        while b"\n" not in self.buf:
+            try:
+                data, fds, _, _ = socket.recv_fds(self.conn, self.limit, 2)
+            except OSError:
+                return None
+            self.fds.extend(fds)
+            if not data or len(self.buf) + len(data) > self.limit:
+                return None
+            self.buf += data
+        line, _, self.buf = self.buf.partition(b"\n")
+        try:
+            message = json.loads(line.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError):
+            return None
+        return message if isinstance(message, dict) else None
+
+    def take_fd(self) -> Optional[int]:
+        """The first descriptor received (the caller owns it); the others closed."""
+        fds, self.fds = self.fds, []
+        close_all(fds[1:])
+        return fds[0] if fds else None
 
 
 def close_all(fds: List[int]) -> None:
@@ -133,16 +184,3 @@ def close_all(fds: List[int]) -> None:
             os.close(fd)
         except OSError:
             pass
-
-
-def read_line(replies, limit: int = 4096) -> Optional[dict]:
-    """One JSON object a server sent (None: the connection ended, timed out, or the line is not one)."""
-    try:
-        buf = replies.readline(limit)
-    except (OSError, ValueError):
-        return None
-    try:
-        message = json.loads(buf.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    return message if isinstance(message, dict) else None

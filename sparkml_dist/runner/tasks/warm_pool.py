@@ -16,7 +16,12 @@ package's files (an edited install is a new pool) and the *anchor*: the process 
 the pool's (Spark's Python daemon on an executor: the application on that executor; the driver's
 process for ``np < 0``).  Its socket is ``<tmp>/sparkml_dist-pool-<uid>/<anchor>-<key>.sock``: a
 directory of the user's own, mode 0700, refused (every rank then starts cold) when it is a link, is
-another user's or is open to others; the pool serves only its own user's processes.
+another user's or is open to others.  That check is made once per process, and the directory is
+then reached only through the descriptor it opened (:class:`PoolDir`: a directory renamed away
+and another linked in its place is never used); the socket's name is never on a command line; a
+task sends a request only to a socket served by its own user (``SO_PEERCRED``), and the pool
+serves only its own user's processes.  A pool answers a rank's pid with a *pidfd* of it, and a
+task signals only a pid it holds a pidfd of (:mod:`.warm_rank`).
 
 **When.**  A rank is always asked of its pool; a task that finds none starts it (in a thread: the
 task goes on), and the request waits in the pool's socket while the pool imports, the task's own
@@ -43,41 +48,74 @@ import hashlib
 import json
 import os
 import socket
-import stat
 import subprocess
 import sys
 from typing import Callable, Dict, Optional, Sequence
 
 from .pool_server import alive
-from .rank_request import NOT_KEYED, server_env
+from .rank_request import NOT_KEYED, check_peer, server_env
 from .warm_rank import WarmProcess
 
 POOL_MARK = "sparkml_dist.runner.tasks.pool_server"  # in a pool's command line (and its ranks')
-POOL_ENTRY = f"import sys; from {POOL_MARK} import main; main(*sys.argv[1:])"
+POOL_ENTRY = f"from {POOL_MARK} import main; main()"  # its arguments: one JSON line on its stdin
 IDLE_S = 300.0  # a pool without a rank for this long ends
 MAX_POOLS = 3  # pools of one anchor (one executor's application) at most
 WARM_ENV = "SPARKML_DIST_WARM_RANKS"  # "0": every rank starts cold
 
 
 def enabled(setting: bool = True) -> bool:
-    return setting and os.environ.get(WARM_ENV, "1") != "0" and hasattr(socket, "recv_fds")
+    """Warm ranks may be used: asked for, and Linux (descriptors over Unix sockets, ``/proc``)."""
+    fit = hasattr(socket, "recv_fds") and hasattr(os, "pidfd_open") and os.path.isdir("/proc/self/fd")
+    return setting and os.environ.get(WARM_ENV, "1") != "0" and fit
 
 
-def pool_dir() -> Optional[str]:
+class PoolDir:
+    """This user's pool directory, checked once and then reached only through the descriptor that
+    check opened (``/proc/self/fd/N/name``): renaming it away and linking another in its place,
+    after the check, changes nothing for this process."""
+
+    def __init__(self, path: str, fd: int) -> None:
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def open(cls, path: str) -> Optional["PoolDir"]:
+        """``path`` made 0700 when missing, opened without following a link, and kept when it is
+        a directory of this user's that no one else can enter; None otherwise."""
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None  # a link, or not a directory
+        st = os.fstat(fd)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            os.close(fd)
+            return None  # another user's, or open to others: no pool (every rank cold)
+        return cls(path, fd)
+
+    def at(self, name: str) -> str:
+        """A path to ``name`` inside this very directory, whatever its name now leads to."""
+        return f"/proc/self/fd/{self.fd}/{name}"
+
+
+_DIRS: Dict[str, PoolDir] = {}  # path -> the directory opened there (once per process)
+
+
+def pool_dir() -> Optional[PoolDir]:
     """This user's pool directory (made 0700), or None when it cannot be trusted."""
     import tempfile
 
     path = os.path.join(tempfile.gettempdir(), f"sparkml_dist-pool-{os.getuid()}")
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError:
-        return None
-    st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
-        return None  # a link, another user's, or open to others: no pool (every rank cold)
-    return path
+    if path not in _DIRS:
+        opened = PoolDir.open(path)
+        if opened is None:
+            return None
+        _DIRS[path] = opened
+    return _DIRS[path]
 
 
 def _install_stamp() -> str:
@@ -102,9 +140,10 @@ def pool_key(env: Dict[str, str], backend: str) -> str:
 class Pool:
     """The pool a rank with ``env`` of ``backend`` under ``anchor`` would come from."""
 
-    def __init__(self, directory: str, key: str, backend: str, anchor: int) -> None:
+    def __init__(self, directory: PoolDir, key: str, backend: str, anchor: int) -> None:
         self.directory, self.backend, self.anchor = directory, backend, anchor
-        self.path = os.path.join(directory, f"{anchor}-{key}.sock")
+        self.name = f"{anchor}-{key}.sock"
+        self.path = directory.at(self.name)  # through the checked directory's descriptor
 
     @classmethod
     def of(cls, env: Dict[str, str], backend: str, anchor: int) -> Optional["Pool"]:
@@ -121,29 +160,39 @@ class Pool:
         When the pool fails the request the rank starts cold (:mod:`.warm_rank`)."""
         return WarmProcess(self, env, cwd, fds, on_pid)
 
+    def touch(self) -> None:
+        """Mark it in use (the last pool to stop); gone meanwhile (another task made room), no matter."""
+        try:
+            os.utime(self.name, dir_fd=self.directory.fd, follow_symlinks=False)
+        except OSError:
+            pass
+
     # ------------------------------------------------------------------ starting it
     def start(self, env: Dict[str, str]) -> None:
-        """Start this pool (returns once its socket accepts: requests then wait for its imports)."""
-        lock_path = os.path.join(self.directory, "start.lock")
+        """Start this pool (returns once its socket accepts: requests then wait for its imports).
+        Its socket's name and directory reach it on its stdin and as a descriptor, never on its
+        command line (which any user can read)."""
+        dfd = self.directory.fd
         try:
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open("start.lock", flags, 0o600, dir_fd=dfd)
         except OSError:
             return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # one task of the executor starts it; the others see it
             if _answers(self.path):
                 return
-            _unlink(self.path)  # a pool that ended without removing its socket
+            _unlink(self.name, dfd)  # a pool that ended without removing its socket
             self._make_room()
-            env = server_env(env)
-            cmd = [sys.executable, "-c", POOL_ENTRY, self.path, self.backend, str(self.anchor), str(IDLE_S)]
+            args = {"dir_fd": dfd, "name": self.name, "backend": self.backend, "anchor": self.anchor}
             subprocess.run(
-                cmd,
-                env=env,
+                [sys.executable, "-c", POOL_ENTRY],
+                input=(json.dumps({**args, "idle_s": IDLE_S}) + "\n").encode(),
+                env=server_env(env),
                 cwd="/",
-                stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
+                pass_fds=(dfd,),
                 start_new_session=True,
                 timeout=60,
                 check=False,
@@ -156,46 +205,55 @@ class Pool:
     def _make_room(self) -> None:
         """Stop the least recently used pools of this anchor beyond MAX_POOLS - 1; remove the
         sockets of pools whose anchor is gone (a pool killed before it could)."""
-        mine = []
-        for name in os.listdir(self.directory):
+        dfd, mine = self.directory.fd, []
+        for name in os.listdir(dfd):
             if not name.endswith(".sock"):
                 continue
-            path = os.path.join(self.directory, name)
             anchor = name.split("-", 1)[0]
             if anchor.isdigit() and not alive(int(anchor)):
-                _unlink(path)
+                _unlink(name, dfd)
             elif name.startswith(f"{self.anchor}-"):
                 try:
-                    mine.append((os.lstat(path).st_mtime, path))
+                    mine.append((os.lstat(name, dir_fd=dfd).st_mtime, name))
                 except FileNotFoundError:
                     continue
-        for _, path in sorted(mine)[: max(0, len(mine) - (MAX_POOLS - 1))]:
-            _send(path, {"stop": True})
-            _unlink(path)
+        for _, name in sorted(mine)[: max(0, len(mine) - (MAX_POOLS - 1))]:
+            _send(self.directory.at(name), {"stop": True})
+            _unlink(name, dfd)
+
+
+def connect(path: str, timeout: float) -> socket.socket:
+    """A connection to the pool at ``path``, refused (``PermissionError``) unless the process
+    serving it is this user's (:func:`.rank_request.check_peer`)."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(timeout)
+    try:
+        conn.connect(path)
+        check_peer(conn, path)
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _answers(path: str) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(1.0)
-        try:
-            conn.connect(path)
-        except OSError:
-            return False
+    try:
+        connect(path, 1.0).close()
+    except OSError:
+        return False
     return True
 
 
 def _send(path: str, message: dict) -> None:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-        conn.settimeout(1.0)
-        try:
-            conn.connect(path)
-            conn.sendall((json.dumps(message) + "\n").encode())
-        except OSError:
-            pass
-
-
-def _unlink(path: str) -> None:
     try:
-        os.unlink(path)
+        with connect(path, 1.0) as conn:
+            conn.sendall((json.dumps(message) + "\n").encode())
+    except OSError:
+        pass
+
+
+def _unlink(name: str, dir_fd: int) -> None:
+    try:
+        os.unlink(name, dir_fd=dir_fd)
     except FileNotFoundError:
         pass

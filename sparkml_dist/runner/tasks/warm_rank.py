@@ -30,7 +30,7 @@ import threading
 from typing import Callable, Dict, List, Optional, Sequence
 
 from .keeper import KEEPER_ENTRY
-from .rank_request import read_line, server_env
+from .rank_request import Replies, check_peer, server_env
 
 CONNECT_WAIT_S = 10.0  # a pool's socket that does not accept within this: the rank starts cold
 PID_WAIT_S = 120.0  # a pool that does not fork within this (its import hangs): the rank starts cold
@@ -48,6 +48,7 @@ class WarmProcess:
         self.returncode: Optional[int] = None
         self.cold = False  # no pool, or it failed the request: started by a keeper, a new interpreter
         self.conn: Optional[socket.socket] = None
+        self._pidfd: Optional[int] = None  # proves self.pid still names the rank (its pool's or keeper's)
         self._killed = False
         self._lock = threading.Lock()
         self._ended = threading.Event()
@@ -64,31 +65,42 @@ class WarmProcess:
     # ------------------------------------------------------------------ the request's thread
     def _run(self) -> None:
         replies = self._ask(self._request) if self.pool is not None else None
-        reply = read_line(replies) if replies is not None else None
-        if not isinstance(reply.get("pid") if reply else None, int):  # no pool, or it failed
+        pid, pidfd = self._forked(replies)
+        if pid is None:  # no pool, or it failed the request (or sent no pidfd with its answer)
             with self._lock:
                 self._drop_conn()
             self.cold = True
             replies = self._ask(self._keeper_request)
-            reply = read_line(replies) if replies is not None else None
-        pid = reply.get("pid") if reply else None
+            pid, pidfd = self._forked(replies)
         with self._lock:
             if self._killed:  # killed or closed meanwhile: a rank forked anyway dies with the connection
+                _close(pidfd)
                 return self._end(-signal.SIGKILL) if not self._ended.is_set() else None
-            if not isinstance(pid, int):  # not even a keeper could start it
+            if pid is None:  # not even a keeper could start it
                 os.write(self._kept[2], b"the rank could not be started: its keeper did not run it\n")
                 self._release()
                 return self._end(1)
-            self.pid = pid
+            self.pid, self._pidfd = pid, pidfd
             self._release()
             self.conn.settimeout(None)
         self.on_pid(pid)
-        reply = read_line(replies)
+        reply = replies.next()
         code = reply.get("exit") if reply else None
         self._end(code if isinstance(code, int) else -signal.SIGKILL)
 
-    def _ask(self, request):
-        """``request()``'s reader of replies; None when it failed (whatever went wrong)."""
+    @staticmethod
+    def _forked(replies: Optional[Replies]):
+        """(pid, its pidfd) from the first answer; (None, None) without both."""
+        reply = replies.next() if replies is not None else None
+        pid = reply.get("pid") if reply else None
+        pidfd = replies.take_fd() if replies is not None else None
+        if isinstance(pid, int) and pidfd is not None:
+            return pid, pidfd
+        _close(pidfd)
+        return None, None
+
+    def _ask(self, request) -> Optional[Replies]:
+        """``request()``'s replies; None when it failed (whatever went wrong)."""
         try:
             return request()
         except Exception:  # noqa: BLE001 - a pool or keeper that failed: the caller goes on without it
@@ -96,9 +108,9 @@ class WarmProcess:
                 self._drop_conn()
             return None
 
-    def _request(self):
+    def _request(self) -> Optional[Replies]:
         """Connect (starting the pool first when it is not running) and send the request; the
-        connection's reader, or None when no pool took it."""
+        connection's replies, or None when no pool of this user took it."""
         for attempt in (0, 1):
             if attempt or not os.path.exists(self.pool.path):
                 self.pool.start(self.env)  # a stale socket is replaced; another task's start is waited for
@@ -108,21 +120,19 @@ class WarmProcess:
                 return None
             try:
                 conn.connect(self.pool.path)
+                check_peer(conn, self.pool.path)  # another user's socket gets nothing of the rank
                 self._send(conn)
             except OSError:
                 with self._lock:
                     self._drop_conn()
                 continue
             conn.settimeout(PID_WAIT_S)
-            try:
-                os.utime(self.pool.path, follow_symlinks=False)  # in use: the last pool to stop
-            except OSError:  # the pool stopped meanwhile (another task made room): it answers nothing
-                pass
-            return conn.makefile("rb")
+            self.pool.touch()
+            return Replies(conn)
         return None
 
-    def _keeper_request(self):
-        """Start a keeper for the rank (:mod:`.keeper`) and send it the request; its reader."""
+    def _keeper_request(self) -> Optional[Replies]:
+        """Start a keeper for the rank (:mod:`.keeper`) and send it the request; its replies."""
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             if not self._hold(mine):
@@ -142,7 +152,7 @@ class WarmProcess:
         finally:
             theirs.close()
         self._send(mine)
-        return mine.makefile("rb")
+        return Replies(mine)
 
     def _hold(self, conn: socket.socket) -> bool:
         """Keep ``conn`` as the request's connection (False: killed meanwhile, nothing to ask)."""
@@ -195,7 +205,7 @@ class WarmProcess:
         """Kill the rank's process group; not forked yet, it never will be (ended: -SIGKILL)."""
         with self._lock:
             if self.pid is not None:
-                return killpg(self.pid)
+                return killpg(self.pid, self._pidfd)
             self._killed = True
             self._drop_conn()
             self._release()
@@ -207,11 +217,26 @@ class WarmProcess:
             self._killed = True
             self._drop_conn()
             self._release()
+            _close(self._pidfd)
+            self._pidfd = None
 
 
-def killpg(pid: int) -> None:
-    """SIGKILL process group ``pid`` (a rank's: it leads a session of its own), if it is still there."""
+def _close(fd: Optional[int]) -> None:
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def killpg(pid: int, pidfd: Optional[int]) -> None:
+    """SIGKILL process group ``pid`` (a rank's: it leads a session of its own), if that very process
+    is still there: ``pidfd`` (from its pool or keeper) proves the number still names it; a pid
+    without one is never signalled."""
+    if pidfd is None:
+        return
     try:
+        signal.pidfd_send_signal(pidfd, 0)  # ProcessLookupError: it ended, its number may be reused
         os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
+    except (ProcessLookupError, PermissionError, OSError):
         pass
