@@ -91,12 +91,14 @@ class HorovodRunner:
     def _runner(self, spark, main: Callable):
         """The BarrierRunner of one run; ``spark`` is the session (None only for np < 0)."""
         from .runner import BarrierRunner
+        from .runner.launchers import local_processes
 
         np_ = self.num_processor or _all_slots(spark)
+        local = local_processes(np_)
         options = dict(self._options)
         if "use_gpu" not in options:
-            options["use_gpu"] = np_ > 0 and _spark_env.schedules_gpus(_spark_env.conf_of(spark))
-        everything = self.driver_log_verbosity == "all" or np_ < 0
+            options["use_gpu"] = not local and _spark_env.schedules_gpus(_spark_env.conf_of(spark))
+        everything = self.driver_log_verbosity == "all" or local
         return BarrierRunner(
             np_, backend=_backend(main), log_ranks="all" if everything else "none", **options
         )

@@ -103,13 +103,13 @@ def _inputs(df, input_cols: Sequence[str]):
 
 def _ensemble(model: Any):
     """A saved ensemble's directory, or an ensemble / grouped model, as the stage; else None."""
-    from .ensemble.models import _BaggingModel
+    from .ensemble.models import BaggingModel
 
     if isinstance(model, str):
         from .ensemble.persistence import load_stage
 
         return load_stage(model)
-    return model if isinstance(model, _BaggingModel) else None
+    return model if isinstance(model, BaggingModel) else None
 
 
 def _ensemble_scores(df, stage, input_cols, output_col: str, method: str):

@@ -113,10 +113,34 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
     be large."""
     import logging
 
-    from .errors import ConfigurationError
-
     log = logging.getLogger(__name__)
     prefix = os.path.realpath(prefix or sys.prefix)
+    packer = _packer(prefix)
+    secrets = secret_files(prefix)
+    if secrets:
+        log.warning(
+            "ship_environment: left out of the archive of %s, as they may hold credentials (a private "
+            "index's token, passwords): %s",
+            prefix,
+            ", ".join(secrets),
+        )
+    directory, name = _archive_place(output, prefix)
+    size = _pack(packer, prefix, directory, name, secrets)
+    if size > LARGE_BYTES:
+        log.warning(
+            "ship_environment: the archive of %s is %.1f GiB; every executor copies and unpacks it "
+            "at its first task. Ship a smaller environment (only what the job imports)",
+            prefix,
+            size / (1 << 30),
+        )
+    return os.path.join(directory, name)
+
+
+def _packer(prefix: str):
+    """venv-pack or conda-pack, whichever packs ``prefix``; an environment neither can ship (none
+    at all, or one with editable installs) refused by name."""
+    from .errors import ConfigurationError
+
     conda = os.path.isdir(os.path.join(prefix, "conda-meta"))
     venv = os.path.exists(os.path.join(prefix, "pyvenv.cfg"))
     if not (conda or venv):
@@ -135,21 +159,17 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
         )
     tool = "conda_pack" if conda else "venv_pack"
     try:
-        packer = __import__(tool)
+        return __import__(tool)
     except ImportError:
         raise ConfigurationError(
             f"ship_environment needs {tool.replace('_', '-')} to pack {prefix}: pip install "
             f"'sparkml_dist[ship]'{' conda-pack' if conda else ''}"
         ) from None
-    secrets = secret_files(prefix)
-    if secrets:
-        log.warning(
-            "ship_environment: left out of the archive of %s, as they may hold credentials (a private "
-            "index's token, passwords): %s",
-            prefix,
-            ", ".join(secrets),
-        )
-    directory, name = _archive_place(output, prefix)
+
+
+def _pack(packer, prefix: str, directory: str, name: str, secrets: list) -> int:
+    """``prefix`` packed as ``directory/name`` (reached through the directory's descriptor, written
+    under a temporary name, then moved), without ``secrets``; its size."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     try:
         _check_target(fd, name, os.path.join(directory, name))
@@ -167,17 +187,9 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
             filters=[("exclude", rel) for rel in secrets] or None,
         )
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-        size = os.stat(name, dir_fd=fd).st_size
+        return os.stat(name, dir_fd=fd).st_size
     finally:
         os.close(fd)
-    if size > LARGE_BYTES:
-        log.warning(
-            "ship_environment: the archive of %s is %.1f GiB; every executor copies and unpacks it "
-            "at its first task. Ship a smaller environment (only what the job imports)",
-            prefix,
-            size / (1 << 30),
-        )
-    return os.path.join(directory, name)
 
 
 def _archive_place(output: Optional[str], prefix: str):

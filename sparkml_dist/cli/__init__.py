@@ -134,9 +134,10 @@ def _command(args) -> int:
 
 
 def _with_session(args, job: Optional[dict], base: Optional[str]) -> int:
+    from sparkml_dist.runner.launchers import local_processes
     from sparkml_dist.session import get_session
 
-    if args.command == "run" and args.np != "auto" and args.np < 0:  # local processes: no Spark session
+    if args.command == "run" and args.np != "auto" and local_processes(args.np):  # no Spark session
         return run_command.run(None, args)
     conf_file = args.spark_conf
     if (

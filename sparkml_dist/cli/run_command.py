@@ -160,12 +160,22 @@ def run(spark, args) -> int:
         if args.replicas or args.streams:
             raise ConfigurationError("--replicas and --streams shape --input's rows: give --input too")
         runner.run(run_script, *call)
-        return 0
-    if spark is None:
-        raise ConfigurationError("--input is read by Spark: run on Spark tasks (--np > 0, --master ...)")
-    df = _input(spark, args.input)
-    runner.run_with_data(df, run_script, *call, replicas=args.replicas, streams=args.streams)
+    else:
+        if spark is None:
+            raise ConfigurationError("--input is read by Spark: run on Spark tasks (--np > 0, --master ...)")
+        df = _input(spark, args.input)
+        runner.run_with_data(df, run_script, *call, replicas=args.replicas, streams=args.streams)
+    _print_times()
     return 0
+
+
+def _print_times() -> None:
+    """Where each rank's time went (``sparkml_dist.runner.last_run()``), as a table, and the advice."""
+    from ..runner import last_run
+
+    report = last_run()
+    if report is not None:
+        print(f"where the time went (seconds, totals per rank):\n{report.table()}{report.advice}", flush=True)
 
 
 def _input(spark, where: str):

@@ -1,6 +1,6 @@
 """Each group's rows -> its fitted model: the recipe of every per-group trainer.  [executor]
 
-:func:`_one` fits one group for the task loop (:func:`sparkml_dist.ensemble._fit_task.fit_groups`):
+:func:`fit_one` fits one group for the task loop (:func:`sparkml_dist.ensemble._fit_task.fit_groups`):
 
 1. its rows are put in one fixed order, by their row key (``KEY_COL``, a hash of the seed and the
    row; ties, i.e. bootstrap copies of one row, by label and weight), so a group is fitted on the
@@ -273,7 +273,7 @@ def _store(store, result) -> List[dict]:
 
 
 # --------------------------------------------------------------------------- one group
-def _one(spec: GroupFitSpec, loaded, group: int, key: Any, parts):
+def fit_one(spec: GroupFitSpec, loaded, group: int, key: Any, parts):
     """One group fitted, its rows held (a list of batches) or streamed (a :class:`~._fit_stream.Counted`
     iterator: :mod:`._fit_stream`): its result as a collected batch, or (blocks) a
     :class:`GroupResult` with the model encoded; a failure as an error batch

@@ -2,7 +2,7 @@
 
 :func:`fit_groups` is the ``mapInArrow`` function of :func:`sparkml_dist.ensemble.groups.fit` and
 :func:`~sparkml_dist.ensemble.groups.fit_keys`.  A task's rows arrive one group after another
-(``GROUP_COL``); each group is fitted by :func:`~._fit_groups._one` (in this process, or, with a
+(``GROUP_COL``); each group is fitted by :func:`~._fit_groups.fit_one` (in this process, or, with a
 per-key timeout, in a child process the task watches: :mod:`._key_watch`), the driver's bar of
 groups done is told (batched), and the result goes out: collected per group, or, for a fit of
 many keys, added to the task's open block (:mod:`.key_blocks`), written to the store or collected
@@ -22,7 +22,7 @@ import pyarrow as pa
 from .. import collection, progress, serialization
 from ..group_rows import KEY_VALUE_COL, group_streams, hashable
 from . import _key_watch
-from ._fit_groups import Clone, GroupFitSpec, Template, _one
+from ._fit_groups import Clone, GroupFitSpec, Template, fit_one
 from ._fit_stream import Counted
 from .key_blocks import BLOCK_ITEM, Block, BlockWriter
 from .key_blocks import FORMAT as BLOCK_FORMAT
@@ -42,9 +42,9 @@ def fit_groups(batches: Iterable[pa.RecordBatch], spec: GroupFitSpec) -> Iterato
             if spec.key_timeout:  # in the watched child, its rows held or streamed to it
                 out = watched.fit(group, key, stream, streamed=_streamed(spec, group))
             elif _streamed(spec, group):  # never held: fitted here, as its batches arrive
-                out = _one(spec, loaded, group, key, Counted(stream))
+                out = fit_one(spec, loaded, group, key, Counted(stream))
             else:
-                out = _one(spec, loaded, group, key, list(stream))
+                out = fit_one(spec, loaded, group, key, list(stream))
             report()
             if isinstance(out, pa.RecordBatch):  # a collected result, or the error that ends the fit
                 yield out

@@ -18,7 +18,7 @@ the fit only, not the child's start.
 Example (what :func:`~._fit_task.fit_groups` does)::
 
     with Watched(spec) as watched:
-        out = watched.fit(group, key, parts)    # _one's result, or the timeout's
+        out = watched.fit(group, key, parts)    # fit_one's result, or the timeout's
         out = watched.fit(group, key, stream, streamed=True)
 """
 
@@ -103,7 +103,7 @@ class Watched:
             self._child = None
 
     def fit(self, group: int, key: Any, parts: Iterable[pa.RecordBatch], streamed: bool = False) -> Any:
-        """What :func:`~._fit_groups._one` returns for this key, from the child, or the timeout's
+        """What :func:`~._fit_groups.fit_one` returns for this key, from the child, or the timeout's
         error (the child and its processes killed).  ``streamed``: ``parts`` is the key's stream,
         sent a batch at a time while the child fits (its rows are counted as they pass)."""
         if self._child is None:
@@ -186,7 +186,7 @@ def main() -> None:
     frames = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the fit prints goes to stderr, never into the answers
     sys.stdout = sys.stderr
-    from ._fit_groups import Clone, Template, _one
+    from ._fit_groups import Clone, Template, fit_one
     from ._fit_stream import Counted
 
     spec = serialization.loads(_read(sys.stdin.buffer))
@@ -203,7 +203,7 @@ def main() -> None:
             parts = Counted(_frames(sys.stdin.buffer))
         else:
             parts = list(pa.ipc.open_stream(data))
-        _write(frames, serialization.dumps(_one(spec, loaded, group, key, parts)))
+        _write(frames, serialization.dumps(fit_one(spec, loaded, group, key, parts)))
 
 
 if __name__ == "__main__":

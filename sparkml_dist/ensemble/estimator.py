@@ -35,7 +35,7 @@ from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
 from .models import BaggingClassificationModel, BaggingRegressionModel  # noqa: F401
-from .params import _ClassifierParams, _RegressorParams
+from .params import ClassifierParams, RegressorParams
 from .persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
@@ -241,7 +241,7 @@ class _BaggingEstimator(Estimator, StageReadWrite):
         return self._copyValues(model)
 
 
-class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
+class BaggingClassifier(_BaggingEstimator, ClassifierParams):
     """Bagged ensemble of scikit-learn-API classifiers, one per group of rows (and columns).
 
     Parameters (all keyword): ``estimator`` (default ``DecisionTreeClassifier()``), ``numModels``
@@ -299,7 +299,7 @@ class BaggingClassifier(_BaggingEstimator, _ClassifierParams):
         return BaggingClassificationModel
 
 
-class BaggingRegressor(_BaggingEstimator, _RegressorParams):
+class BaggingRegressor(_BaggingEstimator, RegressorParams):
     """Bagged ensemble of scikit-learn-API regressors; predictions are the members' mean.
 
     Same parameters as :class:`BaggingClassifier` without the classifier-only ones

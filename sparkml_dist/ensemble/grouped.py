@@ -54,13 +54,13 @@ from ._fit_groups import Clone, GroupFitSpec, Inputs, fresh_copy
 from .grouped_model import GroupedModel
 from .key_models import KeyModels
 from .member_records import FEATURES, LABEL
-from .params import _GroupedParams
+from .params import GroupedParams
 from .persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
 
 
-class GroupedTrainer(Estimator, _GroupedParams, StageReadWrite):
+class GroupedTrainer(Estimator, GroupedParams, StageReadWrite):
     """One clone of ``estimator`` per distinct value of ``groupCol`` (see the module docstring).
 
     Parameters (keyword): ``estimator``, ``groupCol``, ``featuresCols`` / ``featuresCol``,

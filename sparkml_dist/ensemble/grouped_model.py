@@ -35,7 +35,7 @@ from ._key_scoring import BLOCK_COL, INDEX_COL, PredictSpec, predict_keys, predi
 from .key_models import KeyModels
 from .member_records import FEATURES, KeyModel
 from .members_table import TableMembers, read_table
-from .params import _GroupedParams
+from .params import GroupedParams
 from .persistence import StageReadWrite
 
 ROUTE_KEYS = 4096  # more keys: each row is scored in the task that reads its key's block
@@ -64,7 +64,7 @@ class ModelsByKey(Mapping):
         return ((k, self._models.model(int(i))) for k, i in zip(keys, self._ok))
 
 
-class GroupedModel(Model, _GroupedParams, StageReadWrite, TableMembers):
+class GroupedModel(Model, GroupedParams, StageReadWrite, TableMembers):
     """The models of a :class:`GroupedTrainer`, one per key (see the module docstring).
     ``members``: models given whole (:class:`KeyModel`\\ s), instead of ``models``."""
 

@@ -45,7 +45,7 @@ import pyarrow as pa
 
 from .. import formats as model_formats
 from ..formats.checks import UnsafeModelError
-from .member_records import _plain
+from .member_records import json_key
 from .members_table import FAILED, row_digest
 
 BLOCK_BYTES = 256 << 10
@@ -106,7 +106,7 @@ class BlockWriter:
             self._lo = int(index)
         fmt, data = (FAILED, b"") if error is not None else encoded
         record = {"kind": "key_model", "group": int(index), "rows": int(rows)}
-        if _plain(key):
+        if json_key(key):
             record["key"] = key
         if error is not None:
             record["error"] = str(error)

@@ -86,7 +86,7 @@ class KeyModel:
     metrics: Dict[str, float] = field(default_factory=dict)
 
 
-def _plain(key: Any) -> bool:
+def json_key(key: Any) -> bool:
     try:
         json.dumps(key)
         return True
@@ -107,7 +107,7 @@ def to_record(m: Any) -> Tuple[dict, Any]:
             "constant": bool(m.constant),
         }, m.model
     record = {"kind": "key_model", "group": int(m.group), "rows": int(m.rows)}
-    if _plain(m.key):  # a key JSON cannot hold (a timestamp) is the driver's to name, by group
+    if json_key(m.key):  # a key JSON cannot hold (a timestamp) is the driver's to name, by group
         record["key"] = m.key
     if m.metrics:
         record["metrics"] = dict(m.metrics)

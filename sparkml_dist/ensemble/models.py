@@ -31,11 +31,11 @@ from .member_records import Member
 from .member_store import LazyMembers
 from .members import FittedMember, public
 from .members_table import TableMembers
-from .params import _ClassifierParams, _RegressorParams
+from .params import ClassifierParams, RegressorParams
 from .persistence import StageReadWrite
 
 
-class _BaggingModel(Model, StageReadWrite, TableMembers):
+class BaggingModel(Model, StageReadWrite, TableMembers):
     _is_classifier = False
 
     def _table_state(self) -> dict:
@@ -134,7 +134,7 @@ class _BaggingModel(Model, StageReadWrite, TableMembers):
         return out.withColumns(outputs).drop(tmp)
 
 
-class BaggingClassificationModel(_BaggingModel, _ClassifierParams):
+class BaggingClassificationModel(BaggingModel, ClassifierParams):
     """A fitted :class:`BaggingClassifier`."""
 
     _is_classifier = True
@@ -161,7 +161,7 @@ class BaggingClassificationModel(_BaggingModel, _ClassifierParams):
         return np.asarray(self._classes)[raw.argmax(axis=1)]
 
 
-class BaggingRegressionModel(_BaggingModel, _RegressorParams):
+class BaggingRegressionModel(BaggingModel, RegressorParams):
     """A fitted :class:`BaggingRegressor`."""
 
     def predict(self, X) -> np.ndarray:

@@ -177,7 +177,7 @@ class _BaggingParams(
         return self.getOrDefault(self.featureRatio)
 
 
-class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
+class ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
     voting = declare(
         "voting",
         "soft (average member probabilities) or hard (majority of member predictions)",
@@ -202,7 +202,7 @@ class _ClassifierParams(_BaggingParams, HasProbabilityCol, HasRawPredictionCol):
         return self.getOrDefault(self.maxClasses)
 
 
-class _RegressorParams(_BaggingParams):
+class RegressorParams(_BaggingParams):
     pass
 
 
@@ -210,7 +210,7 @@ SMALL_GROUP_POLICIES = ("error", "skip")
 UNSEEN_POLICIES = ("error", "null")
 
 
-class _GroupedParams(_PerGroupParams, HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol, HasSeed):
+class GroupedParams(_PerGroupParams, HasEstimatorAndFeatures, HasLabelCol, HasPredictionCol, HasSeed):
     groupCol = declare("groupCol", "column whose distinct values get one model each", TypeConverters.toString)
     minRows = declare("minRows", "fewest rows a key needs to get a model (>= 1)", TypeConverters.toInt)
     onSmallGroups = declare(

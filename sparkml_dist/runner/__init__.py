@@ -1,8 +1,9 @@
 """Barrier-mode data-parallel training on Spark (a HorovodRunner / TorchDistributor equivalent).  [anywhere]
 
 Driver side: :class:`BarrierRunner`.  Inside the training function (a rank process):
-:func:`context`, :func:`init_process_group`, :func:`log_to_driver`, :func:`shard` and
-:mod:`checkpoint` (save/load).  Importing this package imports neither torch nor pyspark; rank
+:func:`context`, :func:`init_process_group`, :func:`log_to_driver`, :func:`shard`, :func:`step`
+and :mod:`checkpoint` (save/load); after a run, on the driver, :func:`last_run` (where each rank's
+time went).  Importing this package imports neither torch nor pyspark; rank
 processes import only what they use.
 
 Where each module of the runner runs and what it holds: the module map in docs/design.md.
@@ -14,6 +15,7 @@ Spark's environment (masters, slots, memory, sessions, JVM calls) is read in
 from . import checkpoint
 from .context import RankContext, context, init_process_group, log_metrics, log_to_driver
 from .data.shard import Shard, shard
+from .timing import step
 
 __all__ = [
     "BarrierRunner",
@@ -25,6 +27,8 @@ __all__ = [
     "shard",
     "RankContext",
     "Shard",
+    "last_run",
+    "step",
 ]
 
 
@@ -33,4 +37,8 @@ def __getattr__(name):  # BarrierRunner is driver-side: loaded on first use, not
         from .runner import BarrierRunner
 
         return BarrierRunner
+    if name == "last_run":  # the driver's report of the last run's step times
+        from .timing.report import last_run
+
+        return last_run
     raise AttributeError(name)

@@ -20,8 +20,7 @@ from typing import Optional, Tuple
 
 from ..errors import ConfigurationError
 from ..gpus import DEVICE_ENV, DEVICES_ENV
-from . import backends, protocol
-from .tasks import rank as _rank
+from . import backends, protocol, rank_channel
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ def log_to_driver(message: str) -> None:
     Prefixed with ``[rank r]`` like streamed lines. Outside a function run by the runner, prints it.
     """
     for line in str(message).splitlines() or [""]:
-        if not _rank.send_log(line):
+        if not rank_channel.send_log(line):
             print(line, flush=True)
 
 
@@ -77,7 +76,7 @@ def log_metrics(step: Optional[int] = None, **metrics) -> None:
 
     values = metric_values("log_metrics", step, metrics, step_required=False)
     if os.environ.get("RANK") == "0":
-        _rank.send_metrics(step, values)
+        rank_channel.send_metrics(step, values)
 
 
 def init_process_group(backend: str = None, **kwargs) -> None:

@@ -45,6 +45,7 @@ class Monitor:
         self.backend = backend or backends.get("torch")
         self._sink = sink
         self.on_metrics: Callable[[Dict[str, Any], Optional[int]], Any] = lambda metrics, step: None
+        self.on_timing: Callable[[Any, Dict[str, Any]], Any] = lambda rank, summary: None
         self._lock = threading.Lock()
         self.reached: set = set()
         self.hosts: Dict[int, str] = {}  # rank -> the address it announced at the rendezvous
@@ -100,6 +101,8 @@ class Monitor:
                 self.left.add(rank)
         elif kind == protocol.FRAME_FAILED:
             self.add_failure(msg)
+        elif kind == protocol.FRAME_TIMING:
+            self.on_timing(rank, msg)
         elif kind == protocol.FRAME_METRICS and rank == 0 and isinstance(msg.get("metrics"), dict):
             step = msg.get("step")
             self.on_metrics(msg["metrics"], step if isinstance(step, int) else None)

@@ -1,8 +1,8 @@
 """Launch one attempt of a run and wait for it: on Spark barrier tasks, or as local processes.  [driver]
 
-:func:`choose` picks, once per run and from the sign of ``np`` (the one place that tests it), a
-:class:`SparkLauncher` (``np > 0``) or a :class:`LocalLauncher` (``np < 0``); both have the same
-methods, so a run never asks which it holds.
+:func:`choose` picks, once per run and from the sign of ``np`` (:func:`local_processes`, the one
+place that tests it), a :class:`SparkLauncher` (``np > 0``) or a :class:`LocalLauncher` (``np <
+0``); both have the same methods, so a run never asks which it holds.
 
 Both launch paths hand the same :class:`~sparkml_dist.runner.task_spec.TaskSpec` to the same
 :func:`~sparkml_dist.runner.tasks.task.supervise`; they differ in who gang-schedules the ranks (Spark's
@@ -13,72 +13,20 @@ barrier stage, or threads on the driver) and in how a run is cancelled (its job 
 
 from __future__ import annotations
 
-import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from .. import _spark_env, arg_checks, collection, launch
 from ..errors import ConfigurationError, RunTimeoutError
 from ..gpus import assign_local, rank_profile
 from . import admission, protocol
+from .deadlines import Deadline, within
 from .failures import FAILURE_GRACE_S, Monitor, results_too_large, translate
 from .task_spec import TaskSpec
 from .tasks import task as _task
 from .tasks.gangs import ThreadGang
-
-
-@dataclass(frozen=True)
-class Deadline:
-    """When the whole run (restarts included) must end; ``timeout`` None: never."""
-
-    timeout: Optional[float]
-    at: Optional[float]
-
-    @classmethod
-    def after(cls, timeout: Optional[float]) -> "Deadline":
-        return cls(timeout, time.monotonic() + timeout if timeout else None)
-
-    def expired(self) -> bool:
-        return self.at is not None and time.monotonic() > self.at
-
-    def remaining(self, default: float) -> float:
-        """Seconds left (``default`` when there is no deadline)."""
-        return default if self.at is None else max(0.0, min(default, self.at - time.monotonic()))
-
-
-@contextlib.contextmanager
-def within(spark, deadline: Deadline, what: str):
-    """Spark jobs started inside (planning: counting and dealing rows) run under the run's own tag:
-    Ctrl-C cancels them and nothing else, and the run's deadline passing cancels them too, which
-    raises :class:`RunTimeoutError` saying ``what`` was running."""
-    if spark is None:
-        yield
-        return
-    tag, fired = launch.JobTag(spark), threading.Event()
-
-    def expire() -> None:
-        fired.set()
-        tag.cancel()
-
-    timer = threading.Timer(deadline.remaining(float("inf")), expire)
-    timer.daemon = True
-    if deadline.at is not None:
-        timer.start()
-    try:
-        with tag.scope():
-            yield
-    except Exception as exc:
-        if fired.is_set():
-            raise RunTimeoutError(
-                f"the run exceeded timeout={deadline.timeout}s while {what}; its Spark jobs were "
-                "cancelled before any rank started"
-            ) from exc
-        raise
-    finally:
-        timer.cancel()
 
 
 def _cancel_until_done(cancel: Callable[[], None], done: threading.Event, limit_s: float = 30.0) -> None:
@@ -285,12 +233,18 @@ class LocalLauncher:
         return launch_local(data_df, spec, monitor, deadline)
 
 
+def local_processes(np_: int) -> bool:
+    """Whether ``np`` asks for local processes on the driver (``np < 0``) rather than Spark barrier
+    tasks (``np > 0``): the one place that tests its sign."""
+    return np_ < 0
+
+
 def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:
     """``min_np``: None, or 1 <= min_np <= np for Spark tasks (np > 0) with restarts to use it."""
     if min_np is None:
         return None
     arg_checks.integer("min_np", min_np, 1, fix="the fewest ranks a restart may run with (1 <= min_np <= np)")
-    if np_ < 0:
+    if local_processes(np_):
         raise ConfigurationError(
             f"min_np={min_np} with np={np_}: local processes (np < 0) always start all {-np_}; "
             "min_np is for Spark barrier tasks (np > 0), whose slots a lost host takes away"
@@ -308,8 +262,9 @@ def check_min_np(min_np, np_: int, max_restarts: int) -> Optional[int]:
 def choose(np_: int, df, spark) -> "SparkLauncher | LocalLauncher":
     """The launcher of one run: local processes for ``np < 0``, else barrier tasks of the
     DataFrame's session, ``spark``, or the active session."""
+    local = local_processes(np_)
     trial = os.environ.get(protocol.IN_TRIAL_ENV)
-    if trial is not None and (np_ > 0 or df is not None):
+    if trial is not None and (not local or df is not None):
         raise ConfigurationError(
             f"BarrierRunner(np={np_}){' with a DataFrame' if df is not None else ''} inside Tuner "
             f"trial {trial}: a trial runs in a Spark task, and barrier jobs are started from the "
@@ -318,7 +273,7 @@ def choose(np_: int, df, spark) -> "SparkLauncher | LocalLauncher":
             "tune the BarrierRunner job from the driver one configuration at a time."
         )
     session = df.sparkSession if df is not None else None
-    if np_ < 0:
+    if local:
         return LocalLauncher(session)
     if session is None:
         session = spark or _spark_env.active_session(

@@ -51,6 +51,18 @@ REPLACES_ENV = "SPARKML_DIST_REPLACES"  # "n": this rank replaces one lost insid
 SPARE_ENV = "SPARKML_DIST_SPARE"  # "1": a rank started ahead, to take a lost rank's place (tasks.replace)
 
 RANK_ENTRY = "from sparkml_dist.runner.tasks.rank import run; run()"
+# Horovod's variables for one rank of one run (its place and its Gloo rendezvous): set by the
+# Horovod backend in each rank's start message, and never part of a warm pool's key
+HOROVOD_RANK_VARS = (
+    "HOROVOD_RANK",
+    "HOROVOD_SIZE",
+    "HOROVOD_LOCAL_RANK",
+    "HOROVOD_LOCAL_SIZE",
+    "HOROVOD_CROSS_RANK",
+    "HOROVOD_CROSS_SIZE",
+    "HOROVOD_GLOO_RENDEZVOUS_ADDR",
+    "HOROVOD_GLOO_RENDEZVOUS_PORT",
+)
 
 # ---------------------------------------------------------------- work directory files
 FN_FILE = "fn.pkl"  # cloudpickled (main, args, kwargs, want_result), written by the task
@@ -66,6 +78,7 @@ EVENT_EXIT = "exit"  # {"code"}: the function called sys.exit(code)
 EVENT_RAISED = "raised"  # the function raised: the rank leaves with code 1 (after its atexit handlers)
 EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
 EVENT_ELASTIC = "elastic"  # {"inside"}: the function entered elastic.run (true) or left it (false)
+EVENT_TIMING = "timing"  # {"steps", "step_s", "data_s", "comm_s", "final"}: the rank's step clock so far
 STUCK_MARK = "stuck collective: "  # a log line naming who is in a stuck collective (stall_watch)
 WORKDIR_MARK = "working directory on "  # a task's kept directory; the driver shows one line per path
 
@@ -74,6 +87,7 @@ FRAME_LINE = "line"  # {"rank", "stream": stdout|stderr|log, "text"}
 FRAME_RENDEZVOUS = "rendezvous"  # {"rank"}
 FRAME_DONE = "done"  # {"rank"}
 FRAME_METRICS = "metrics"  # {"rank", "step", "metrics"}
+FRAME_TIMING = "timing"  # {"rank", "host", "steps", "step_s", "data_s", "comm_s", "final"}: totals so far
 FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
 FRAME_ANNOUNCE = "announce"  # {"task", "ranks": its announce()s as a JSON list} (exchange "driver")
 FRAME_PEERS = "peers"  # driver -> task: {"tasks": every task's "ranks", in task order}

@@ -26,8 +26,9 @@ from ..channel.server import listen
 from ..errors import WorkerError
 from . import admission, failures, launchers, peer_exchange, sizing
 from .data.plan import plan
-from .launchers import Deadline
+from .deadlines import Deadline
 from .task_spec import TaskSpec
+from .timing import report as timing_report
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,8 @@ class Run:
         self.attempt += 1
         monitor = failures.Monitor(self.world, r.sink, r.backend_spec, self.world // self.per_task)
         monitor.on_metrics = self.track.log_metrics
+        board = timing_report.Board(self.world, r.sink, monitor.hosts)  # each rank's step times
+        monitor.on_timing = board.add
         secret = new_secret()
         host = _spark_env.driver_host(self.spark)
         tasks = self.world // self.per_task
@@ -200,11 +203,21 @@ class Run:
             quiet.cancel()
             server.close()
             monitor.end(ok)
+            self._report_times(board, ok)
             if server.dropped:  # never silently: how many, whose, and where every line is
                 r.sink(_not_shown(server.lines.not_shown(), r.logs.directory))
         if self.return_all:
             return [results[(k, 0)] for k in range(self.world)]
         return results[(0, 0)]
+
+    def _report_times(self, board, ok: bool) -> None:
+        """The attempt's per-rank step times: the run's report (``last_run()``), its line on the
+        console (when steps were seen) and its figures in the MLflow run, when the attempt ended well."""
+        report = board.report()
+        timing_report.remember(report)
+        if ok and report.seen:  # a function with no step the runner saw: nothing to say
+            self.runner.sink(report.line)
+            self.track.log_metrics(report.metrics())
 
 
 def _not_shown(by_rank: dict, log_dir: Optional[str]) -> str:

@@ -1,60 +1,20 @@
-"""What the driver hands each barrier task: its :class:`TaskSpec`, and where its rows come from.  [anywhere]
+"""What the driver hands each barrier task: its :class:`TaskSpec`.  [anywhere]
 
 Built on the driver by :class:`~sparkml_dist.runner.run.Run`, pickled into the barrier job (or
-handed to the threads of local processes), read by :mod:`sparkml_dist.runner.tasks.task` and
-:mod:`sparkml_dist.runner.data.feeding`: plain values only.
+handed to the threads of local processes), read by :mod:`sparkml_dist.runner.tasks.task`: plain
+values only.  Where the ranks' rows come from is the data room's own spec
+(:mod:`sparkml_dist.runner.data.spec`).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 from . import protocol
-from .data import parquet_split
-from .data.sample_order import rank_streams
+from .data.spec import Data
 from .settings import Logs, Placement, RankEnv, Timeouts, WorkDir
-
-
-@dataclass(frozen=True)
-class Streams:
-    """The rows cut into ``len(sizes)`` streams (:mod:`.data.sample_order`), dealt to ``data_world``
-    data ranks; ``per_data_rank`` ranks share one data rank's streams (a pipeline's stages), so
-    rank ``r`` is data rank ``r // per_data_rank``."""
-
-    sizes: Tuple[int, ...]
-    data_world: int
-    per_data_rank: int = 1
-
-    def data_rank(self, rank: int) -> int:
-        return rank // self.per_data_rank
-
-    def of(self, rank: int) -> Tuple[int, ...]:
-        """The streams rank ``rank`` reads."""
-        return rank_streams(self.data_rank(rank), self.data_world, len(self.sizes))
-
-
-@dataclass(frozen=True)
-class SparkRows:
-    """The ranks' rows move through Spark: each task's partition holds its ranks' streams, each row
-    with its stream in ``GROUP_COL``, sorted by stream, then by the rows' keys."""
-
-    streams: Streams
-    source = "Spark"
-
-
-@dataclass(frozen=True)
-class ParquetSlices:
-    """Each rank reads its own streams of a plain Parquet scan's files (``split.parts[c]`` is
-    stream ``c``): no Spark shuffle, no local copy."""
-
-    split: parquet_split.ParquetSplit
-    streams: Streams
-    source = "its Parquet row ranges"
-
-
-Data = Optional[Union[SparkRows, ParquetSlices]]  # a TaskSpec's ``data``: None, the function has none
 
 
 @dataclass(frozen=True)

@@ -323,3 +323,126 @@ def test_the_rooms_checker_finds_each_back_arrow(tmp_path):
         "pkg.shared (the shared floor) imports the runner room (pkg.runner.thing)",
         "pkg.tune.trial (tune) borrows pkg.runner.thing from inside the runner room",
     ], found
+
+
+# ------------------------------------------------------------------ the wings' inner rooms
+# Inside a wing (the runner, the ensembles), each sub-package and each top-level module is a room;
+# drawn as floors (a room above every room it imports, function-level imports included), no arrow
+# may run up: the rooms' import graph has no cycle. The rooms hand each other values instead.
+WINGS = ("runner", "ensemble")
+
+
+def inner_back_arrows(root: pathlib.Path, package: str, wing: str) -> List[str]:
+    """The imports that close a cycle among ``wing``'s rooms (none: they stand as floors)."""
+    known = modules(root, package)
+    prefix = f"{package}.{wing}."
+
+    def room(name: str) -> "str | None":
+        return name[len(prefix) :].split(".")[0] if name.startswith(prefix) else None
+
+    edges: Dict[str, Set[str]] = {}
+    lines: Dict[Tuple[str, str], List[str]] = {}
+    for name, path in known.items():
+        here = room(name)
+        for target, at_top in imports(name, path, known):
+            there = room(target)
+            if here is None or there is None or here == there:
+                continue
+            edges.setdefault(here, set()).add(there)
+            lines.setdefault((here, there), []).append(
+                f"{name} -> {target}" + ("" if at_top else " (in a function)")
+            )
+    out = []
+    for cycle in cycles(edges):
+        inside = [f"{a} -> {b}: {line}" for a in cycle for b in cycle for line in lines.get((a, b), [])]
+        out.append(f"rooms of {wing} import each other ({', '.join(cycle)}): " + "; ".join(sorted(inside)))
+    return out
+
+
+def private_imports(root: pathlib.Path, package: str) -> List[str]:
+    """Each ``from <our module> import _name`` of a private name (not a module) across modules."""
+    known = modules(root, package)
+    out = []
+    for name, path in known.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = name.split(".") if is_pkg else name.split(".")[:-1]
+            source = (
+                ".".join(base[: len(base) - node.level + 1] + ([node.module] if node.module else []))
+                if node.level
+                else node.module or ""
+            )
+            if source.split(".")[0] != package:
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{source}.{alias.name}" not in known:
+                    out.append(f"{name} imports the private name {alias.name} from {source}")
+    return sorted(out)
+
+
+def np_sign_tests(root: pathlib.Path, package: str) -> List[str]:
+    """Where code compares ``np`` (or ``np_``) with 0: the sign that picks local processes."""
+    out = []
+    for path in sorted((root / package).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            signed = (ast.Lt, ast.Gt, ast.LtE, ast.GtE)
+            if (
+                isinstance(node, ast.Compare)
+                and len(node.comparators) == 1
+                and isinstance(node.ops[0], signed)
+            ):
+                sides = [node.left, node.comparators[0]]
+                named = {getattr(s, "id", None) or getattr(s, "attr", None) for s in sides}
+                zero = any(isinstance(s, ast.Constant) and s.value == 0 for s in sides)
+                if zero and named & {"np", "np_"}:
+                    out.append(f"{path.relative_to(root)}:{node.lineno}")
+    return out
+
+
+def test_inside_each_wing_the_rooms_stand_as_floors():
+    for wing in WINGS:
+        assert inner_back_arrows(ROOT, "sparkml_dist", wing) == [], wing
+
+
+def test_no_private_name_crosses_modules_and_nps_sign_is_tested_once():
+    assert private_imports(ROOT, "sparkml_dist") == []
+    assert np_sign_tests(ROOT, "sparkml_dist") == ["sparkml_dist/runner/launchers.py:" + str(_line_of_sign())]
+
+
+def _line_of_sign() -> int:
+    text = (ROOT / "sparkml_dist" / "runner" / "launchers.py").read_text()
+    return next(i for i, line in enumerate(text.splitlines(), 1) if "return np_ < 0" in line)
+
+
+def test_the_inner_rooms_checker_finds_a_planted_upward_import(tmp_path):
+    """An upward import planted in an inner room of a wing (a lazy one, inside a function) is found;
+    a private name imported across modules and a second test of np's sign too."""
+    files = {
+        "pkg/__init__.py": '"""Pkg.  [anywhere]"""\n',
+        "pkg/runner/__init__.py": '"""Runner.  [driver]"""\n',
+        "pkg/runner/launch.py": (
+            '"""Top.  [driver]"""\nfrom .tasks import task\n\n\ndef go(np):\n    return np < 0\n'
+        ),
+        "pkg/runner/tasks/__init__.py": '"""Tasks.  [executor]"""\n',
+        "pkg/runner/tasks/task.py": (
+            '"""Task.  [executor]"""\nfrom ..data import feed\n\n\ndef up(np_):\n'
+            "    from .. import launch  # planted: runs back up\n    return np_ > 0\n"
+        ),
+        "pkg/runner/data/__init__.py": '"""Data.  [executor]"""\n',
+        "pkg/runner/data/feed.py": '"""Feed.  [executor]"""\nfrom ..tasks.task import _helper\n',
+    }
+    root = _package(tmp_path, files)
+    found = inner_back_arrows(root, "pkg", "runner")
+    assert len(found) == 1 and "(data, launch, tasks)" in found[0], found
+    assert "tasks -> launch: pkg.runner.tasks.task -> pkg.runner.launch (in a function)" in found[0]
+    assert private_imports(root, "pkg") == [
+        "pkg.runner.data.feed imports the private name _helper from pkg.runner.tasks.task"
+    ]
+    assert np_sign_tests(root, "pkg") == ["pkg/runner/launch.py:6", "pkg/runner/tasks/task.py:7"]
+    del files["pkg/runner/tasks/task.py"]
+    files["pkg/runner/tasks/task.py"] = '"""Task.  [executor]"""\nfrom ..data import feed\n'
+    files["pkg/runner/data/feed.py"] = '"""Feed.  [executor]"""\n'
+    assert inner_back_arrows(_package(tmp_path / "good", files), "pkg", "runner") == []

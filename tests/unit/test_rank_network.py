@@ -110,7 +110,7 @@ def test_authenticated_cluster_is_refused_unless_opted_in():
 
 
 def test_the_store_watch_matches_the_store_address_and_gives_up_after_start_timeout():
-    from sparkml_dist.runner.tasks import store_watch
+    from sparkml_dist.runner.backends import store_watch
 
     server = socket.create_server(("127.0.0.1", 0))
     port = server.getsockname()[1]

@@ -20,9 +20,9 @@ from sparkml_dist.channel import LogClient, new_secret
 from sparkml_dist.channel.server import LogServer
 from sparkml_dist.runner import admission, protocol, rendezvous
 from sparkml_dist.runner.data.shard import Shard
-from sparkml_dist.runner.launchers import Deadline
+from sparkml_dist.runner.data.spec import SparkRows, Streams
+from sparkml_dist.runner.deadlines import Deadline
 from sparkml_dist.runner.settings import Logs, Timeouts
-from sparkml_dist.runner.task_spec import SparkRows, Streams
 from sparkml_dist.runner.tasks import task as _task
 from sparkml_dist.runner.tasks.gangs import ThreadGang
 
@@ -603,7 +603,7 @@ def test_a_full_disk_while_spilling_reaches_the_driver_with_its_cause(tmp_path):
     from sparkml_dist.group_rows import GROUP_COL
     from sparkml_dist.runner import protocol
     from sparkml_dist.runner.data import feeding
-    from sparkml_dist.runner.task_spec import SparkRows, Streams
+    from sparkml_dist.runner.data.spec import SparkRows, Streams
 
     disk = tmp_path / "small"
     disk.mkdir()

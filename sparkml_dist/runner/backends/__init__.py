@@ -86,7 +86,7 @@ class TorchBackend(Backend):
     def join(self, state, rank, message, store_fd, reached):
         import torch.distributed as dist
 
-        from ..tasks import store_watch
+        from . import store_watch
 
         # joining the store is reaching the rendezvous, whichever c10d path connects to it
         # (init_process_group, init_device_mesh, rpc.init_rpc, a launcher); the hook is the
@@ -101,7 +101,7 @@ class TorchBackend(Backend):
         """Rank 0 serves the store: it stays until its peers are done with it (a peer still in
         ``init_process_group`` when rank 0's function returned would lose it), as torchrun's
         agent outlives its workers; at most the collective timeout."""
-        from ..tasks import store_watch
+        from . import store_watch
 
         if state is not None:
             store_watch.wait_unserved(int(os.environ["MASTER_PORT"]), collective_timeout().total_seconds())
@@ -137,14 +137,7 @@ class HorovodBackend(Backend):
     summary = "a horovodrun-style script"
     reserved_env = (
         "HOROVOD_HOSTNAME",
-        "HOROVOD_RANK",
-        "HOROVOD_SIZE",
-        "HOROVOD_LOCAL_RANK",
-        "HOROVOD_LOCAL_SIZE",
-        "HOROVOD_CROSS_RANK",
-        "HOROVOD_CROSS_SIZE",
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-        "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        *protocol.HOROVOD_RANK_VARS,
         "HOROVOD_CONTROLLER",
         "HOROVOD_CPU_OPERATIONS",
         "HOROVOD_GLOO_TIMEOUT_SECONDS",

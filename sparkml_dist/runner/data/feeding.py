@@ -36,7 +36,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from typing import Callable, Dict, Iterable, Iterator, List, Optional
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import pyarrow as pa
@@ -45,8 +45,8 @@ from ...errors import ConfigurationError
 from ...group_rows import GROUP_COL
 from .. import protocol
 from ..protocol import RankFailure
-from ..task_spec import ParquetSlices, SparkRows
 from .sources import write_manifest
+from .spec import ParquetSlices, SparkRows
 
 
 def _stalled(members: list) -> Callable[[float, int], RankFailure]:
@@ -77,9 +77,10 @@ def _end_worker(failure: BaseException) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
+def feed(members: list, batches: Iterable[pa.RecordBatch]) -> Tuple[List[Dict[str, str]], List[int]]:
     """Give each rank its shard (a manifest, and for Spark's rows a spill file) and the function;
-    each rank's environment.  Bounded by progress (:class:`DataWatch`), not by ``start_timeout``.
+    each rank's environment and its shard's rows.  Bounded by progress (:class:`DataWatch`), not by
+    ``start_timeout``.
     Whatever goes wrong here (a full disk, a changed input) fails the rank with its cause in the
     message, so the driver's error says it rather than Spark's ``getResult`` and JVM frames."""
     try:
@@ -104,13 +105,14 @@ def _data_failure(members: list, exc: BaseException) -> str:
     return text
 
 
-def _feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, str]]:
+def _feed(members: list, batches: Iterable[pa.RecordBatch]) -> Tuple[List[Dict[str, str]], List[int]]:
     spec = members[0].spec
     data = spec.data
     if not isinstance(data, SparkRows):
         for _ in batches:  # drain the placeholder rows, so Spark can reuse this Python worker
             pass
     envs: List[Dict[str, str]] = [{} for _ in members]
+    rows = [0 for _ in members]
     if data is not None:
         streams = data.streams
         where = [
@@ -135,15 +137,15 @@ def _feed(members: list, batches: Iterable[pa.RecordBatch]) -> List[Dict[str, st
                 )
         else:
             _spill(members, where, batches)
-        for m, w, env in zip(members, where, envs):
-            m.rows = sum(streams.sizes[c] for c in w["streams"])
+        for i, (m, w, env) in enumerate(zip(members, where, envs)):
+            rows[i] = sum(streams.sizes[c] for c in w["streams"])
             path = os.path.join(m.workdir, protocol.SHARD_FILE)
             write_manifest(path, **w)
             env[protocol.SHARD_ENV] = path
     for m in members:
         with open(os.path.join(m.workdir, protocol.FN_FILE), "wb") as fh:
             fh.write(spec.payload)
-    return envs
+    return envs, rows
 
 
 def _spill(members: list, where: List[dict], batches: Iterable[pa.RecordBatch]) -> None:

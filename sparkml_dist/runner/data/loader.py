@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Dict, Iterator, List, Optional, Sequence
@@ -30,6 +31,7 @@ import numpy as np
 
 from ... import feature_arrays
 from ...errors import ConfigurationError
+from ..timing.clock import CLOCK
 from .sample_order import Plan, StreamOrder
 
 _live: "weakref.WeakSet[ShardLoader]" = weakref.WeakSet()
@@ -252,7 +254,7 @@ class ShardLoader:
             self.epoch, self.step = self.epoch + 1, 0
         self._fresh = self._resumed = False
         epoch, start = self.epoch, self.step
-        for s, batch in enumerate(self._decoded(self._raw(epoch, start)), start):
+        for s, batch in enumerate(_timed(self._decoded(self._raw(epoch, start))), start):
             self.step = s + 1
             self.padding = self.plan.repeats(s, self.source.streams)
             yield batch if self.device is None else _to_device(batch, self.device, self.pin_memory)
@@ -270,6 +272,23 @@ class ShardLoader:
             self.close()
         except Exception:  # noqa: BLE001 - interpreter shutdown
             pass
+
+
+def _timed(batches: Iterator) -> Iterator:
+    """``batches``, each ask a step's beginning on the rank's clock and the wait for it the step's
+    data wait (:mod:`sparkml_dist.runner.timing.clock`); the last batch's step ends when the next
+    batch is asked for, which the epoch does not have."""
+    it = iter(batches)
+    while True:
+        CLOCK.begin("loader")
+        asked = time.perf_counter()
+        try:
+            batch = next(it)
+        except StopIteration:
+            CLOCK.drop("loader")
+            return
+        CLOCK.waited("data", time.perf_counter() - asked)
+        yield batch
 
 
 def _to_device(batch, device, pin: bool):

@@ -38,7 +38,7 @@ class Data:
 
     def deal(self, world: int, per_task: int, deadline):
         """(the TaskSpec's ``data``, the DataFrame whose partition t is task t's rows, or None)."""
-        from ..launchers import within
+        from ..deadlines import within
 
         r, cut = self.runner, (world, self.replicas, self.streams)
         with within(self.df.sparkSession, deadline, "dealing the DataFrame's rows to ranks"):

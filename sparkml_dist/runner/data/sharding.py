@@ -28,9 +28,9 @@ from typing import Dict, Optional, Tuple
 from ... import partitioning
 from ...errors import ConfigurationError
 from ...vectors import MAX_DENSE_VECTOR
-from ..task_spec import ParquetSlices, SparkRows, Streams
 from . import parquet_split, range_deal
 from .sample_order import check_streams
+from .spec import ParquetSlices, SparkRows, Streams
 
 log = logging.getLogger(__name__)
 

@@ -54,7 +54,7 @@ import os
 from typing import Callable
 
 from ...errors import ConfigurationError
-from .. import backends, protocol
+from .. import backends, protocol, rank_channel
 from . import membership
 from .state import TorchState
 
@@ -62,17 +62,13 @@ __all__ = ["TorchState", "run"]
 
 
 def _say(text: str) -> None:
-    from ..tasks import rank
-
-    rank.send_log(text)
+    rank_channel.send_log(text)
 
 
 def _entered() -> None:
     """Refuse where a lost rank cannot be replaced; tell the task that it can be."""
-    from ..tasks import rank
-
     name = os.environ.get(protocol.BACKEND_ENV)
-    if rank.CTRL is None or name is None:
+    if rank_channel.CTRL is None or name is None:
         raise ConfigurationError(
             "elastic.run replaces lost ranks of a BarrierRunner run: call the function through "
             "BarrierRunner(np=..., max_restarts=1 or more).run(main)"
@@ -88,9 +84,7 @@ def _entered() -> None:
 def _inside(inside: bool) -> None:
     """Tell the task whether a death of this process is a lost rank to replace: inside the
     function, yes; once it returned or raised (a bug, or a loss it could not survive), no."""
-    from ..tasks import rank
-
-    rank.CTRL.send(protocol.EVENT_ELASTIC, inside=inside)
+    rank_channel.send(protocol.EVENT_ELASTIC, inside=inside)
 
 
 def lost_peer(exc: BaseException) -> bool:

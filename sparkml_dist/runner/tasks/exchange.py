@@ -11,14 +11,13 @@ loses its connection before the answer fails naming the driver's address.
 Example::
 
     replies = DriverReplies()       # LogClient(..., on_frame=replies.on_frame, on_close=replies.on_close)
-    exchange(members, ports, envs)  # every rank of the task gets its start message
+    starts = exchange(members, ports, envs)  # (local rank, start message) of each rank of the task
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .. import protocol
 
@@ -70,9 +69,9 @@ def all_announces(members, mine: str) -> List[str]:
     return first.replies.peers
 
 
-def exchange(members, ports: List[int], envs: List[Dict[str, str]]) -> None:
+def exchange(members, ports: List[int], envs: List[Dict[str, str]]) -> List[Tuple[int, bytes]]:
     """All-gather every rank's address and shard size (one message per task, listing its ranks);
-    send each rank (``members``: the task's ``_RankTask``s) its start message."""
+    for each rank of ``members`` (the task's ``_RankTask``s) its local rank and start message."""
     spec = members[0].spec
     host = members[0].address
     mine = [protocol.announce(host, p, m.rows, m.gpus, m.driver_error) for m, p in zip(members, ports)]
@@ -80,11 +79,11 @@ def exchange(members, ports: List[int], envs: List[Dict[str, str]]) -> None:
     unreachable = protocol.driver_reach_error(peers, spec.channel)
     if unreachable:  # every task knows it: those that can report it do, and none starts its rank
         raise members[0].fail(unreachable, None, "driver")
+    starts = []
     for m, shard_env in zip(members, envs):
         env, extra = m.backend.rank_env(
             m.rank, peers, m.gpus, spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task
         )
         env.update(shard_env)
-        m.local_rank = int(env.get("LOCAL_RANK", "0"))
-        m.send_start(protocol.start_message(env, **extra))
-        m.started = time.monotonic()  # start_timeout counts from here: the data phase is bounded apart
+        starts.append((int(env.get("LOCAL_RANK", "0")), protocol.start_message(env, **extra)))
+    return starts

@@ -10,7 +10,8 @@ and message it exchanges with the task is in :mod:`sparkml_dist.runner.protocol`
    reaching the rendezvous when the function connects to the store (any c10d path) or calls
    ``init_process_group`` (or ``hvd.init``);
 4. map the shard, load ``(main, args, kwargs)``, call it (watched: a rank that stops moving says
-   where, :mod:`.stall_watch`), write the result for the task;
+   where, :mod:`.stall_watch`; its steps timed, :mod:`sparkml_dist.runner.timing`), write the
+   result for the task;
 5. run the ``atexit`` handlers and leave with ``os._exit`` (as ``multiprocessing`` children do):
    tearing down an interpreter that holds torch and a process group costs ~0.7 s otherwise.
 """
@@ -23,7 +24,7 @@ import signal
 import sys
 import threading
 
-from .. import backends, protocol
+from .. import backends, protocol, rank_channel
 
 
 def _die_with_parent() -> None:
@@ -33,36 +34,6 @@ def _die_with_parent() -> None:
     parent = int(os.environ.get(protocol.PARENT_ENV, "0") or 0)
     if parent and os.getppid() != parent:  # the task died before prctl took effect
         os._exit(1)
-
-
-class _Ctrl:
-    def __init__(self, fd: int) -> None:
-        self._fh = os.fdopen(fd, "w", buffering=1)
-        self._lock = threading.Lock()
-
-    def send(self, name: str, **fields) -> None:
-        with self._lock:  # log_to_driver may be called from the function's threads
-            self._fh.write(protocol.event(name, **fields))
-            self._fh.flush()
-
-
-CTRL: "_Ctrl | None" = None  # this process's channel to its task, once main() runs
-
-
-def send_log(text: str) -> bool:
-    """Send one log line to the driver through the task (False outside a rank process)."""
-    if CTRL is None:
-        return False
-    CTRL.send(protocol.EVENT_LOG, text=text)
-    return True
-
-
-def send_metrics(step, metrics: dict) -> bool:
-    """Send rank 0's metrics to the driver's MLflow run through the task (False outside a rank)."""
-    if CTRL is None:
-        return False
-    CTRL.send(protocol.EVENT_METRICS, step=step, metrics=metrics)
-    return True
 
 
 def _once(fn):
@@ -80,10 +51,9 @@ def _once(fn):
 
 
 def main() -> int:
-    global CTRL
     _die_with_parent()
     workdir = os.environ[protocol.WORKDIR_ENV]
-    ctrl = CTRL = _Ctrl(int(os.environ[protocol.CTRL_ENV]))
+    ctrl = rank_channel.open_channel(int(os.environ[protocol.CTRL_ENV]))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     backend = backends.get(os.environ.get(protocol.BACKEND_ENV, "torch"))
     store_fd = int(os.environ[protocol.STORE_FD_ENV]) if protocol.STORE_FD_ENV in os.environ else None
@@ -113,10 +83,14 @@ def main() -> int:
     with open(fn_path, "rb") as fh:
         fn, args, kwargs, want_result = serialization.loads(fh.read())
     os.unlink(fn_path)
+    from ..timing import hooks as timing
+    from ..timing.clock import CLOCK
     from . import stall_watch
 
-    stall_watch.watch(threading.get_ident(), send_log)  # a rank that stops moving says where it is
+    stall_watch.watch(threading.get_ident(), rank_channel.send_log)  # a rank that stops moving says where
+    timing.install()  # each step's data wait, compute and communication, whatever the framework
     result = fn(*args, **kwargs)
+    CLOCK.final(timing.last_landed())
     _finish_checkpoints()
     if want_result:
         blob = serialization.dumps(result)
@@ -158,14 +132,14 @@ def run() -> None:
         code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
         if not isinstance(stop.code, int) and stop.code is not None:
             print(stop.code, file=sys.stderr)
-        if CTRL is not None:  # the task says "exited with code n before its function returned"
-            CTRL.send(protocol.EVENT_EXIT, code=code)
+        # the task says "exited with code n before its function returned"
+        rank_channel.send(protocol.EVENT_EXIT, code=code)
     except BaseException as exc:  # the rank failed: its traceback is what the driver reports
         print_user_traceback(exc)
         code = 1
         sys.stderr.flush()
-        if CTRL is not None:  # said before a slow exit: stopped meanwhile, it is still the cause
-            CTRL.send(protocol.EVENT_RAISED)
+        # said before a slow exit: stopped meanwhile, it is still the cause
+        rank_channel.send(protocol.EVENT_RAISED)
         _finish_checkpoints()  # a consistent copy being written is the restart's starting point
     try:
         atexit._run_exitfuncs()

@@ -200,6 +200,10 @@ class RankProcess:
                     if self._client is not None:
                         frame = {"type": protocol.FRAME_METRICS, "rank": self.rank}
                         self._client.send({**frame, "step": ev.get("step"), "metrics": ev.get("metrics")})
+                elif ev.get("event") == protocol.EVENT_TIMING:
+                    if self._client is not None:  # the rank's step clock so far: to the driver as it is
+                        fields = {k: ev.get(k) for k in ("steps", "step_s", "data_s", "comm_s", "final")}
+                        self._client.send({"type": protocol.FRAME_TIMING, "rank": self.rank, **fields})
                 else:
                     self._events.put(ev)
 

@@ -67,14 +67,7 @@ PER_RUN = frozenset(
         "TORCHELASTIC_RUN_ID",
         "TORCHELASTIC_RESTART_COUNT",
         "TF_CONFIG",
-        "HOROVOD_RANK",
-        "HOROVOD_SIZE",
-        "HOROVOD_LOCAL_RANK",
-        "HOROVOD_LOCAL_SIZE",
-        "HOROVOD_CROSS_RANK",
-        "HOROVOD_CROSS_SIZE",
-        "HOROVOD_GLOO_RENDEZVOUS_ADDR",
-        "HOROVOD_GLOO_RENDEZVOUS_PORT",
+        *protocol.HOROVOD_RANK_VARS,
     }
 )
 NOT_KEYED = PER_RANK | PER_RUN

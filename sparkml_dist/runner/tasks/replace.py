@@ -17,13 +17,25 @@ function's first steps would (:meth:`~sparkml_dist.runner.backends.base.Backend.
 ``torch._dynamo``, what a first optimizer imports, ~1 s) and waits for its start message; a lost
 rank's place then goes to it at once, and a new spare is started once it is inside ``elastic.run``
 in turn. An unused spare ends with its task.
+
+The task holds one :class:`Replacement` per rank: what replacing it needs and changes (the spare,
+the replacements left, the processes lost, the store socket kept) lives there, not in the task;
+the task asks it whether a death is replaceable and for the process that takes the rank's place.
+
+Example::
+
+    replacement = Replacement(spec, rank, workdir, cwd, gpus, backend, anchor)
+    replacement.keep_listener(listener)             # rank 0: its store socket, for a new rank 0
+    replacement.arm(process)                         # a spare once the rank is inside elastic.run
+    if replacement.replaceable(process, code, cancelled=False):
+        process, line = replacement.take(process, code)
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
+from typing import List, Tuple
 
 from .. import protocol
 from . import warm_pool
@@ -41,105 +53,103 @@ def keep_rows(members) -> None:
             os.link(spill, spill + KEPT)
 
 
-def close_listener(task, listener) -> None:
-    """The rank process has its own copy of the listening socket; rank 0's task keeps one too
-    when a rank 0 may be started in place of this one (``max_restarts``, a backend that keeps its
-    port), else closes it."""
-    if task.rank == 0 and task.spec.max_restarts > 0 and not task.backend.framework_rebinds_port:
-        task.listener = listener
-    else:
-        listener.close()
+class Replacement:
+    """How one rank of a task is replaced in place (see the module docstring): its spare, the
+    replacements made (``replaced``), the processes lost, the store socket kept for a new rank 0."""
 
+    def __init__(self, spec, rank: int, workdir: str, cwd: str, gpus, backend, anchor: int) -> None:
+        self.spec, self.rank, self.workdir, self.cwd, self.gpus = spec, rank, workdir, cwd, gpus
+        self.backend, self.anchor = backend, anchor
+        self.replaced = 0
+        self.lost: List[RankProcess] = []
+        self.listener = None  # rank 0's store socket, kept for a rank 0 started in its place
+        self.spare: "RankProcess | None | bool" = None  # False: none is started any more
+        self._lock = threading.Lock()
 
-def close(task) -> None:
-    """At the task's end: the processes of the ranks it lost, its spare, and the socket it kept."""
-    with _LOCK:
-        task.spare, spare = False, task.spare  # False: no spare is started from now on
-    for process in task.lost + ([spare] if spare else []):
-        process.close()
-    if task.listener is not None:
-        task.listener.close()
-        task.listener = None
+    def keep_listener(self, listener) -> None:
+        """Keep rank 0's listening store socket when a rank 0 may be started in place of this one
+        (``max_restarts``, a backend that keeps its port); else close it (the rank has its copy)."""
+        spec = self.spec
+        if self.rank == 0 and spec.max_restarts > 0 and not self.backend.framework_rebinds_port:
+            self.listener = listener
+        else:
+            listener.close()
 
+    def arm(self, process: RankProcess) -> None:
+        """Start a spare once ``process`` is inside ``elastic.run`` (replacements left)."""
+        if self.spec.max_restarts > self.replaced:
+            process.on_event = self._on_event
 
-_LOCK = threading.Lock()
+    def _on_event(self, ev: dict) -> None:
+        """The rank's control events (its reader thread): the spare starts in a thread of its own."""
+        if ev.get("event") == protocol.EVENT_ELASTIC and ev.get("inside") is True and self.spare is None:
+            threading.Thread(target=self._start_spare, daemon=True, name="sparkml_dist-spare").start()
 
+    def _start_spare(self) -> None:
+        with self._lock:
+            if self.spare is None and self.replaced < self.spec.max_restarts:
+                try:
+                    self.spare = self._process(spare=True)
+                except OSError:  # no spare: the next replacement starts as before
+                    pass
 
-def arm(task) -> None:
-    """Start a spare for ``task``'s rank once it is inside ``elastic.run`` (replacements left)."""
-    if task.spec.max_restarts > task.replaced:
-        task.process.on_event = lambda ev: _on_event(task, ev)
-
-
-def _on_event(task, ev: dict) -> None:
-    """The rank's control events (its reader thread): the spare starts in a thread of its own."""
-    if ev.get("event") == protocol.EVENT_ELASTIC and ev.get("inside") is True and task.spare is None:
-        threading.Thread(target=_start_spare, args=(task,), daemon=True, name="sparkml_dist-spare").start()
-
-
-def _start_spare(task) -> None:
-    with _LOCK:
-        if task.spare is None and task.replaced < task.spec.max_restarts:
-            try:
-                task.spare = _rank_process(task, spare=True)
-            except OSError:  # no spare: the next replacement starts as before
-                pass
-
-
-def _rank_process(task, spare: bool = False) -> RankProcess:
-    """The process of the task's next replacement (``spare``: started ahead, it waits)."""
-    spec = task.spec
-    env = {**spec.rank_env(task.rank, task.gpus), protocol.REPLACES_ENV: str(task.replaced + spare)}
-    if spare:
-        env[protocol.SPARE_ENV] = "1"
-    warm = spec.warm_ranks and task.backend.warm_ranks and warm_pool.enabled()
-    pool = warm_pool.Pool.of(env, task.backend.name, task.gang.pool_anchor()) if warm else None
-    fds = (task.listener.fileno(),) if task.listener is not None else ()
-    if fds:
-        env[protocol.STORE_FD_ENV] = str(fds[0])
-    return RankProcess(task.rank, task.workdir, env, fds, task.cwd, pool)
-
-
-def replaceable(task, code: int) -> bool:
-    """The rank ``task`` watched ended with ``code`` inside ``elastic.run`` and may be replaced."""
-    process = task.process
-    return (
-        code != 0
-        and process.seen.get(protocol.EVENT_ELASTIC, {}).get("inside") is True  # not raised out of it
-        and (task.rank != 0 or task.listener is not None)  # a new rank 0 serves the store again
-        and task.replaced < task.spec.max_restarts
-        and not task.cancelled()
-    )
-
-
-def replace(task, code: int) -> None:
-    """Start rank ``task.rank`` again and watch it as the first one (its rendezvous, its exit)."""
-    spec = task.spec
-    task.replaced += 1
-    task.lost.append(task.process)  # closed with the task: its reaper would remove the rows now
-    task._report(
-        protocol.FRAME_LINE,
-        stream="log",
-        text=f"[sparkml_dist] rank {task.rank} {exit_text(code)} inside elastic.run: a new rank "
-        f"{task.rank} takes its place ({task.replaced} of max_restarts={spec.max_restarts}); "
-        "the other ranks keep running",
-    )
-    spill = os.path.join(task.workdir, protocol.SPILL_FILE)
-    if os.path.exists(spill + KEPT) and not os.path.exists(spill):
-        os.link(spill + KEPT, spill)
-    with open(os.path.join(task.workdir, protocol.FN_FILE), "wb") as fh:
-        fh.write(spec.payload)
-    with _LOCK:
-        spare, task.spare = task.spare, None
-    if spare and spare.running:
-        task.process = spare
-    else:
+    def _process(self, spare: bool = False) -> RankProcess:
+        """The process of the next replacement (``spare``: started ahead, it waits)."""
+        spec = self.spec
+        env = {**spec.rank_env(self.rank, self.gpus), protocol.REPLACES_ENV: str(self.replaced + spare)}
         if spare:
-            task.lost.append(spare)
-        task.process = _rank_process(task)
-    arm(task)
-    task.process.watch(**task.watch_args)
-    task.started = time.monotonic()
-    task.send_start(task.start_message)
-    task.await_rendezvous()
-    task.await_exit()
+            env[protocol.SPARE_ENV] = "1"
+        warm = spec.warm_ranks and self.backend.warm_ranks and warm_pool.enabled()
+        pool = warm_pool.Pool.of(env, self.backend.name, self.anchor) if warm else None
+        fds = (self.listener.fileno(),) if self.listener is not None else ()
+        if fds:
+            env[protocol.STORE_FD_ENV] = str(fds[0])
+        return RankProcess(self.rank, self.workdir, env, fds, self.cwd, pool)
+
+    def replaceable(self, process: RankProcess, code: int, cancelled: bool) -> bool:
+        """``process`` (the rank) ended with ``code`` inside ``elastic.run`` and may be replaced."""
+        return (
+            code != 0
+            and process.seen.get(protocol.EVENT_ELASTIC, {}).get("inside") is True  # not raised out of it
+            and (self.rank != 0 or self.listener is not None)  # a new rank 0 serves the store again
+            and self.replaced < self.spec.max_restarts
+            and not cancelled
+        )
+
+    def take(self, lost: RankProcess, code: int) -> Tuple[RankProcess, str]:
+        """The process that takes the place of ``lost`` (which ended with ``code``: kept, closed
+        with the task, as its reaper would remove the rows now), its rows and function in place,
+        armed for the next loss; and the line the driver shows."""
+        spec = self.spec
+        self.replaced += 1
+        self.lost.append(lost)
+        line = (
+            f"[sparkml_dist] rank {self.rank} {exit_text(code)} inside elastic.run: a new rank "
+            f"{self.rank} takes its place ({self.replaced} of max_restarts={spec.max_restarts}); "
+            "the other ranks keep running"
+        )
+        spill = os.path.join(self.workdir, protocol.SPILL_FILE)
+        if os.path.exists(spill + KEPT) and not os.path.exists(spill):
+            os.link(spill + KEPT, spill)
+        with open(os.path.join(self.workdir, protocol.FN_FILE), "wb") as fh:
+            fh.write(spec.payload)
+        with self._lock:
+            spare, self.spare = self.spare, None
+        if spare and spare.running:
+            process = spare
+        else:
+            if spare:
+                self.lost.append(spare)
+            process = self._process()
+        self.arm(process)
+        return process, line
+
+    def close(self) -> None:
+        """At the task's end: the processes of the ranks it lost, its spare, and the socket it kept."""
+        with self._lock:
+            self.spare, spare = False, self.spare  # False: no spare is started from now on
+        for process in self.lost + ([spare] if spare else []):
+            process.close()
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None

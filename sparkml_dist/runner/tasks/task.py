@@ -38,6 +38,7 @@ from ..task_spec import TaskSpec
 from . import replace, warm_pool, workdirs
 from .exchange import DriverReplies, exchange
 from .rank_process import RankProcess, exit_text
+from .siblings import await_all, clean_work_dir
 
 
 class _RankTask:
@@ -63,18 +64,21 @@ class _RankTask:
         self.workdir = tempfile.mkdtemp(prefix=f"sparkml_dist-{spec.run_id}-r{self.rank}-", dir=base)
         self.client: Optional[Outbox] = None
         self.process: Optional[RankProcess] = None
-        self.rows = 0
+        self.rows = 0  # its shard's rows (the data phase's answer)
         self.local_rank = 0  # set when the ranks have exchanged addresses
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         self.replies = DriverReplies()
-        self.replaced, self.lost, self.start_message, self.watch_args, self.listener = 0, [], b"", {}, None
-        self.spare = None  # a process started ahead to take a lost rank's place (tasks.replace)
+        self.start_message, self.watch_args = b"", {}
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
         self.address = network.host_address(toward=launch_host or (spec.channel or (None,))[0])
         here = not gang.echo_output or network.is_this_host(launch_host)  # local processes, or this machine
         self.cwd = workdirs.rank_cwd(spec.workdir.path, launch_dir, here, spec.job)
         self.kept_cwd = not here and not spec.workdir.path  # the default directory of an executor
+        anchor = gang.pool_anchor()
+        self.replacement = replace.Replacement(
+            spec, self.rank, self.workdir, self.cwd, self.gpus, self.backend, anchor
+        )
 
     def cancelled(self) -> bool:
         return self.cancel is not None and self.cancel.is_set()
@@ -126,8 +130,8 @@ class _RankTask:
             )
         finally:
             if listener is not None:  # the rank process holds its own copy
-                replace.close_listener(self, listener)
-        replace.arm(self)
+                self.replacement.keep_listener(listener)
+        self.replacement.arm(self.process)
         if spec.channel is not None:
             self._connect_driver()
         log_path = (
@@ -168,9 +172,15 @@ class _RankTask:
         except OSError as exc:  # unreachable (a remote Connect client, a firewall): no live logs
             self.client, self.driver_error = None, f"{type(exc).__name__}: {exc}"
 
+    def begin(self, local_rank: int, message: bytes) -> None:
+        """The rank's place on its host and its start message (the address exchange's answer):
+        sent now, and kept for a rank started in its place; ``start_timeout`` counts from here."""
+        self.local_rank, self.start_message = local_rank, message
+        self.send_start(message)
+        self.started = time.monotonic()  # the data phase before this is bounded apart
+
     def send_start(self, message: bytes) -> None:
         """Give the rank its start message; a rank that already died is reported as itself."""
-        self.start_message = message  # a rank started in its place later gets it too (tasks.replace)
         try:
             self.process.send_start(message)
         except OSError:  # BrokenPipeError: it ended before reading its start message
@@ -206,16 +216,27 @@ class _RankTask:
 
     def await_exit(self) -> None:
         code = self.process.wait_exit(self.cancel)
+        while code is not None and self.replacement.replaceable(self.process, code, self.cancelled()):
+            code = self._replaced(code)  # lost inside elastic.run: the others go on
         if code is None:
             raise self.fail(f"rank {self.rank} was stopped because the run was cancelled", None, "cancelled")
-        if code != 0 and replace.replaceable(self, code):  # lost inside elastic.run: the others go on
-            return replace.replace(self, code)
         if code != 0 or self._no_result():  # sys.exit(0) / os._exit(0) inside the function too
             early = self._no_result() and (code == 0 or self.process.called_exit)
             raise self.fail(f"rank {self.rank} {exit_text(code)}{' before returning a result' * early}", code)
         # code 0 without the function returning (sys.exit(0) / os._exit(0) inside it): no failure
         # of its own, but if the others then fail waiting for it, the driver names it as the cause
         self.left_early = not self.process.returned
+
+    def _replaced(self, code: int) -> Optional[int]:
+        """Start the rank again in place of the one that ended with ``code`` and watch it as the
+        first (its rendezvous, its exit); what it exits with."""
+        self.process, line = self.replacement.take(self.process, code)
+        self._report(protocol.FRAME_LINE, stream="log", text=line)
+        self.process.watch(**self.watch_args)
+        self.started = time.monotonic()
+        self.send_start(self.start_message)
+        self.await_rendezvous()
+        return self.process.wait_exit(self.cancel)
 
     def result(self) -> Iterator[pa.RecordBatch]:
         """The result as chunk rows (rank 0, or every rank with ``return_all``)."""
@@ -237,84 +258,12 @@ class _RankTask:
         self._report(protocol.FRAME_DONE, lines=self._lines_posted(), **left)
 
     def cleanup(self) -> None:
-        replace.close(self)  # the processes of ranks lost and replaced, a listening socket kept
+        self.replacement.close()  # the processes of ranks lost and replaced, a listening socket kept
         if self.process is not None:
             self.process.close()
         if self.client is not None:
             self.client.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
-
-
-class _Either:
-    """Set when either event is (``b`` may be None): a rank stops on a cancel or a sibling's failure."""
-
-    def __init__(self, a: threading.Event, b: Optional[threading.Event]) -> None:
-        self.a, self.b = a, b
-
-    def is_set(self) -> bool:
-        return self.a.is_set() or (self.b is not None and self.b.is_set())
-
-    def wait(self, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while not self.is_set() and time.monotonic() < end:
-            time.sleep(0.02)
-        return self.is_set()
-
-
-SIBLING_GRACE_S = 1.0  # after a rank of the task fails, how long its siblings may end by themselves
-
-
-def _await(members: List[_RankTask], cancel: Optional[threading.Event]) -> None:
-    """Every rank reaches the rendezvous and exits 0.  When one fails, its siblings get
-    SIBLING_GRACE_S to end by themselves (a rank that lost its peer fails too, a moment later),
-    then the rest are stopped; the task raises the root cause among them, as the driver tells it."""
-    if len(members) == 1:
-        members[0].await_rendezvous()
-        members[0].await_exit()
-        return
-    stop, failed, lock, errors = threading.Event(), threading.Event(), threading.Lock(), []
-
-    def one(m: _RankTask) -> None:
-        try:
-            m.await_rendezvous()
-            m.await_exit()
-        except BaseException as exc:
-            with lock:
-                errors.append(exc)
-            failed.set()
-
-    for m in members:
-        m.cancel = _Either(stop, cancel)
-    threads = [threading.Thread(target=one, args=(m,), daemon=True) for m in members]
-    for t in threads:
-        t.start()
-    while any(t.is_alive() for t in threads) and not failed.wait(0.1):
-        pass
-    if failed.is_set():
-        end = time.monotonic() + SIBLING_GRACE_S
-        for t in threads:
-            t.join(max(0.0, end - time.monotonic()))
-        with lock:
-            for m, t in zip(members, threads):
-                m.silent = t.is_alive()  # stopped by us, not failed: nothing of its own to report
-        stop.set()
-    for t in threads:
-        t.join()
-    if errors:
-        details = [protocol.parse_failure(str(e)) for e in errors]
-        known = [(d, e) for d, e in zip(details, errors) if d is not None]
-        if not known:
-            raise errors[0]
-        root = protocol.root_cause([d for d, _ in known], members[0].backend.peer_lost)
-        raise next(e for d, e in known if d is root)
-
-
-def _clean_work_dir(members: List[_RankTask]) -> None:
-    """Every rank succeeded: once all tasks are here, the machine's first rank removes the kept
-    working directory (``clean_work_dir=True``)."""
-    members[0].gang.allgather("done")
-    if any(m.local_rank == 0 for m in members):
-        shutil.rmtree(members[0].cwd, ignore_errors=True)
 
 
 def supervise(
@@ -330,12 +279,15 @@ def supervise(
         for j in range(spec.ranks_per_task):
             members.append(_RankTask(gang, spec, cancel, j))
         ports = [m.start() for m in members]
-        envs = _feed(members, batches)
+        envs, rows = _feed(members, batches)
+        for m, n in zip(members, rows):
+            m.rows = n
         replace.keep_rows(members)
-        exchange(members, ports, envs)
-        _await(members, cancel)
+        for m, (local_rank, message) in zip(members, exchange(members, ports, envs)):
+            m.begin(local_rank, message)
+        await_all(members, cancel)
         if spec.workdir.clean and members[0].kept_cwd:
-            _clean_work_dir(members)
+            clean_work_dir(members)
         for m in members:
             yield from m.result()
     finally:
