@@ -41,4 +41,8 @@ def __getattr__(name):  # BarrierRunner is driver-side: loaded on first use, not
         from .timing.report import last_run
 
         return last_run
+    if name == "stage_once":  # a DataFrame written once for the runs of a tuning
+        from .data.plan import stage_once
+
+        return stage_once
     raise AttributeError(name)

@@ -105,3 +105,28 @@ def plan_slots(spark, resources: Dict[str, int], payload_bytes: int, max_concurr
         concurrency = min(concurrency, max_concurrent)
         caps.append(f"max_concurrent={max_concurrent}")
     return Slots(max(1, concurrency), profile, pool, "; ".join(caps))
+
+
+def plan_gangs(spark, ranks: int, use_gpu: bool, gpus_per_rank: int, max_concurrent: Optional[int]) -> Slots:
+    """How many gang trials of ``ranks`` ranks run at once: the cluster's task slots (and, with
+    ``use_gpu``, its GPUs) held by whole gangs, capped by ``max_concurrent``; refuses a gang that
+    could never fit."""
+    cluster = _spark_env.ClusterMemory.from_spark(spark)
+    slots = cluster.executors * (cluster.cores_per_executor // max(1, cluster.task_cpus))
+    gangs = slots // ranks
+    caps = [f"{slots} task slot(s) / {ranks} ranks a trial"]
+    if use_gpu:
+        amount = _spark_env.conf_of(spark)("spark.executor.resource.gpu.amount", None)
+        local = _spark_env.is_local(_spark_env.master_of(spark))
+        have = len(gpus_mod.local(spark)[0]) if local else cluster.executors * int(float(amount or 0))
+        gangs = min(gangs, have // (ranks * gpus_per_rank))
+        caps.append(f"{have} GPU(s) / {ranks * gpus_per_rank} a trial")
+    if gangs < 1:
+        raise InsufficientResourcesError(
+            f"ranks_per_trial={ranks} needs {ranks} task slots{' and GPUs' if use_gpu else ''} at once, "
+            f"and the cluster holds fewer ({'; '.join(caps)}): lower ranks_per_trial or add executors"
+        )
+    if max_concurrent is not None:
+        gangs = min(gangs, max_concurrent)
+        caps.append(f"max_concurrent={max_concurrent}")
+    return Slots(gangs, None, None, "; ".join(caps))

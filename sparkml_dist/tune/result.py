@@ -28,6 +28,7 @@ class TrialRecord:
     tag: Any = None  # its Spark job's JobTag
     send: Any = None  # answers its channel connection
     child: Any = None  # its MLflow child run
+    answers: Any = None  # a gang trial's answers by step (tune.gang.StepAnswers)
 
     @property
     def last_step(self) -> Optional[int]:

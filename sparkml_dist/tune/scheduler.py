@@ -20,6 +20,7 @@ from .. import _spark_env, launch, progress, serialization
 from ..channel import new_secret
 from ..channel.server import listen
 from ..errors import ConfigurationError
+from .gang import Gangs, StepAnswers
 from .result import TrialRecord, TuneResult, best_record, trial_value
 from .trial import FRAME_REPORT, TrialSpec, trial_task
 
@@ -35,11 +36,14 @@ def _optuna():
 class Tuning:
     """One run of a Tuner: the trial threads, the channel and the records."""
 
-    def __init__(self, tuner, spark, study, slots, run) -> None:
+    def __init__(
+        self, tuner, spark, study, slots, run, kept: Optional[Dict[int, TrialRecord]] = None
+    ) -> None:
         self.t, self.spark, self.study, self.slots, self.run = tuner, spark, study, slots, run
         self.lock = threading.Lock()
-        self.records: Dict[int, TrialRecord] = {}
-        self.launched = 0
+        self.records: Dict[int, TrialRecord] = dict(kept or {})  # kept: an earlier run's finished trials
+        self.launched = len(self.records)
+        self.gangs: Optional[Gangs] = None
         self.stopping: Optional[str] = None
         self.failure: Optional[BaseException] = None
         self.secret = new_secret()
@@ -72,14 +76,27 @@ class Tuning:
                 self.stopping = self.stopping or "error"
 
     def _launch(self, rec: TrialRecord, server) -> dict:
-        pool = self.slots.gpu_pool
-        gpus = pool.take() if pool is not None else None
         number = rec.trial.number
-        spec = TrialSpec(
-            number, rec.params, self.t.payload, self.key, (server.address, server.port), self.secret, gpus
-        )
+        channel = (server.address, server.port)
         rec.tag = launch.JobTag(self.spark, f"tune-{self.run_id}-{number}")
         rec.started = time.time()
+        if self.gangs is not None:  # a barrier run of ranks_per_trial ranks (tune.gang)
+            rec.answers = StepAnswers()
+            result = self.gangs.run(
+                TrialSpec(number, rec.params, self.t.payload, self.key, channel, self.secret), rec.tag
+            )
+            if not result.get("ok") and rec.stop_reason:
+                result = {**result, "error": f"cancelled ({rec.stop_reason})", "cancelled": True}
+            if rec.answers.mismatch and result.get("ok"):
+                result = {
+                    **result,
+                    "ok": False,
+                    "error": f"the gang's ranks disagree: {rec.answers.mismatch}",
+                }
+            return result
+        pool = self.slots.gpu_pool
+        gpus = pool.take() if pool is not None else None
+        spec = TrialSpec(number, rec.params, self.t.payload, self.key, channel, self.secret, gpus)
         try:
             results = launch.run_on_groups(
                 self.spark.range(0, 1, 1, 1),
@@ -124,6 +141,8 @@ class Tuning:
                 rec.state, rec.error, value = "failed", f"{self.t.metric} is NaN", None
             if rec.state == "failed" or value is None:
                 rec.state = "cancelled" if result.get("cancelled") else "failed"
+                if rec.error:  # kept with the study: a resumed tuning still says why
+                    rec.trial.set_user_attr("sparkml_dist_error", rec.error[-4000:])
                 self.study.tell(rec.trial, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             elif rec.stop_reason:
                 rec.state, rec.value = "stopped", value
@@ -144,9 +163,15 @@ class Tuning:
         rec = self.records.get(message.get("trial"))
         if rec is None:
             return
-        step, metrics = message.get("step"), message.get("metrics")
+        step, metrics, rank = message.get("step"), message.get("metrics"), message.get("rank")
         if not isinstance(step, int) or not isinstance(metrics, dict):
             return  # Trial.report never sends these
+        if rank is not None and rank != 0 and rec.answers is not None:  # a gang's other rank: rank 0 decides
+            if isinstance(rank, int):
+                stop = rec.answers.ask(rank, step, message.get("seq"), send)
+                if stop is not None:
+                    send({"seq": message.get("seq"), "stop": stop})
+            return
         metrics = {k: (float("nan") if v is None else v) for k, v in metrics.items()}
         with self.lock:
             if rec.state != "running":
@@ -161,6 +186,9 @@ class Tuning:
             stop = bool(rec.stop_reason)
         self.run.child_metrics(rec.child, metrics, step)
         send({"seq": message.get("seq"), "stop": stop})
+        if rec.answers is not None:  # the gang's other ranks' answers for this step, the same
+            for seq, other, answer in rec.answers.decide(step, stop):
+                other({"seq": seq, "stop": answer})
 
     def _stop_running(self, reason: str) -> None:
         with self.lock:
@@ -181,7 +209,11 @@ class Tuning:
     # ----------------------------------------------------------------- the whole run
     def execute(self) -> TuneResult:
         self.bar = progress.bar(self.t.n_trials, "trials", self.t.progress, unit="trial")
-        host, peers = _spark_env.driver_host(self.spark), min(self.slots.concurrency, self.t.n_trials)
+        self.bar.update(len(self.records))  # kept from an earlier run of the same study
+        self.gangs = Gangs(self.t, self.spark) if self.t.gang else None
+        per_trial = self.t.ranks_per_trial if self.gangs is not None else 1
+        host = _spark_env.driver_host(self.spark)
+        peers = min(self.slots.concurrency, self.t.n_trials) * per_trial
         # every trial running at once may be mid-handshake: none of them is evicted as a stranger
         server = listen(self.secret, self.on_message, host, replies=True, expected=peers)
         threads = [
@@ -214,6 +246,8 @@ class Tuning:
         finally:
             server.close()
             self.bar.close()
+            if self.gangs is not None:
+                self.gangs.close()
         if self.failure is not None:
             raise self.failure
         return TuneResult.build(self.records, self.t, self.study, time.monotonic() - start)

@@ -30,6 +30,7 @@ FRAME_REPORT = "report"  # trial -> driver: {"trial", "seq", "step", "metrics"}
 # driver -> trial: {"seq", "stop"} answering a report, or {"stop": true} at any time
 
 ACK_WAIT = 5.0  # seconds report() waits for the driver's answer before returning anyway
+GANG_ACK_WAIT = 600.0  # ... on a rank of a gang trial, whose answer waits for rank 0's report
 
 
 @dataclass(frozen=True)
@@ -53,23 +54,31 @@ class Trial:
         device: ``"cuda:<first GPU>"`` when it has GPUs, else ``"cpu"``.
     """
 
-    def __init__(self, number: int, params: Dict[str, Any], gpus=(), client: Optional[LogClient] = None):
+    def __init__(
+        self, number: int, params: Dict[str, Any], gpus=(), client: Optional[LogClient] = None,
+        rank: Optional[int] = None,
+    ):  # fmt: skip
         self.number = number
         self.params = dict(params)
         self.gpus = tuple(gpus or ())
         self.device = f"cuda:{self.gpus[0]}" if self.gpus else "cpu"
+        self.rank = rank  # a rank of a gang trial (ranks_per_trial > 1); None: a one-task trial
         self.reports: Dict[int, Dict[str, float]] = {}
         self._client = client
         self._stop = threading.Event()
         self._acks: Dict[int, threading.Event] = {}
+        self._answers: Dict[int, bool] = {}
         self._seq = 0
         self._lock = threading.Lock()
 
     # the driver's answers (reader thread)
     def _on_frame(self, message: dict) -> None:
-        if message.get("stop"):
+        seq = message.get("seq")
+        if self.rank is None and message.get("stop"):
             self._stop.set()
-        event = self._acks.get(message.get("seq"))
+        elif self.rank is not None and isinstance(seq, int) and message.get("stop"):
+            self._answers[seq] = True  # a gang stops only by a report's answer: the same step on every rank
+        event = self._acks.get(seq)
         if event is not None:
             event.set()
 
@@ -86,21 +95,27 @@ class Trial:
             self._seq += 1
             seq = self._seq
             event = self._acks[seq] = threading.Event()
-        self._client.send(
-            {
-                "type": FRAME_REPORT,
-                "trial": self.number,
-                "seq": seq,
-                "step": step,
-                "metrics": _jsonable(values),
-            }
-        )
-        event.wait(ACK_WAIT)
+        frame = {
+            "type": FRAME_REPORT,
+            "trial": self.number,
+            "seq": seq,
+            "step": step,
+            "metrics": _jsonable(values),
+        }
+        if self.rank is not None:
+            frame["rank"] = self.rank
+        self._client.send(frame)
+        # a gang's rank waits for the answer rank 0's report of this step brings (every rank then
+        # stops at the same step); a one-task trial goes on after a few seconds without one
+        event.wait(GANG_ACK_WAIT if self.rank is not None else ACK_WAIT)
         self._acks.pop(seq, None)
+        if self._answers.pop(seq, False):
+            self._stop.set()
 
     def should_stop(self) -> bool:
         """True once the driver has stopped this trial (early stopping, or the tuning's timeout):
-        return (your last reported metrics are kept)."""
+        return (your last reported metrics are kept).  On a gang trial's ranks it turns true after
+        the report of one step on every rank, so they leave their collectives together."""
         return self._stop.is_set()
 
 
@@ -154,6 +169,39 @@ def run_trial(spec: TrialSpec) -> dict:
         unreachable=unreachable,
     )
     return result
+
+
+def run_gang_rank(spec: TrialSpec) -> Optional[dict]:
+    """One rank of a gang trial (``BarrierRunner(ranks_per_trial)``'s function): ``fn(params,
+    trial)`` with a :class:`Trial` of this rank; rank 0's result is the trial's (what
+    :func:`run_trial` gives); a rank that raises fails the gang, its traceback the trial's error."""
+    from ..runner import context
+
+    fn = serialization.cached_loads(spec.payload, spec.key)
+    ctx = context()
+    gpus = tuple(d.split(":", 1)[1] for d in ctx.devices)
+    trial = Trial(spec.number, spec.params, gpus, rank=ctx.rank)
+    started, unreachable = time.time(), None
+    try:
+        trial._client = LogClient(*spec.channel, spec.secret, on_frame=trial._on_frame, retry_for=10.0)
+    except OSError as exc:  # its reports come back with its result: no early stopping then
+        unreachable = f"{spec.channel[0]}:{spec.channel[1]} ({exc})"
+    try:
+        out = fn(dict(spec.params), trial)
+    finally:
+        if trial._client is not None:
+            trial._client.close()
+    if ctx.rank != 0:
+        return None
+    return {
+        "ok": True,
+        "returned": _plain(out),
+        "reports": trial.reports,
+        "stopped": trial.should_stop(),
+        "started": started,
+        "seconds": time.time() - started,
+        "unreachable": unreachable,
+    }
 
 
 def trial_task(batches: Iterable[pa.RecordBatch], spec: TrialSpec) -> Iterator[pa.RecordBatch]:

@@ -27,9 +27,12 @@ Example::
     print(result.best_params, result.best_value)
     result.trials            # one row per trial: params, state, value, duration, steps
 
-A trial's function may start local ranks with ``BarrierRunner(np=-k)`` (k processes on the trial's
-executor; give it ``trial_resources={"cpus": k}``); ``BarrierRunner(np > 0)`` needs the driver's
-Spark and is refused inside a trial.
+A trial that is itself distributed is a *gang*: ``Tuner(..., ranks_per_trial=k)`` runs each trial
+as a barrier run of ``k`` ranks started from the driver (:mod:`.gang`), the same parameters on
+every rank, whole gangs admitted as slots free, the data staged once for all trials (``data=df``).
+Inside a one-task trial, ``BarrierRunner(np=-k)`` starts local ranks on the trial's executor;
+``BarrierRunner(np > 0)`` needs the driver's Spark and is refused there.  ``storage=`` keeps the
+study where a tuning started again resumes it (:mod:`.storage`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from .. import _spark_env, arg_checks, serialization, tracking
 from ..errors import ConfigurationError
 from . import policies, resources
 from . import space as spaces
+from . import storage as studies
 from .result import TuneResult
 from .scheduler import Tuning
 
@@ -79,6 +83,18 @@ class Tuner:
         progress: a progress bar (tqdm) of trials.
         mlflow: True: log the tuning as an MLflow run with a child run per trial; None: only when
             an MLflow run is active; False: never.
+        ranks_per_trial: ranks of each trial (default 1: a trial is one Spark task). With ``k > 1``
+            every trial is a barrier run of ``k`` ranks (:mod:`.gang`): ``fn(params, trial)`` on each
+            rank, the same parameters everywhere (drawn once, here), rank 0's reports and value
+            counting, ``trial.should_stop()`` true on every rank after the same step; as many
+            gangs at once as the slots hold whole (``max_concurrent`` caps it).
+        backend, use_gpu, gpus_per_rank, env, comm: each trial's ranks, as ``BarrierRunner`` takes
+            them (any of them, or ``data``, makes trials gangs, of ``ranks_per_trial`` ranks).
+        data: a DataFrame every trial trains on (``run_with_data``: ``shard()`` in the function),
+            written once as Parquet for all trials when it is not a plain Parquet scan.
+        storage: where the study lives so that a tuning started again resumes it
+            (:mod:`.storage`: a database URL, a journal file's path, or an Optuna storage);
+            ``study_name`` names it there.
     """
 
     def __init__(
@@ -99,6 +115,15 @@ class Tuner:
         mlflow: Optional[bool] = None,
         stop_grace: float = 30.0,
         spark=None,
+        ranks_per_trial: int = 1,
+        backend: Optional[str] = None,
+        use_gpu: Optional[bool] = None,
+        gpus_per_rank: Optional[int] = None,
+        env: Optional[Dict[str, str]] = None,
+        comm: Optional[Dict[str, Any]] = None,
+        data=None,
+        storage: Any = None,
+        study_name: str = "sparkml_dist",
     ) -> None:
         optuna = _optuna()
         if not callable(fn):
@@ -117,11 +142,45 @@ class Tuner:
         self.grid = spaces.grid_values(self.dists) if sampler == "grid" else None
         self.pruner = policies.pruner_of(early_stopping)
         self.resources = resources.check(trial_resources)
+        self._gang_setup(ranks_per_trial, trial_resources, data, backend, use_gpu, gpus_per_rank, env, comm)
+        if not isinstance(study_name, str) or not study_name:
+            raise ConfigurationError(
+                f"study_name must name the study in storage (a string), got {study_name!r}"
+            )
+        self.storage, self.study_name = storage, study_name
         self.payload = serialization.travelling(fn, "fn", fn)
         self.fn, self.space, self.metric, self.mode = fn, space, metric, mode
         self.sampler, self.max_trials, self.max_concurrent = sampler, max_trials, max_concurrent
         self.early_stopping, self.timeout, self.seed = early_stopping, timeout, seed
         self.progress, self.mlflow, self.stop_grace, self.spark = progress, mlflow, stop_grace, spark
+
+    def _gang_setup(self, k, trial_resources, data, backend, use_gpu, gpus_per_rank, env, comm) -> None:
+        """Trials as gangs of ``k`` ranks (:mod:`.gang`) when ``ranks_per_trial > 1``, ``data`` or
+        a runner setting is given; the settings checked now, as ``BarrierRunner`` checks them."""
+        arg_checks.integer("ranks_per_trial", k, 1, fix="the ranks (barrier tasks) of each trial")
+        options = {
+            n: v
+            for n, v in dict(
+                backend=backend, use_gpu=use_gpu, gpus_per_rank=gpus_per_rank, env=env, comm=comm
+            ).items()
+            if v is not None
+        }
+        self.ranks_per_trial, self.data, self.gang_options = k, data, options
+        self.gang = k > 1 or data is not None or bool(options)
+        if not self.gang:
+            return
+        if trial_resources:
+            raise ConfigurationError(
+                "trial_resources is for one-task trials; a trial of ranks_per_trial ranks takes one "
+                "task slot a rank: give it GPUs with use_gpu=True (and gpus_per_rank=)"
+            )
+        if data is not None and not hasattr(data, "sparkSession"):
+            raise ConfigurationError(
+                f"data must be a Spark DataFrame (each trial's run_with_data), got {type(data).__name__}"
+            )
+        from ..runner import BarrierRunner
+
+        BarrierRunner(k, **options)  # refuses a backend, GPU, env or comm setting by name, now
 
     @property
     def n_trials(self) -> int:
@@ -153,16 +212,23 @@ class Tuner:
         """Run the trials; returns the best parameters and every trial's record."""
         optuna = _optuna()
         spark = self.spark or _spark_env.active_session("Tuner (its trials run on Spark)")
-        slots = resources.plan_slots(spark, self.resources, len(self.payload), self.max_concurrent)
+        if self.gang:
+            o = self.gang_options
+            slots = resources.plan_gangs(
+                spark,
+                self.ranks_per_trial,
+                bool(o.get("use_gpu")),
+                o.get("gpus_per_rank", 1),
+                self.max_concurrent,
+            )
+        else:
+            slots = resources.plan_slots(spark, self.resources, len(self.payload), self.max_concurrent)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        study = optuna.create_study(
-            direction="minimize" if self.mode == "min" else "maximize",
-            sampler=self._make_sampler(),
-            pruner=self.pruner,
-        )
+        direction = "minimize" if self.mode == "min" else "maximize"
+        study, kept = studies.open_study(optuna, self, direction, self._make_sampler(), self.pruner)
         log.info("Tuner: %d trials, %d at once (%s)", self.n_trials, slots.concurrency, slots.summary)
         with tracking.job_run("Tuner", self.mlflow, self.tracked_params()) as run:
-            result = Tuning(self, spark, study, slots, run).execute()
+            result = Tuning(self, spark, study, slots, run, kept).execute()
             run.log_metrics({"best_value": result.best_value} if result.best_value is not None else {})
             run.log_params({f"best.{k}": v for k, v in (result.best_params or {}).items()})
         return result

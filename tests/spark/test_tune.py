@@ -201,3 +201,145 @@ def test_early_stopping_works_while_500_idle_connections_flood_the_channel(spark
     stopped = early.trials[early.trials["state"] == "stopped"]
     assert len(stopped) >= 1 and stopped["params_x"].min() >= 0.8, early.trials
     assert early.best_params["x"] == 0.3
+
+
+# ------------------------------------------------------------------ trials that are gangs of ranks
+@masters("local")
+def test_every_rank_of_a_gang_trial_sees_the_same_parameters_and_a_world_of_k(spark):
+    r = run(th.gang_curve, {"x": tune.uniform(0, 1), **FAST}, max_trials=3, seed=0, ranks_per_trial=2)
+    assert (r.trials["state"] == "complete").all() and len(r.trials) == 3
+    for _, row in r.trials.iterrows():
+        seen = row["returned"]["seen"]  # [x, world, rank] of each rank, all-gathered in the trial
+        assert [s[0] for s in seen] == pytest.approx([row["params_x"]] * 2)
+        assert [s[1] for s in seen] == [2.0, 2.0] and [s[2] for s in seen] == [0.0, 1.0]
+        assert row["value"] == pytest.approx((row["params_x"] - 0.3) ** 2 + 1.0 / th.STEPS)
+
+
+@masters("local")
+def test_a_gang_stopped_early_leaves_at_the_same_step_on_every_rank(spark):
+    """Median stopping over gangs of 2: each stopped trial's ranks all left after the same step
+    (the loop all-reduces every step: a rank left behind would hang its peer)."""
+    space = {"x": [0.3, 0.31, 0.32, 0.9, 0.95, 1.0], "steps": 12, **FAST}
+    r = run(th.gang_curve, space, sampler="grid", max_trials=6, early_stopping="median", ranks_per_trial=2)
+    stopped = r.trials[r.trials["state"] == "stopped"]
+    assert len(stopped) >= 1, r.trials[["params_x", "state", "last_step"]]
+    for _, row in r.trials.iterrows():
+        left = row["returned"]["stopped_at"]
+        assert len(set(left)) == 1, (row["params_x"], left)
+        assert left[0] == row["last_step"]
+    assert r.best_params["x"] == pytest.approx(0.3)
+    from tests.support.runner_checks import assert_no_rank_left
+
+    assert_no_rank_left()
+
+
+@masters("local")
+def test_a_gang_trial_whose_rank_raises_is_failed_with_its_traceback_and_the_tuning_goes_on(spark):
+    space = {"x": [0.5, 0.1, 0.7], "raise_on_rank": 1, "raise_at_x": 0.5, **FAST}
+    r = run(th.gang_curve, space, sampler="grid", max_trials=3, ranks_per_trial=2)
+    assert sorted(r.trials["state"]) == ["complete", "complete", "failed"]
+    failed = r.trials[r.trials["state"] == "failed"]
+    assert failed["params_x"].tolist() == [0.5]
+    error = failed["error"].item()
+    assert "rank 1" in error and "cannot train x=0.5" in error and "ValueError" in error
+    assert r.best_params["x"] == 0.1
+
+
+@masters("local")
+def test_a_tunings_data_is_staged_once_for_all_its_gang_trials(spark, monkeypatch):
+    from sparkml_dist.runner.data import staging
+
+    writes = []
+    stage = staging.stage
+    monkeypatch.setattr(staging, "stage", lambda df, root: writes.append(root) or stage(df, root))
+    df = spark.range(0, 100, 1, 3).selectExpr("id * 1 AS id")  # computed: not a Parquet scan
+    r = run(th.gang_rows, {"x": tune.uniform(0, 1)}, max_trials=3, seed=0, ranks_per_trial=2, data=df)
+    assert (r.trials["state"] == "complete").all()
+    assert len(writes) == 1  # one copy for the three trials (was one per trial)
+    for out in r.trials["returned"]:
+        assert out["rows"] == 50  # rank 0's share of the 100 rows
+
+
+@masters("local")
+def test_one_rank_trials_are_as_before_and_gang_settings_are_checked_first(spark):
+    r = run(th.curve, {"x": [0.3], **FAST}, sampler="grid", max_trials=1)
+    assert r.trials["state"].tolist() == ["complete"]  # ranks_per_trial=1: a one-task trial
+    for bad, message in (
+        (dict(ranks_per_trial=0), "ranks_per_trial must be an integer >= 1"),
+        (dict(ranks_per_trial=2, backend="mpi"), "backend must be one of"),
+        (dict(ranks_per_trial=2, trial_resources={"cpus": 2}), "trial_resources is for one-task trials"),
+        (dict(ranks_per_trial=8), "ranks_per_trial=8 needs 8 task slots"),
+    ):
+        with pytest.raises(Exception, match=message):
+            run(th.curve, {"x": [0.3]}, sampler="grid", max_trials=1, **bad)
+
+
+@masters("local")
+def test_a_study_in_storage_resumes_after_its_driver_is_killed(spark, tmp_path):
+    """A driver killed mid-trial (its third): started again with the same storage, the tuning keeps
+    the two finished trials, runs the killed one's parameters again and ends with max_trials.
+    Slow (~40 s): a driver of its own (a second Spark session)."""
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    journal = str(tmp_path / "study.log")
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {ROOT!r})\n"
+        "from sparkml_dist.session import get_session\n"
+        "from sparkml_dist import tune\n"
+        "from tests.support import tune_helpers as th\n"
+        "get_session('local[1]')\n"
+        "space = {'x': [0.0, 0.3, 0.6, 0.9, 0.45], 'kill_at': 2, 'driver': os.getpid()}\n"
+        "tune.Tuner(th.kills_its_driver, space, metric='loss', sampler='grid', max_trials=5,\n"
+        f"           max_concurrent=1, progress=False, storage={journal!r}, study_name='resumed',\n"
+        "           seed=0).run()\n"
+    )
+    first = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert first.returncode == -9, first.stderr[-2000:]
+    r = run(
+        th.kills_its_driver, {"x": [0.0, 0.3, 0.6, 0.9, 0.45], "kill_at": -1, "driver": 0}, sampler="grid",
+        max_trials=5, storage=journal, study_name="resumed", seed=0,
+    )  # fmt: skip
+    assert len(r.trials) == 5 and (r.trials["state"] == "complete").all(), r.trials
+    assert sorted(r.trials["params_x"]) == [0.0, 0.3, 0.45, 0.6, 0.9]
+    assert r.best_params["x"] == 0.3
+
+
+@masters("local")
+def test_gangs_that_fit_run_together_and_one_that_does_not_waits_without_holding_a_slot(tmp_path):
+    """Gangs of 2 on 4 slots: two run at once (their ranks' spans overlap) and the third starts only
+    once one of them has ended (no rank of it held a slot meanwhile). Slow (~40 s): a driver of its
+    own on local[4] (the pass's session has 2 slots)."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    script = tmp_path / "driver.py"
+    script.write_text(
+        "import json, os, sys\n"
+        f"sys.path.insert(0, {ROOT!r})\n"
+        "from sparkml_dist.session import get_session\n"
+        "from sparkml_dist import tune\n"
+        "from tests.support import tune_helpers as th\n"
+        "get_session('local[4]', conf_file=os.path.join(sys.path[0], 'conf', 'spark-local.yaml'))\n"
+        "r = tune.Tuner(th.gang_timed, {'x': [1.0, 2.0, 3.0], 'pause': 3.0}, metric='loss', sampler='grid',\n"
+        "               max_trials=3, ranks_per_trial=2, progress=False).run()\n"
+        "print('SPANS ' + json.dumps([out['spans'] for out in r.trials['returned']]))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    spans = json.loads(next(ln for ln in done.stdout.splitlines() if ln.startswith("SPANS "))[6:])
+    trials = sorted(([min(s for s, _ in g), max(e for _, e in g)] for g in spans), key=lambda t: t[0])
+    first, second, third = trials
+    assert second[0] < first[1], trials  # two gangs at once
+    assert third[0] >= min(first[1], second[1]) - 0.05, trials  # the third waited for a whole gang's slots

@@ -84,3 +84,18 @@ def plan(
         return None
     widths = sharding.vector_widths(df)
     return Data(df, sharding.rank_columns(df, widths), widths, runner, replicas, streams, local)
+
+
+def stage_once(df, staging_dir=None):
+    """``(a DataFrame for run_with_data of many runs, remove)``: ``df`` as it is when its files can
+    be read in place (a plain Parquet scan) or no staging directory can serve the ranks; else ``df``
+    written once as Parquet (as one ``run_with_data`` would for itself) and read back from there,
+    so every run reads the same files and none writes them again; ``remove()`` deletes them."""
+    files, _ = sharding.file_split(df, 1, widths=sharding.vector_widths(df))
+    if files is not None:
+        return df, lambda: None
+    where, why = staging.root(df.sparkSession, staging_dir, False)
+    if why or staging.why_not(df, False):
+        return df, lambda: None  # each run deals the rows itself, as run_with_data does
+    staged = staging.stage(df, where)
+    return staged.df, staged.remove
