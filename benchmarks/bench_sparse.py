@@ -83,7 +83,8 @@ def task_peak(path: str, width: int) -> dict:
     from sklearn.linear_model import LogisticRegression
 
     from sparkml_dist import collection, serialization
-    from sparkml_dist.ensemble import _fit_groups, _fit_task
+    from sparkml_dist.ensemble.engine import fitting as _fit_groups
+    from sparkml_dist.ensemble.engine import task as _fit_task
     from sparkml_dist.ensemble.member_records import FEATURES, LABEL
 
     recipe = _fit_groups.Clone(

@@ -13,7 +13,16 @@ Contenders, interleaved each round (order alternating):
 Targets: tuner wall <= 1.25 x the ideal (64 x trial time / 2 slots); early stopping saves >= 40% of
 the summed trial time and finds the same best configuration; tuner wall <= 1.2 x Optuna's.
 
+``--ranks-per-trial k`` (k > 1) measures trials that are gangs instead, on local[2k] (two gangs at
+once): 16 trials of k ranks, each ~``--work`` seconds of steps (every step an all-reduce), and
+reports the tuning's wall against the ideal (16 x work / 2 gangs; target <= 1.15x), the gap from
+one gang's end to the next trial's ranks starting in its slots (target <= 1 s), a trial's start
+(from its launch to its function running on every rank) against a warm ``BarrierRunner(k)`` no-op
+run's (target <= 1.2x), and, with ``early_stopping="median"``, the gap from a stopped gang's stop
+to its successor's start.
+
     python benchmarks/bench_tune.py [--repeats 2] [--steps 20] [--pause 0.1]
+    python benchmarks/bench_tune.py --ranks-per-trial 2 [--work 5] [--trials 16]
 """
 
 from __future__ import annotations
@@ -81,12 +90,113 @@ def tuner_run(steps: int, pause: float, early_stopping) -> dict:
     return {"best": best, "trial_seconds": float(r.trials["duration"].sum()), "states": r.trials["state"]}
 
 
+def gang_curve(params, trial):
+    """A gang trial: ~``work`` seconds of steps, an all-reduce a step; when each rank ran."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    started = time.time()
+    init_process_group()
+    loss, steps = None, max(1, int(params["work"] / 0.25))
+    for step in range(steps):
+        time.sleep(0.25)
+        dist.all_reduce(torch.ones(1))
+        loss = (params["x"] - 0.3) ** 2 + 1.0 / (step + 1)
+        trial.report(step, loss=loss)
+        if trial.should_stop():
+            break
+    spans = [torch.zeros(2, dtype=torch.float64) for _ in range(dist.get_world_size())]
+    dist.all_gather(spans, torch.tensor([started, time.time()], dtype=torch.float64))
+    return {"loss": loss, "spans": [s.tolist() for s in spans]}
+
+
+def noop():
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import init_process_group
+
+    init_process_group()
+    dist.barrier()
+
+
+def _gaps(trials) -> list:
+    """Each gap between a gang's end and the next trial's ranks starting (the slots taken at once)."""
+    spans = sorted(
+        ((min(s for s, _ in out["spans"]), max(e for _, e in out["spans"])) for out in trials["returned"]),
+        key=lambda t: t[0],
+    )
+    ends = sorted(e for _, e in spans)
+    gaps = []
+    for start, _ in spans[2:]:  # the first two started at once: every later one waited for an end
+        before = [e for e in ends if e <= start + 0.05]
+        if before:
+            gaps.append(start - max(before))
+    return gaps
+
+
+def gang_main(args) -> None:
+    from sparkml_dist import tune
+    from sparkml_dist.runner import BarrierRunner
+    from sparkml_dist.session import get_session
+
+    k = args.ranks_per_trial
+    spark = get_session(
+        f"local[{2 * k}]", conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"), app_name="bench_tune"
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    space = {"x": [i / (args.trials - 1) for i in range(args.trials)], "work": args.work}
+    BarrierRunner(k, log_ranks="none").run(noop)  # warm-up: Spark's workers, the pools
+    for policy in (None, "median"):
+        t = time.perf_counter()
+        r = tune.Tuner(
+            gang_curve, space, metric="loss", sampler="grid", max_trials=args.trials,
+            ranks_per_trial=k, early_stopping=policy, progress=False,
+        ).run()  # fmt: skip
+        wall = time.perf_counter() - t
+        work = [max(e for _, e in o["spans"]) - min(s for s, _ in o["spans"]) for o in r.trials["returned"]]
+        ideal = sum(work) / 2
+        gaps = _gaps(r.trials)
+        print(
+            f"{k} ranks a trial, early_stopping={policy}: {args.trials} trials in {wall:.1f} s; their work "
+            f"{sum(work):.1f} s / 2 gangs = {ideal:.1f} s ideal: {wall / ideal:.3f}x (target <= 1.15x); "
+            f"states {r.trials['state'].value_counts().to_dict()}"
+        )
+        print(
+            f"  slots to the next gang: median {statistics.median(gaps):.2f} s, max {max(gaps):.2f} s "
+            "(target <= 1 s)"
+        )
+    starts = []
+    for _ in range(5):
+        t = time.perf_counter()
+        BarrierRunner(k, log_ranks="none").run(noop)
+        starts.append(time.perf_counter() - t)
+    short = {"x": [0.1, 0.2, 0.3, 0.4, 0.5], "work": 0.25}
+    r = tune.Tuner(
+        gang_curve, short, metric="loss", sampler="grid", max_trials=5, ranks_per_trial=k,
+        max_concurrent=1, progress=False,
+    ).run()  # fmt: skip
+    trial = statistics.median(r.trials["duration"])
+    print(
+        f"a trial of 0.25 s of work takes {trial:.2f} s (median of 5); a warm BarrierRunner({k}) no-op "
+        f"{statistics.median(starts):.2f} s: the trial's own start {trial - 0.25:.2f} s = "
+        f"{(trial - 0.25) / statistics.median(starts):.2f}x (target <= 1.2x)"
+    )
+    spark.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--pause", type=float, default=0.1)
+    ap.add_argument("--ranks-per-trial", type=int, default=1)
+    ap.add_argument("--work", type=float, default=5.0)
+    ap.add_argument("--trials", type=int, default=16)
     args = ap.parse_args()
+    if args.ranks_per_trial > 1:
+        return gang_main(args)
 
     import optuna
 

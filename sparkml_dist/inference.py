@@ -106,7 +106,7 @@ def _ensemble(model: Any):
     from .ensemble.models import BaggingModel
 
     if isinstance(model, str):
-        from .ensemble.persistence import load_stage
+        from .ensemble.stored.persistence import load_stage
 
         return load_stage(model)
     return model if isinstance(model, BaggingModel) else None

@@ -1,6 +1,6 @@
 """sparkml_dist ensemble and grouped models as MLflow models (the ``sparkml_dist`` flavor).  [anywhere]
 
-A model is saved in the package's own format (:mod:`sparkml_dist.ensemble.persistence`: JSON
+A model is saved in the package's own format (:mod:`sparkml_dist.ensemble.stored.persistence`: JSON
 records, members in skops / XGBoost formats, SHA-256 manifest), with an ``MLmodel`` file naming the
 flavors ``sparkml_dist`` and ``python_function`` (whose loader is this module) and, when logged
 from classic Spark, ``spark`` (the model as a one-stage PipelineModel, for
@@ -95,7 +95,7 @@ def _stage_path(root: str, stage: Any) -> str:
 
 
 def _read_stage(root: str, stage: Any):
-    from .ensemble.persistence import load_stage
+    from .ensemble.stored.persistence import load_stage
 
     _verify(root)
     path = _stage_path(root, stage)

@@ -328,7 +328,7 @@ def assign_keys(df, key_col: str, key_table, num_parts: int):
 
     ``key_table`` is a small DataFrame of ``(key_col, GROUP_COL, PART_COL)``: each key's group and
     the partition its rows go to (runs of consecutive keys, see
-    :func:`sparkml_dist.ensemble.groups.by_key`); rows whose key is not in it are dropped (the
+    :func:`sparkml_dist.ensemble.engine.groups.by_key`); rows whose key is not in it are dropped (the
     caller decided to skip those keys).  Each partition is sorted by group, so a task sees its keys
     one after another, in key order, each key's rows in their order (by ``KEY_COL``), and can fit
     them one at a time.  Lazy: starts no Spark job.

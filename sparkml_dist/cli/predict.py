@@ -104,7 +104,7 @@ def run(spark, args) -> dict:
         )
         kind = "network"
     else:
-        from ..ensemble.persistence import load_stage
+        from ..ensemble.stored.persistence import load_stage
 
         model = load_stage(model_dir)
         scored, kind = model.transform(df), type(model).__name__

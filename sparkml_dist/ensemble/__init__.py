@@ -10,7 +10,7 @@ models as a table).
 import importlib
 
 # Loaded on first use (PEP 562), so that an executor's Python worker importing one of this
-# package's executor modules (``_fit_groups``, ``_member_scoring``, ...) does not also import the
+# package's executor modules (``engine.fitting``, ``scoring.members``, ...) does not also import the
 # driver's estimators and pyspark.ml: 0.6 s off every cold worker's start.
 _HOMES = {
     "BaggingClassifier": "estimator",
@@ -23,8 +23,8 @@ _HOMES = {
     "GroupedTrainer": "grouped",
     "GroupedModel": "grouped_model",
     "train_per_group": "per_group",
-    "GroupModels": "per_group",
-    "GroupMember": "per_group",
+    "GroupModels": "group_models",
+    "GroupMember": "group_models",
 }
 
 

@@ -1,9 +1,9 @@
 """BaggingClassifier / BaggingRegressor: one scikit-learn-API model per group.  [driver]
 
 ``fit``: validate parameters and columns (no Spark job) -> split rows into groups
-(:func:`sparkml_dist.ensemble.groups.by_split`, one sizing/validation job) -> fit one clone of
+(:func:`.engine.groups.by_split`, one sizing/validation job) -> fit one clone of
 ``estimator`` per group inside the executors (the per-group engine,
-:func:`sparkml_dist.ensemble.groups.fit`) -> a model holding the members.
+:func:`.engine.groups.fit`) -> a model holding the members.
 
 Example::
 
@@ -29,14 +29,17 @@ from pyspark.ml import Estimator
 from .. import _spark_env, arg_checks, feature_arrays, launch, partitioning, plan, serialization, tracking
 from .. import gpus as gpus_mod
 from ..errors import ConfigurationError
-from . import forest, global_forest, groups, member_store, oob, validation
-from ._fit_groups import Clone, GroupFitSpec, Inputs
+from . import forest, global_forest, validation
+from .engine import groups
+from .engine.fitting import Clone, GroupFitSpec, Inputs
 from .member_records import FEATURES, LABEL, WEIGHT
 
 # models saved by sparkml_dist 0.1 name this module as their class's home (pyspark imports it)
 from .models import BaggingClassificationModel, BaggingRegressionModel  # noqa: F401
 from .params import ClassifierParams, RegressorParams
-from .persistence import StageReadWrite
+from .scoring import oob
+from .stored import member_store
+from .stored.persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +62,8 @@ class _BaggingEstimator(Estimator, StageReadWrite):
 
     @classmethod
     def forest(cls, *, strategy: str = "local", **kwargs):
-        """A random forest in MLlib's parameter names (:func:`sparkml_dist.ensemble.forest.preset`);
-        ``strategy="global"``: every tree sees every row (:mod:`sparkml_dist.ensemble.global_forest`)."""
+        """A random forest in MLlib's parameter names (:func:`.forest.preset`);
+        ``strategy="global"``: every tree sees every row (:mod:`.global_forest`)."""
         if arg_checks.one_of("strategy", strategy, ("local", "global")) == "global":
             return global_forest.preset(cls._is_classifier, **kwargs)
         return forest.preset(cls, **kwargs)

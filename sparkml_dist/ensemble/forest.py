@@ -68,7 +68,7 @@ def preset(
 ):
     """``cls`` (BaggingClassifier or BaggingRegressor) set up as a random forest; checked here,
     before any Spark job. ``maxDepth=None`` grows each tree until its leaves are pure.
-    (``strategy="global"`` builds :func:`sparkml_dist.ensemble.global_forest.preset` instead.)"""
+    (``strategy="global"`` builds :func:`.global_forest.preset` instead.)"""
     from sklearn.tree import DecisionTreeClassifier, DecisionTreeRegressor
 
     taken = [p for p in _SET_BY_THE_PRESET if p in params]

@@ -6,7 +6,7 @@ a disjoint shard of the rows, and each tree grows from histograms all-reduced ov
 (XGBoost's own distributed ``hist`` training, ``num_parallel_tree`` trees in one round,
 ``learning_rate=1``, rows and features sampled per tree and per split), so no tree is limited to a
 share of the rows as a bagging member is.  The fitted model is a
-:class:`~sparkml_dist.ensemble.BaggingClassificationModel` (``BaggingRegressionModel``) with one
+:class:`~.BaggingClassificationModel` (``BaggingRegressionModel``) with one
 member, the XGBoost forest: ``transform``, ``predict_proba``, save/load (XGBoost's own format,
 signed or not), ``Pipeline`` and ``CrossValidator`` work as for any bagging model.
 
@@ -49,12 +49,12 @@ from . import _forest_rank, forest, validation
 from .member_records import FEATURES, LABEL, WEIGHT, Member
 from .models import BaggingClassificationModel, BaggingRegressionModel
 from .params import HasEstimatorAndFeatures, declare
-from .persistence import StageReadWrite
+from .stored.persistence import StageReadWrite
 
 
 def preset(is_classifier: bool, *, minInstancesPerNode: int = 1, maxDepth: Optional[int] = 10, **params):
     """``BaggingClassifier.forest(strategy="global", ...)``: the same names as the local preset
-    (:func:`sparkml_dist.ensemble.forest.preset`) but ``minInstancesPerNode``, and
+    (:func:`.forest.preset`) but ``minInstancesPerNode``, and
     ``subsamplingRate``, ``maxBins``, ``numWorkers`` too."""
     if minInstancesPerNode != 1:
         raise ConfigurationError(
@@ -266,7 +266,7 @@ class GlobalForestClassifier(_GlobalForest, _GlobalForestParams, HasProbabilityC
     ("auto": 0.3 of the features per split; MLlib's values), ``subsamplingRate`` (0.632: the
     share of distinct rows a bootstrap sample holds), ``maxBins`` (32, MLlib's), ``numWorkers`` (the
     cluster's task slots), ``collectiveTimeout`` (600 s: the longest any wait of the fit may take,
-    see :mod:`sparkml_dist.ensemble._forest_rank`), ``seed``, ``featuresCol`` / ``featuresCols``,
+    see :mod:`._forest_rank`), ``seed``, ``featuresCol`` / ``featuresCols``,
     ``labelCol``, ``weightCol``, ``predictionCol``, ``probabilityCol``, ``rawPredictionCol``, ``maxClasses``
     (1000), ``mlflow``.  See the module docstring.
     """

@@ -5,18 +5,18 @@
 
 Any number of keys (10^6 in a benchmark):
 
-1. one aggregation job counts each key's rows (:func:`sparkml_dist.ensemble.key_counts.count_keys`:
+1. one aggregation job counts each key's rows (:func:`.engine.key_counts.count_keys`:
    keys stay in Spark's types, so a timestamp or an array key finds all of its rows; the driver
    holds them as Arrow); null keys are refused; keys with fewer than ``minRows`` rows are
    reported: an error listing them (default) or, with ``onSmallGroups="skip"``, a warning and the
    model's ``skippedGroups``;
-2. the per-group engine (:mod:`sparkml_dist.ensemble.groups`) gives each task a run of
+2. the per-group engine (:mod:`.engine.groups`) gives each task a run of
    consecutive keys (cut where the rows divide evenly), orders each key's rows by a hash of the
    seed and the row (the same models on any partitioning), and fits one clone per key, one key's
    rows held at a time;
-3. each task writes its models in blocks as it fits them (:mod:`.key_blocks`: a few hundred
+3. each task writes its models in blocks as it fits them (:mod:`.stored.key_blocks`: a few hundred
    models a block): to ``membersDir``, or collected whole; the driver keeps counts and references
-   (:class:`~.key_models.KeyModels`), never the models.  A key whose fit raises fails the fit with
+   (:class:`~.stored.key_models.KeyModels`), never the models.  A key whose fit raises fails the fit with
    a ``WorkerError`` naming the key and its traceback, or with ``onError="skip"`` keeps its row in
    its block with the reason, listed in ``model.failedGroups``.
 
@@ -49,13 +49,15 @@ from .. import gpus as gpus_mod
 from .. import launch, plan, serialization, tracking
 from ..errors import ConfigurationError
 from ..group_rows import SeedDraw
-from . import groups, key_counts, member_store, streamed_keys, validation
-from ._fit_groups import Clone, GroupFitSpec, Inputs, fresh_copy
+from . import validation
+from .engine import groups, key_counts, streamed_keys
+from .engine.fitting import Clone, GroupFitSpec, Inputs, fresh_copy
 from .grouped_model import GroupedModel
-from .key_models import KeyModels
 from .member_records import FEATURES, LABEL
 from .params import GroupedParams
-from .persistence import StageReadWrite
+from .stored import member_store
+from .stored.key_models import KeyModels
+from .stored.persistence import StageReadWrite
 
 log = logging.getLogger(__name__)
 
@@ -68,11 +70,11 @@ class GroupedTrainer(Estimator, GroupedParams, StageReadWrite):
     ``unseenKey`` ("error" | "null"), ``seed`` (0: each key's rows are ordered by a hash of it and
     the row, and an estimator whose ``random_state`` is None gets the key's own seed: the same
     models on any partitioning), ``membersDir``, ``onError`` ("raise" | "skip": ``model.failedGroups``),
-    ``useGpu``, ``gpuMemoryPerMember``, ``mlflow``: as for :class:`~sparkml_dist.ensemble.BaggingClassifier`;
+    ``useGpu``, ``gpuMemoryPerMember``, ``mlflow``: as for :class:`~.BaggingClassifier`;
     ``keyTimeout`` (seconds; unset: none): a key whose fit runs longer is stopped and fails
-    (:mod:`._key_watch`: each task then fits in a child process, about a second to start);
+    (:mod:`.engine.key_watch`: each task then fits in a child process, about a second to start);
     ``streamAbove`` (rows; unset: what one task's memory holds): a key with more rows trains from a
-    stream with the estimator's ``partial_fit`` (:mod:`.streamed_keys`, :mod:`._fit_stream`).
+    stream with the estimator's ``partial_fit`` (:mod:`.engine.streamed_keys`, :mod:`.engine.stream`).
     """
 
     @keyword_only
@@ -140,7 +142,7 @@ class GroupedTrainer(Estimator, GroupedParams, StageReadWrite):
         return dataset.select(F.col(key_col), feats.alias(FEATURES), label.alias(LABEL)), is_string_label
 
     def _count_keys(self, prepared):
-        """Rows per key in one job (:func:`.key_counts.count_keys`); refuses null labels and
+        """Rows per key in one job (:func:`.engine.key_counts.count_keys`); refuses null labels and
         features.  (the counts, the indices of the keys kept)."""
         from pyspark.sql import functions as F
 

@@ -1,6 +1,6 @@
-"""The fitted models of a :class:`~sparkml_dist.ensemble.GroupedTrainer`, one per key.  [driver]
+"""The fitted models of a :class:`~.GroupedTrainer`, one per key.  [driver]
 
-A :class:`GroupedModel` holds references, not models (:class:`~.key_models.KeyModels`): the keys,
+A :class:`GroupedModel` holds references, not models (:class:`~.stored.key_models.KeyModels`): the keys,
 the rows each key's model saw, and the blocks that hold the models (``membersDir``'s files, a
 saved model's, or the blocks' bytes collected when neither is set).  ``model.models[key]`` reads
 that key's block and decodes that key's model; ``transform`` joins each row to its key's index
@@ -30,13 +30,14 @@ from pyspark.ml import Model
 from .. import plan, serialization, spark_compat
 from ..errors import ConfigurationError
 from ..group_rows import GROUP_COL
-from . import key_models, validation
-from ._key_scoring import BLOCK_COL, INDEX_COL, PredictSpec, predict_keys, predict_rows
-from .key_models import KeyModels
+from . import validation
 from .member_records import FEATURES, KeyModel
-from .members_table import TableMembers, read_table
 from .params import GroupedParams
-from .persistence import StageReadWrite
+from .scoring.keys import BLOCK_COL, INDEX_COL, PredictSpec, predict_keys, predict_rows
+from .stored import key_models
+from .stored.key_models import KeyModels
+from .stored.members_table import TableMembers, read_table
+from .stored.persistence import StageReadWrite
 
 ROUTE_KEYS = 4096  # more keys: each row is scored in the task that reads its key's block
 
@@ -145,7 +146,7 @@ class GroupedModel(Model, GroupedParams, StageReadWrite, TableMembers):
         then come grouped by block, not in their input order)."""
         from pyspark.sql import functions as F
 
-        from .key_counts import key_table
+        from .engine.key_counts import key_table
 
         key_col = self.getGroupCol()
         key_type = df.schema[key_col].dataType
@@ -180,7 +181,7 @@ class GroupedModel(Model, GroupedParams, StageReadWrite, TableMembers):
         self._skipped = {k: n for k, n in state.get("skipped", [])}
 
     def members_table(self, spark=None, *, key: Any = None):
-        """The models as a members table (:mod:`.members_table`, one row per key; a key whose
+        """The models as a members table (:mod:`.stored.members_table`, one row per key; a key whose
         fit failed keeps its row, format ``failed``, with its reason in the record)."""
         from pyspark.sql import SparkSession
 

@@ -1,7 +1,7 @@
 """The fitted members as a user pulls them out of a bagging model.  [anywhere]
 
 Inside the ensemble a classifier member is fitted on its group's labels encoded ``0..c-1`` (XGBoost
-needs them so) and voted through :class:`~sparkml_dist.ensemble.member_records.Member`.  What
+needs them so) and voted through :class:`~.member_records.Member`.  What
 ``model.models`` hands out speaks the user's labels instead::
 
     m = model.models[0]

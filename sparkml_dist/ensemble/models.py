@@ -1,9 +1,9 @@
 """BaggingClassificationModel / BaggingRegressionModel: the fitted members, predicting.  [driver]
 
-``transform`` scores whole Arrow batches on the executors (:func:`sparkml_dist.ensemble._member_scoring.
+``transform`` scores whole Arrow batches on the executors (:func:`.scoring.members.
 predict_arrow`); ``predict`` / ``predict_proba`` give the same numbers locally, through the same
-:mod:`sparkml_dist.ensemble.aggregation`.  Models save and load like any pyspark.ml stage
-(:mod:`sparkml_dist.ensemble.persistence`).
+:mod:`.aggregation`.  Models save and load like any pyspark.ml stage
+(:mod:`.stored.persistence`).
 
 Example::
 
@@ -25,14 +25,15 @@ from pyspark.sql import functions as F
 
 from .. import serialization, spark_compat
 from ..errors import ConfigurationError
-from . import _member_scoring, validation
+from . import validation
 from .aggregation import mean_prediction, probabilities, vote
 from .member_records import Member
-from .member_store import LazyMembers
 from .members import FittedMember, public
-from .members_table import TableMembers
 from .params import ClassifierParams, RegressorParams
-from .persistence import StageReadWrite
+from .scoring import members as _member_scoring
+from .stored.member_store import LazyMembers
+from .stored.members_table import TableMembers
+from .stored.persistence import StageReadWrite
 
 
 class BaggingModel(Model, StageReadWrite, TableMembers):
@@ -65,7 +66,7 @@ class BaggingModel(Model, StageReadWrite, TableMembers):
     # ------------------------------------------------------------------ inspection
     @property
     def models(self) -> List[FittedMember]:
-        """The fitted members (:class:`~sparkml_dist.ensemble.members.FittedMember`): ``.model``
+        """The fitted members (:class:`~.members.FittedMember`): ``.model``
         (a classifier's predicts your label values), ``.features`` (column indices), ``.classes``,
         ``.predict(X)`` on the full feature matrix."""
         return [public(m, self._classes) for m in self._members]

@@ -61,7 +61,7 @@ class HasEstimatorAndFeatures(HasFeaturesCol):
 
 
 class _PerGroupParams(Params):
-    """What every per-group trainer takes (the per-group engine: :mod:`sparkml_dist.ensemble.groups`)."""
+    """What every per-group trainer takes (the per-group engine: :mod:`.engine.groups`)."""
 
     membersDir = declare(
         "membersDir",

@@ -17,12 +17,8 @@ what is wrong, any
 * ``HistGradientBoosting*`` predictor that is empty, has children, features, bitset indices or
   bitset widths out of range, categorical splits on features the bin mapper does not call
   categorical, or a preprocessor whose output width is not the model's input width;
-* support vector machine (libsvm: ``SVC``, ``NuSVC``, ``SVR``, ``NuSVR``, ``OneClassSVM``) whose
-  ``support_``, ``support_vectors_`` and ``_n_support`` disagree on how many support vectors there
-  are (``len(support_) == len(support_vectors_) == _n_support.sum()`` for a classifier), whose
-  ``_dual_coef_`` is not ``(n_class - 1, l)``, whose intercepts or ``_probA``/``_probB`` are not
-  one per pair of classes, whose precomputed-kernel indices fall outside its training samples, or
-  whose sparse matrices have indices out of range.
+* support vector machine whose arrays would make libsvm read out of bounds
+  (:mod:`.svm_checks`).
 
 XGBoost models are checked before XGBoost sees them (:mod:`sparkml_dist.formats.xgboost_checks`).
 
@@ -46,7 +42,7 @@ class UnsafeModelError(CollectionError):
     corrupt memory when used, and the caller did not opt in."""
 
 
-def _refuse(what: str, where: str, why: str) -> None:
+def refuse(what: str, where: str, why: str) -> None:
     raise UnsafeModelError(
         f"{what}: {where} {why}; it was refused before use (a crafted or corrupt model file). "
         "Nothing was predicted with it."
@@ -95,7 +91,7 @@ def tree_depth(left: np.ndarray, right: np.ndarray, leaf: np.ndarray) -> int:
 def _n_features(est: Any, what: str, where: str) -> int:
     n = getattr(est, "n_features_in_", None)
     if not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 1:
-        _refuse(what, where, f"has no valid n_features_in_ ({n!r}), so its input width is unchecked")
+        refuse(what, where, f"has no valid n_features_in_ ({n!r}), so its input width is unchecked")
     return int(n)
 
 
@@ -105,40 +101,40 @@ def _check_tree(tree: Any, width: int, what: str, where: str) -> None:
     left, right = np.asarray(tree.children_left), np.asarray(tree.children_right)
     fault = check_nodes(left, right, leaf_marker=TREE_LEAF)
     if fault:
-        _refuse(what, where, fault)
+        refuse(what, where, fault)
     if tree.value.shape[0] != tree.node_count or len(left) != tree.node_count:
-        _refuse(what, where, "has arrays whose lengths differ from node_count")
+        refuse(what, where, "has arrays whose lengths differ from node_count")
     leaf = left == TREE_LEAF
     real = tree_depth(left.astype(np.int64), right.astype(np.int64), leaf)
     if real != tree.max_depth:
-        _refuse(what, where, f"is {real} deep but says max_depth={tree.max_depth}")
+        refuse(what, where, f"is {real} deep but says max_depth={tree.max_depth}")
     feature = np.asarray(tree.feature)[~leaf]
     bound = min(int(tree.n_features), width)
     if np.any((feature < 0) | (feature >= bound)):
-        _refuse(what, where, f"splits on features outside [0, {bound})")
+        refuse(what, where, f"splits on features outside [0, {bound})")
 
 
 def _check_predictor(pred: Any, width: int, categorical: Optional[np.ndarray], what: str, where: str) -> None:
     nodes = pred.nodes
     if not isinstance(nodes, np.ndarray) or nodes.dtype.names is None or nodes.ndim != 1:
-        _refuse(what, where, "has a node array of the wrong type")
+        refuse(what, where, "has a node array of the wrong type")
     leaf = nodes["is_leaf"].astype(bool)
     fault = check_nodes(nodes["left"], nodes["right"], is_leaf=leaf)
     if fault:
-        _refuse(what, where, fault)
+        refuse(what, where, fault)
     feature = nodes["feature_idx"][~leaf].astype(np.int64)
     if np.any((feature < 0) | (feature >= width)):
-        _refuse(what, where, f"splits on features outside [0, {width})")
+        refuse(what, where, f"splits on features outside [0, {width})")
     for name in ("raw_left_cat_bitsets", "binned_left_cat_bitsets"):
         bits = getattr(pred, name, None)
         if not isinstance(bits, np.ndarray) or bits.ndim != 2 or bits.shape[1] != 8:
-            _refuse(what, where, f"has {name} that are not (n, 8) bitsets")
+            refuse(what, where, f"has {name} that are not (n, 8) bitsets")
     cat = nodes["is_categorical"].astype(bool) & ~leaf
     if cat.any():
         if np.any(nodes["bitset_idx"][cat] >= len(pred.raw_left_cat_bitsets)):
-            _refuse(what, where, "has categorical splits pointing past its bitsets")
+            refuse(what, where, "has categorical splits pointing past its bitsets")
         if categorical is None or not np.all(categorical[nodes["feature_idx"][cat]]):
-            _refuse(what, where, "splits categorically on a feature its bin mapper does not call categorical")
+            refuse(what, where, "splits categorically on a feature its bin mapper does not call categorical")
 
 
 def _check_hist_gb(est: Any, what: str, where: str) -> None:
@@ -146,16 +142,16 @@ def _check_hist_gb(est: Any, what: str, where: str) -> None:
     k = getattr(est, "n_trees_per_iteration_", None)
     predictors = getattr(est, "_predictors", None)
     if not isinstance(predictors, list) or not all(isinstance(p, list) and len(p) == k for p in predictors):
-        _refuse(what, where, f"has predictors that are not lists of n_trees_per_iteration_={k}")
+        refuse(what, where, f"has predictors that are not lists of n_trees_per_iteration_={k}")
     mapper = getattr(est, "_bin_mapper", None)
     categorical = getattr(mapper, "is_categorical_", None)
     if categorical is not None:
         categorical = np.asarray(categorical).astype(bool)
         if categorical.shape != (width,):
-            _refuse(what, where, f"has a bin mapper for {categorical.size} features, not {width}")
+            refuse(what, where, f"has a bin mapper for {categorical.size} features, not {width}")
     pre = getattr(est, "_preprocessor", None)
     if pre is not None and _column_transformer_width(pre) != width:
-        _refuse(what, where, f"has a preprocessor whose output is not {width} columns wide")
+        refuse(what, where, f"has a preprocessor whose output is not {width} columns wide")
     for i, row in enumerate(predictors):
         for j, pred in enumerate(row):
             _check_predictor(pred, width, categorical, what, f"{where}._predictors[{i}][{j}]")
@@ -188,77 +184,13 @@ def _check_gradient_boosting(est: Any, what: str, where: str) -> None:
     n_iter = getattr(est, "n_estimators_", None)
     if not isinstance(trees, np.ndarray) or trees.ndim != 2 or trees.shape != (n_iter, k):
         shape = getattr(trees, "shape", None)
-        _refuse(what, where, f"has estimators_ of shape {shape}, not (n_estimators_, n_trees_per_iteration_)")
+        refuse(what, where, f"has estimators_ of shape {shape}, not (n_estimators_, n_trees_per_iteration_)")
     try:  # the trees were checked already: only the initial estimator runs here, on one zero row
         init = est._raw_predict_init(np.zeros((1, width)))
     except Exception as exc:  # noqa: BLE001 - whatever it raises, the model cannot predict
-        _refuse(what, where, f"cannot make its initial prediction ({type(exc).__name__}: {exc})")
+        refuse(what, where, f"cannot make its initial prediction ({type(exc).__name__}: {exc})")
     if init.shape != (1, k):
-        _refuse(what, where, f"starts from predictions {init.shape[1]} wide, not n_trees_per_iteration_={k}")
-
-
-def _int_array(value: Any, dims: int) -> bool:
-    return isinstance(value, np.ndarray) and value.ndim == dims and value.dtype.kind in "iu"
-
-
-def _check_libsvm(est: Any, what: str, where: str) -> None:
-    """A fitted support vector machine (``SVC``, ``NuSVC``, ``SVR``, ``NuSVR``, ``OneClassSVM``):
-    libsvm's predictor walks its support vectors by the counts and coefficients it holds, unchecked."""
-    import scipy.sparse as sp
-
-    width = _n_features(est, what, where)
-    sv, support, counts = est.support_vectors_, est.support_, est._n_support
-    if not _int_array(support, 1) or not _int_array(counts, 1):
-        _refuse(what, where, "has support_ or _n_support that are not 1-d integer arrays")
-    n = len(support)
-    if (
-        getattr(sv, "ndim", 0) != 2
-        or sv.shape[0] != n
-        and not (est.kernel == "precomputed" and sv.shape[0] == 0)
-    ):
-        _refuse(what, where, f"has {getattr(sv, 'shape', None)} support vectors for {n} support_ indices")
-    if est.kernel == "precomputed":
-        fit = getattr(est, "shape_fit_", None)
-        if not (isinstance(fit, (tuple, list)) and len(fit) == 2 and all(isinstance(v, int) for v in fit)):
-            _refuse(what, where, f"has shape_fit_ {fit!r}, not (samples, features) of its training")
-        if n and (support.min() < 0 or support.max() >= fit[0]):
-            _refuse(what, where, f"has support_ indices outside [0, {fit[0]}) of its training samples")
-    elif est.kernel in ("linear", "poly", "rbf", "sigmoid") and sv.shape[1] != width:
-        _refuse(what, where, f"has support vectors {sv.shape[1]} wide, not n_features_in_={width}")
-    classifier = est._impl in ("c_svc", "nu_svc")
-    classes = len(getattr(est, "classes_", ())) if classifier else 2
-    if classifier and (len(counts) != classes or counts.min(initial=0) < 0 or int(counts.sum()) != n):
-        _refuse(what, where, f"has _n_support {counts.tolist()} that does not split {n} support vectors "
-                f"among {classes} classes")  # fmt: skip
-    if not classifier and (len(counts) != 2 or counts.min() < 0 or counts.max() > n):
-        _refuse(what, where, f"has _n_support {counts.tolist()} for {n} support vectors")
-    pairs = classes * (classes - 1) // 2
-    coef = est._dual_coef_
-    if getattr(coef, "shape", None) != (classes - 1, n) or (sp.issparse(coef) and coef.nnz != coef.size):
-        _refuse(
-            what, where, f"has _dual_coef_ of shape {getattr(coef, 'shape', None)}, not ({classes - 1}, {n})"
-        )
-    for name, lengths in (("_intercept_", (pairs,)), ("_probA", (0, pairs)), ("_probB", (0, pairs))):
-        value = getattr(est, name, None)
-        if not isinstance(value, np.ndarray) or value.ndim != 1 or len(value) not in lengths:
-            _refuse(
-                what, where, f"has {name} of shape {getattr(value, 'shape', None)}, not of length {lengths}"
-            )
-    weights = getattr(est, "class_weight_", None)
-    if (
-        classifier
-        and sp.issparse(sv)
-        and (not isinstance(weights, np.ndarray) or weights.shape != (classes,))
-    ):
-        _refuse(what, where, f"has class_weight_ for other than its {classes} classes")
-    for name, matrix in (("support_vectors_", sv), ("_dual_coef_", coef)):
-        if sp.issparse(matrix):
-            try:
-                matrix.check_format(full_check=True)
-            except (ValueError, TypeError, AttributeError) as exc:
-                _refuse(what, where, f"has a sparse {name} whose indices are not valid ({exc})")
-            if matrix.format != "csr":
-                _refuse(what, where, f"has a sparse {name} in {matrix.format} format, not csr")
+        refuse(what, where, f"starts from predictions {init.shape[1]} wide, not n_trees_per_iteration_={k}")
 
 
 def _unchecked_callers():
@@ -280,6 +212,8 @@ def check_sklearn(obj: Any, what: str = "model file") -> None:
     from sklearn.tree import BaseDecisionTree
     from sklearn.tree._tree import Tree
 
+    from .svm_checks import libsvm_fault
+
     unchecked = _unchecked_callers()
     seen: set = set()
     stack = [(obj, None, type(obj).__name__)]
@@ -289,21 +223,23 @@ def check_sklearn(obj: Any, what: str = "model file") -> None:
             continue
         seen.add(id(node))
         if isinstance(node, (Tree, TreePredictor)):
-            _refuse(what, where, "is a tree outside the estimator that checks its input")
+            refuse(what, where, "is a tree outside the estimator that checks its input")
         if isinstance(node, BaseEstimator):  # unfitted ones (no tree_, ...) hold no trees yet
             if isinstance(node, BaseDecisionTree) and hasattr(node, "tree_"):
                 width = _n_features(node, what, where)
                 if bound is not None and width > bound:
-                    _refuse(what, where, f"claims {width} inputs inside a model of {bound}")
+                    refuse(what, where, f"claims {width} inputs inside a model of {bound}")
                 if not isinstance(node.tree_, Tree):
-                    _refuse(what, where, "has a tree_ that is not a tree")
+                    refuse(what, where, "has a tree_ that is not a tree")
                 _check_tree(node.tree_, min(width, bound or width), what, f"{where}.tree_")
                 seen.add(id(node.tree_))
             elif isinstance(node, BaseHistGradientBoosting) and hasattr(node, "_predictors"):
                 _check_hist_gb(node, what, where)
                 seen.update(id(p) for row in node._predictors for p in row)
             elif isinstance(node, BaseLibSVM) and hasattr(node, "support_"):
-                _check_libsvm(node, what, where)
+                fault = libsvm_fault(node, _n_features(node, what, where))
+                if fault:
+                    refuse(what, where, fault)
             fitted = isinstance(node, unchecked) and hasattr(node, "estimators_")
             bound = _n_features(node, what, where) if fitted else None
         stack.extend((child, bound, f"{where}{label}") for label, child in _children(node))

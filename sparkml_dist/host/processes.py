@@ -13,7 +13,7 @@ or left for a session of its own) must end with the run that started it.  Two pi
 
 Used by the warm rank pools (:mod:`sparkml_dist.runner.tasks.orphans`), the cold ranks' keepers
 (:mod:`sparkml_dist.runner.tasks.keeper`) and the child that fits keys within a per-key timeout
-(:mod:`sparkml_dist.ensemble._key_watch`).
+(:mod:`sparkml_dist.ensemble.engine.key_watch`).
 
 Example::
 

@@ -211,11 +211,12 @@ class Run:
         return results[(0, 0)]
 
     def _report_times(self, board, ok: bool) -> None:
-        """The attempt's per-rank step times: the run's report (``last_run()``), its line on the
-        console (when steps were seen) and its figures in the MLflow run, when the attempt ended well."""
+        """The attempt's per-rank step times: the run's report (``last_run()``), its straggler line
+        on the console (one the run's windows did not name already) and its figures in the MLflow
+        run, when the attempt ended well."""
         report = board.report()
         timing_report.remember(report)
-        if ok and report.seen:  # a function with no step the runner saw: nothing to say
+        if ok and report.line and not board.named:  # a straggler no window showed: said at the end
             self.runner.sink(report.line)
             self.track.log_metrics(report.metrics())
 

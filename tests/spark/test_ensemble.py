@@ -311,7 +311,8 @@ def test_members_written_by_the_executors_stay_off_the_driver(tmp_path, vec_df, 
     import weakref
 
     from sparkml_dist import collection
-    from sparkml_dist.ensemble import member_records, member_store
+    from sparkml_dist.ensemble import member_records
+    from sparkml_dist.ensemble.stored import member_store
 
     X, _ = data3
     collected = []

@@ -35,25 +35,35 @@ def rows_seen(data, key):
 
 
 @masters("local")  # the engine's own logic: the same on every master
-def test_100000_keys_train_the_same_models_on_1_and_7_partitions(spark):
-    """Slow (about a minute a fit, four fits): 100,000 keys is the issue's scale; two rows a key
-    keep each fit cheap, so what is timed is the engine's per-key path."""
-    fits = {}
+def test_100000_keys_fit_as_references_to_blocks(spark):
+    """The issue's scale, once: 100,000 keys (two rows a key keep the fit cheap, so what is timed
+    is the engine's per-key path) held as references to a few blocks, no model decoded."""
+    model = GroupedTrainer(
+        estimator=LinearRegression(), groupCol="k", featuresCols=["x1", "x2"], labelCol="y"
+    ).fit(_keyed(spark, KEYS, 2, 7))
+    assert len(model.keys) == KEYS and model.keys[:3] == [0, 1, 2] and not model.failedGroups
+    held = model._models
+    assert len(held.blocks) < KEYS / 100 and not held._cache  # references: no model decoded yet
+    assert held.rows.sum() == 2 * KEYS and held.keys.type == "int64"
+    assert np.array_equal(held.model(KEYS - 1).coef_.shape, (2,))
+
+
+@masters("local")
+def test_many_keys_train_the_same_models_on_1_and_7_partitions(spark):
+    """Partitioning does not change a key's model, for both trainers: 20,000 keys (20 blocks of
+    models: what 100,000 would show, at a fifth of the time)."""
+    keys, fits = 20_000, {}
     for parts in (1, 7):
-        df = _keyed(spark, KEYS, 2, parts)
-        trainer = GroupedTrainer(
+        df = _keyed(spark, keys, 2, parts)
+        model = GroupedTrainer(
             estimator=LinearRegression(), groupCol="k", featuresCols=["x1", "x2"], labelCol="y"
-        )
-        model = trainer.fit(df)
-        assert len(model.keys) == KEYS and model.keys[:3] == [0, 1, 2] and not model.failedGroups
-        held = model._models
-        assert len(held.blocks) < KEYS / 100 and not held._cache  # references: no model decoded yet
-        assert held.rows.sum() == 2 * KEYS and held.keys.type == "int64"
+        ).fit(df)
+        assert len(model._models.blocks) > 10
         per_group = train_per_group(df, rows_seen, group_col="k", features_cols=["x1", "x2"], label_col="y")
-        assert len(per_group.members) == KEYS and not per_group.skipped
+        assert len(per_group.members) == keys and not per_group.skipped
         fits[parts] = (model, per_group)
     (one, one_pg), (seven, seven_pg) = fits[1], fits[7]
-    for i in range(0, KEYS, 997):  # every 997th key: decoded from the blocks, compared exactly
+    for i in range(0, keys, 197):  # every 197th key: decoded from the blocks, compared exactly
         assert np.array_equal(one._models.model(i).coef_, seven._models.model(i).coef_)
         assert one_pg.members[i].model == seven_pg.members[i].model
     assert one_pg[123].model["y"] == seven_pg[123].model["y"] and len(one_pg[123].model["y"]) == 2
@@ -120,7 +130,7 @@ def test_a_key_too_big_to_hold_trains_from_a_stream_the_same_on_any_partitioning
     from sklearn.linear_model import SGDRegressor
 
     from sparkml_dist import ConfigurationError
-    from sparkml_dist.ensemble._fit_stream import CHUNK_ROWS
+    from sparkml_dist.ensemble.engine.stream import CHUNK_ROWS
     from sparkml_dist.group_rows import KEY_COL
     from sparkml_dist.partitioning import row_keys
 
@@ -164,7 +174,7 @@ def test_an_xgboost_key_too_big_to_hold_trains_on_external_memory_as_one_process
     external memory does in one process on the key's chunks (rows in row-key order)."""
     import xgboost as xgb
 
-    from sparkml_dist.ensemble._fit_stream import CHUNK_ROWS
+    from sparkml_dist.ensemble.engine.stream import CHUNK_ROWS
     from sparkml_dist.group_rows import KEY_COL
     from sparkml_dist.partitioning import row_keys
 

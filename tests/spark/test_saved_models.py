@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sparkml_dist.ensemble.persistence import load_stage
+from sparkml_dist.ensemble.stored.persistence import load_stage
 from tests.conftest import ROOT, masters
 
 SAVED = os.path.join(ROOT, "tests", "fixtures", "saved")

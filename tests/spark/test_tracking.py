@@ -119,11 +119,24 @@ def test_a_tuning_logs_a_child_per_trial_with_its_learning_curve(spark, tracking
 def test_rank_zero_metrics_reach_the_runner_run(spark, tracking):
     assert BarrierRunner(2, mlflow=True, start_timeout=120).run(th.log_from_ranks) == 0
     found = runs(tracking, "BarrierRunner")
+    found = found[found["params.function"] == "log_from_ranks"]
     assert len(found) == 1 and found.iloc[0]["params.np"] == "2"
     history = mlflow.tracking.MlflowClient().get_metric_history(found.iloc[0].run_id, "loss")
     assert sorted((m.step, m.value) for m in history) == [(0, 1.0), (1, 0.5), (2, pytest.approx(1 / 3))]
     assert found.iloc[0]["metrics.rank"] == 0.0  # rank 1's never arrived
     assert found.iloc[0]["metrics.attempts"] == 1.0
+
+
+def test_each_ranks_step_times_are_metrics_of_the_runners_run(spark, tracking):
+    from tests.support import timing_helpers
+
+    assert BarrierRunner(2, mlflow=True, start_timeout=120).run(timing_helpers.marked_steps, 6) == 6
+    found = runs(tracking, "BarrierRunner")
+    found = found[found["params.function"] == "marked_steps"]
+    assert len(found) == 1
+    row = found.iloc[0]
+    assert row["metrics.rank0_steps"] == 6.0 and row["metrics.rank1_steps"] == 6.0
+    assert row["metrics.rank1_step_s"] >= 6 * 0.01 and "metrics.rank0_comm_s" in row
 
 
 @masters("local")  # mlflow.pyspark.ml.autolog reads the SparkContext: classic Spark only

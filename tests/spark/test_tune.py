@@ -275,39 +275,37 @@ def test_one_rank_trials_are_as_before_and_gang_settings_are_checked_first(spark
 
 
 @masters("local")
-def test_a_study_in_storage_resumes_after_its_driver_is_killed(spark, tmp_path):
-    """A driver killed mid-trial (its third): started again with the same storage, the tuning keeps
-    the two finished trials, runs the killed one's parameters again and ends with max_trials.
-    Slow (~40 s): a driver of its own (a second Spark session)."""
-    import subprocess
-    import sys
+def test_a_study_in_storage_resumes_where_its_killed_driver_left_it(spark, tmp_path):
+    """What a driver killed mid-tuning leaves in the storage (two trials finished, the third
+    running), made with Optuna's own calls: started again with the same storage, the tuning keeps
+    the two finished trials (their values), runs the third's parameters again and ends with
+    max_trials trials, each grid point once."""
+    import optuna
+    from optuna.storages.journal import JournalFileBackend
 
-    from tests.conftest import ROOT
+    from sparkml_dist.tune.tuner import _grid_sampler
 
     journal = str(tmp_path / "study.log")
-    script = tmp_path / "driver.py"
-    script.write_text(
-        "import os, sys\n"
-        f"sys.path.insert(0, {ROOT!r})\n"
-        "from sparkml_dist.session import get_session\n"
-        "from sparkml_dist import tune\n"
-        "from tests.support import tune_helpers as th\n"
-        "get_session('local[1]')\n"
-        "space = {'x': [0.0, 0.3, 0.6, 0.9, 0.45], 'kill_at': 2, 'driver': os.getpid()}\n"
-        "tune.Tuner(th.kills_its_driver, space, metric='loss', sampler='grid', max_trials=5,\n"
-        f"           max_concurrent=1, progress=False, storage={journal!r}, study_name='resumed',\n"
-        "           seed=0).run()\n"
-    )
-    first = subprocess.run(
-        [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True, timeout=300
-    )
-    assert first.returncode == -9, first.stderr[-2000:]
+    storage = optuna.storages.JournalStorage(JournalFileBackend(journal))
+    grid = {"x": [0.0, 0.3, 0.6, 0.9, 0.45]}
+    sampler = _grid_sampler(optuna)(grid, seed=0)  # the tuner's own, as the killed driver had it
+    study = optuna.create_study(study_name="resumed", storage=storage, direction="minimize", sampler=sampler)
+    dist = optuna.distributions.CategoricalDistribution(grid["x"])
+    for state in ("done", "done", "running"):
+        trial = study.ask({"x": dist})
+        if state == "done":
+            study.tell(trial, (trial.params["x"] - 0.3) ** 2)
+    kept = {t.number: t.value for t in study.get_trials() if t.state.name == "COMPLETE"}
+    running = [t.params["x"] for t in study.get_trials() if t.state.name == "RUNNING"]
     r = run(
         th.kills_its_driver, {"x": [0.0, 0.3, 0.6, 0.9, 0.45], "kill_at": -1, "driver": 0}, sampler="grid",
         max_trials=5, storage=journal, study_name="resumed", seed=0,
     )  # fmt: skip
     assert len(r.trials) == 5 and (r.trials["state"] == "complete").all(), r.trials
-    assert sorted(r.trials["params_x"]) == [0.0, 0.3, 0.45, 0.6, 0.9]
+    for number, value in kept.items():  # the finished trials, as they were
+        assert r.trials.set_index("trial").loc[number, "value"] == value
+    assert running[0] in r.trials["params_x"].tolist()  # the running one, run again
+    assert sorted(r.trials["params_x"]) == sorted(grid["x"])  # each grid point once
     assert r.best_params["x"] == 0.3
 
 

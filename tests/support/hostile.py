@@ -100,8 +100,8 @@ def plant_in_block(store_dir: str, fmt, data: bytes) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from sparkml_dist.ensemble.key_blocks import BLOCK_ITEM
-    from sparkml_dist.ensemble.members_table import row_digest
+    from sparkml_dist.ensemble.stored.key_blocks import BLOCK_ITEM
+    from sparkml_dist.ensemble.stored.members_table import row_digest
 
     manifest = json.loads(open(os.path.join(store_dir, "manifest.json")).read())
     meta = min((m for m in manifest["objects"] if m["item"] == BLOCK_ITEM), key=lambda m: m["group"])

@@ -9,9 +9,11 @@ from sklearn.model_selection import KFold
 from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist import WorkerError, collection, serialization
-from sparkml_dist.ensemble import _fit_groups, _fit_task, _member_scoring
 from sparkml_dist.ensemble.aggregation import probabilities, vote
+from sparkml_dist.ensemble.engine import fitting as _fit_groups
+from sparkml_dist.ensemble.engine import task as _fit_task
 from sparkml_dist.ensemble.member_records import FEATURES, LABEL, KeyModel, Member
+from sparkml_dist.ensemble.scoring import members as _member_scoring
 from sparkml_dist.group_rows import GROUP_COL, KEY_COL
 from sparkml_dist.search._worker import Job, SearchSpec, search_task
 from sparkml_dist.tune.trial import TrialSpec, trial_task

@@ -1,4 +1,4 @@
-"""Many keys' models in blocks (sparkml_dist.ensemble.key_blocks) and the references a grouped
+"""Many keys' models in blocks (sparkml_dist.ensemble.stored.key_blocks) and the references a grouped
 model holds (key_models.KeyModels): blocks of consecutive keys closing at their size, every row's
 digest, fit and place checked, one block read per key looked up, the keys' index and the blocks
 saved to a real model store and read back lazily."""
@@ -13,9 +13,9 @@ import pytest
 from sklearn.linear_model import LinearRegression
 
 from sparkml_dist import formats as model_formats
-from sparkml_dist.ensemble import key_blocks
-from sparkml_dist.ensemble.key_blocks import BlockWriter, decode_row, read_block
-from sparkml_dist.ensemble.key_models import KeyModels
+from sparkml_dist.ensemble.stored import key_blocks
+from sparkml_dist.ensemble.stored.key_blocks import BlockWriter, decode_row, read_block
+from sparkml_dist.ensemble.stored.key_models import KeyModels
 from sparkml_dist.formats import UnsafeModelError
 from sparkml_dist.formats.store import ModelStore
 
@@ -80,7 +80,7 @@ def test_a_key_lookup_reads_its_block_once_and_ships_without_models(monkeypatch)
     reads = []
     real = key_blocks.read_block
     monkeypatch.setattr(
-        "sparkml_dist.ensemble.key_models.read_block", lambda d, w="": reads.append(w) or real(d)
+        "sparkml_dist.ensemble.stored.key_models.read_block", lambda d, w="": reads.append(w) or real(d)
     )
     assert np.array_equal(held.model(held.position("k5")).coef_, models[5].coef_)
     assert np.array_equal(held.model(6).coef_, models[6].coef_) and len(reads) == 1  # same block

@@ -201,7 +201,8 @@ FRONT_DOORS = (
     "__main__",
 )  # fmt: skip
 PUBLIC_MODULES = (
-    "runner.context", "runner.protocol", "runner.checkpoint", "runner.comm_settings", "ensemble.persistence",
+    "runner.context", "runner.protocol", "runner.checkpoint", "runner.comm_settings",
+    "ensemble.stored.persistence",
 )  # fmt: skip
 
 
@@ -250,6 +251,19 @@ def test_the_runner_wing_is_in_rooms():
     assert set(rooms) >= {"data", "backends", "checkpoint", "tasks"}, rooms
     data_path = {"sharding", "staging", "range_deal", "sample_order", "feeding", "sources", "shard", "loader"}
     assert data_path | {"framework_data", "parquet_split", "plan"} <= set(rooms["data"])
+
+
+def test_the_ensemble_wing_is_in_rooms():
+    """The per-group engine (plan and fit), what is stored (blocks, key models, tables, save/load)
+    and scoring each in a room; the stages and the member format at the wing's top."""
+    wing = ROOT / "sparkml_dist" / "ensemble"
+    rooms = {
+        d.name: sorted(p.stem for p in d.glob("*.py")) for d in wing.iterdir() if (d / "__init__.py").exists()
+    }
+    assert {"fitting", "groups", "key_watch", "task", "stream"} <= set(rooms["engine"])
+    assert {"key_blocks", "key_models", "members_table", "persistence"} <= set(rooms["stored"])
+    assert {"keys", "members", "oob"} <= set(rooms["scoring"])
+    assert len(list(wing.glob("*.py"))) <= 16
 
 
 # ------------------------------------------------------------------ only a backend names a backend

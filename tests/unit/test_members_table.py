@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from sklearn.linear_model import LogisticRegression
 
-from sparkml_dist.ensemble import members_table
+from sparkml_dist.ensemble.stored import members_table
 from sparkml_dist.formats.checks import UnsafeModelError
 
 KEY = "k" * 32

@@ -3,7 +3,7 @@
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
-from sparkml_dist.ensemble.oob import auc_from_histogram
+from sparkml_dist.ensemble.scoring.oob import auc_from_histogram
 
 
 def test_the_histogram_auc_is_the_exact_auc_on_grid_scores():

@@ -96,12 +96,10 @@ def _timed_hook(hook):
     def timed(state, bucket):
         buckets.launch(bucket.index(), bucket.is_last())
         future = hook(state, bucket)
-
-        def landed(fut):
-            buckets.land()
-            return fut.value()
-
-        return future.then(landed)
+        # a callback beside the hook's future, not a future of its own (then()): DDP gets the
+        # hook's future as it is, and a peer's loss fails it with the collective's own error
+        future.add_done_callback(lambda _: buckets.land())
+        return future
 
     return timed
 

@@ -15,7 +15,8 @@ windows in a row, is named once on the console, with its host and where its exce
     0.008 s for the others; compute 6.9x the others'; the other ranks wait for it in all-reduce
 
 and once more when it has been back under :data:`RECOVERED` (1.15) times the median for as many
-windows.  A run too short for windows still ends with the report's line.
+windows.  A run too short for that still ends with the report's straggler line, when the run as a
+whole had one (:attr:`RunReport.straggler`); a run without one says nothing.
 
 **The report** (:class:`RunReport`, :func:`last_run`): ``ranks``, a pandas DataFrame of one row
 per rank (``rank``, ``host``, ``steps``, ``step_s``, ``data_s``, ``compute_s``, ``comm_s``: totals
@@ -74,6 +75,7 @@ class Board:
     def __init__(self, world: int, say: Callable[[str], Any], hosts: Dict[int, str]) -> None:
         self.world, self.say, self.hosts = world, say, hosts
         self.ranks: Dict[int, _Rank] = {}
+        self.named = False  # a rank was named slow while the run went on
         self._lock = threading.Lock()
 
     def add(self, rank: Any, message: Dict[str, Any]) -> None:
@@ -109,7 +111,7 @@ class Board:
         me.slow_in_a_row = me.slow_in_a_row + 1 if slow else 0
         me.fast_in_a_row = me.fast_in_a_row + 1 if not _slower(mine, median, step, RECOVERED) else 0
         if not me.named and me.slow_in_a_row >= WINDOWS:
-            me.named = True
+            me.named = self.named = True
             self.say(
                 f"[sparkml_dist] rank {rank} on {self._host(rank)} is slow: its own work takes {mine:.3f} s "
                 f"a step against {median:.3f} s for the others; {_where(me.window, others)}\n"
@@ -243,15 +245,32 @@ class RunReport:
         return any(r["steps"] for r in self.rows)
 
     @property
-    def line(self) -> str:
-        """One line for the console."""
+    def straggler(self) -> Optional[int]:
+        """The rank the console names over the whole run: its own work a step :data:`SLOW` times
+        the others' median and more by a tenth of a step (the rule applied while it runs)."""
         per = self._per_step()
-        if not per:
-            return "[sparkml_dist] step times: no steps seen\n"
-        slow = self.slowest
-        who = f"slowest: rank {slow}" if slow is not None else "no straggler"
-        mean = statistics.mean(p["step_s"] for p in per)
-        return f"[sparkml_dist] step times: {mean:.3f} s a step on average over {len(per)} ranks, {who}\n"
+        if len(per) < 2:
+            return None
+        worst = max(per, key=_own)
+        median = statistics.median(_own(p) for p in per if p is not worst)
+        step = statistics.median(p["step_s"] for p in per)
+        return int(worst["rank"]) if _slower(_own(worst), median, step, SLOW) else None
+
+    @property
+    def line(self) -> str:
+        """The report's straggler line for the console ("" when no rank is one)."""
+        slow = self.straggler
+        if slow is None:
+            return ""
+        row = next(r for r in self.rows if r["rank"] == slow)
+        own = (row["data_s"] + row["compute_s"]) / row["steps"]
+        others = [
+            (r["data_s"] + r["compute_s"]) / r["steps"] for r in self.rows if r["rank"] != slow and r["steps"]
+        ]
+        return (
+            f"[sparkml_dist] rank {slow} on {row['host']} was the slowest: its own work took {own:.3f} s a "
+            f"step against {statistics.median(others):.3f} s for the others (runner.last_run())\n"
+        )
 
     def table(self) -> str:
         """The per-rank table as text (what ``sparkml-dist run`` prints at the end)."""

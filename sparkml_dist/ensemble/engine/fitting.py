@@ -1,6 +1,6 @@
 """Each group's rows -> its fitted model: the recipe of every per-group trainer.  [executor]
 
-:func:`fit_one` fits one group for the task loop (:func:`sparkml_dist.ensemble._fit_task.fit_groups`):
+:func:`fit_one` fits one group for the task loop (:func:`.task.fit_groups`):
 
 1. its rows are put in one fixed order, by their row key (``KEY_COL``, a hash of the seed and the
    row; ties, i.e. bootstrap copies of one row, by label and weight), so a group is fitted on the
@@ -16,7 +16,7 @@
 4. one error policy (``on_error``: the group's error and traceback fail the fit, or it is listed as
    skipped) and one output: the result collected, written to the ``membersDir`` store as the one
    member record (:mod:`.member_records`) with only its metadata sent back, or (a fit of many
-   keys) encoded for the task's block (:mod:`.key_blocks`).
+   keys) encoded for the task's block (:mod:`sparkml_dist.ensemble.stored.key_blocks`).
 
 Nothing here touches a SparkSession.
 """
@@ -31,12 +31,12 @@ from typing import Any, List, Optional, Tuple, Union
 import numpy as np
 import pyarrow as pa
 
-from .. import collection, feature_arrays, serialization
-from .. import formats as model_formats
-from .. import gpus as gpus_mod
-from ..group_rows import GROUP_COL, KEY_COL, order_rows
-from ._fit_stream import Counted, fit_stream, user_batches
-from .member_records import KeyModel, Member, write_member
+from ... import collection, feature_arrays, serialization
+from ... import formats as model_formats
+from ... import gpus as gpus_mod
+from ...group_rows import GROUP_COL, KEY_COL, order_rows
+from ..member_records import KeyModel, Member, write_member
+from .stream import Counted, fit_stream, user_batches
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,7 @@ class GroupFitSpec:
     ``membersDir`` store (or None), what a group is called in messages (``"group"``, ``"key"``) and,
     for a fit of many keys, ``blocks``: ``(fit id, number of keys, the model's state for its
     members table)``: the models go out in blocks
-    (:mod:`.key_blocks`), each written to the store or collected whole."""
+    (:mod:`sparkml_dist.ensemble.stored.key_blocks`), each written to the store or collected whole."""
 
     recipe: Recipe
     inputs: Inputs
@@ -108,7 +108,7 @@ class GroupFitSpec:
     what: str = "group"
     blocks: Optional[Tuple[str, int, dict]] = None
     progress: Optional[tuple] = None  # (host, port, secret): the driver's bar of groups done
-    key_timeout: Optional[float] = None  # seconds a group's fit may take (see ._key_watch)
+    key_timeout: Optional[float] = None  # seconds a group's fit may take (see engine.key_watch)
     stream: Any = None  # None | "all" | {group: its classes or None}: the groups trained from a stream
 
 
@@ -274,8 +274,8 @@ def _store(store, result) -> List[dict]:
 
 # --------------------------------------------------------------------------- one group
 def fit_one(spec: GroupFitSpec, loaded, group: int, key: Any, parts):
-    """One group fitted, its rows held (a list of batches) or streamed (a :class:`~._fit_stream.Counted`
-    iterator: :mod:`._fit_stream`): its result as a collected batch, or (blocks) a
+    """One group fitted, its rows held (a list of batches) or streamed (a :class:`~.stream.Counted`
+    iterator: :mod:`.stream`): its result as a collected batch, or (blocks) a
     :class:`GroupResult` with the model encoded; a failure as an error batch
     (``on_error="raise"``) or in the result."""
     recipe = spec.recipe

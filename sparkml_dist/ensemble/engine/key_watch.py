@@ -2,7 +2,7 @@
 
 With ``keyTimeout`` (:class:`~sparkml_dist.ensemble.GroupedTrainer`) or ``key_timeout``
 (:func:`~sparkml_dist.ensemble.train_per_group`), each fitting task starts one child Python
-(``python -m sparkml_dist.ensemble._key_watch``) and hands it one key at a time: the key's rows as
+(``python -m sparkml_dist.ensemble.engine.key_watch``) and hands it one key at a time: the key's rows as
 Arrow IPC, its result back pickled, over the child's own pipes (nothing else reads or writes
 them; what the fit prints goes to the task's stderr).  A key trained from a stream (``stream=True``,
 ``streamAbove``) is fitted in the child too: its batches follow one frame each, as the task reads
@@ -15,7 +15,7 @@ and the next keys go on in a new child; under ``"raise"`` the fit fails naming t
 starts once per task (its imports: about a second) and again after each timeout; the timeout counts
 the fit only, not the child's start.
 
-Example (what :func:`~._fit_task.fit_groups` does)::
+Example (what :func:`~.task.fit_groups` does)::
 
     with Watched(spec) as watched:
         out = watched.fit(group, key, parts)    # fit_one's result, or the timeout's
@@ -36,8 +36,8 @@ from typing import Any, Iterable, Iterator, List, Optional
 
 import pyarrow as pa
 
-from .. import collection, serialization
-from ..host import processes
+from ... import collection, serialization
+from ...host import processes
 
 _HEAD = struct.Struct("<Q")
 READY, DIED = b"ready", b""  # the child's first frame; what _answer says when it ended
@@ -82,7 +82,7 @@ class Watched:
 
     def _start(self) -> subprocess.Popen:
         child = subprocess.Popen(
-            [sys.executable, "-m", "sparkml_dist.ensemble._key_watch"],
+            [sys.executable, "-m", "sparkml_dist.ensemble.engine.key_watch"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
@@ -103,7 +103,7 @@ class Watched:
             self._child = None
 
     def fit(self, group: int, key: Any, parts: Iterable[pa.RecordBatch], streamed: bool = False) -> Any:
-        """What :func:`~._fit_groups.fit_one` returns for this key, from the child, or the timeout's
+        """What :func:`~.fitting.fit_one` returns for this key, from the child, or the timeout's
         error (the child and its processes killed).  ``streamed``: ``parts`` is the key's stream,
         sent a batch at a time while the child fits (its rows are counted as they pass)."""
         if self._child is None:
@@ -128,7 +128,7 @@ class Watched:
         why = f"{self.spec.what} {key!r} ({rows} rows): {stopped if answer is None else died}"
         if self.spec.on_error == "raise":
             return collection.encode_error(group, f"fitting {why}", tb="")
-        from ._fit_groups import GroupResult
+        from .fitting import GroupResult
 
         return GroupResult(group, key, rows, error=why)
 
@@ -186,8 +186,8 @@ def main() -> None:
     frames = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # what the fit prints goes to stderr, never into the answers
     sys.stdout = sys.stderr
-    from ._fit_groups import Clone, Template, fit_one
-    from ._fit_stream import Counted
+    from .fitting import Clone, Template, fit_one
+    from .stream import Counted
 
     spec = serialization.loads(_read(sys.stdin.buffer))
     loaded = serialization.loads(spec.recipe.blob)

@@ -2,7 +2,7 @@
 
 A key whose rows a task's memory would not hold (:func:`sparkml_dist._spark_env.task_memory_budget`
 over the bytes a row takes in the fit, three copies) trains from a stream with the estimator's
-``partial_fit``, or XGBoost's external memory (:mod:`._fit_stream`), one chunk of rows held at a
+``partial_fit``, or XGBoost's external memory (:mod:`.stream`), one chunk of rows held at a
 time; ``streamAbove`` sets the
 number of rows instead (0: every key streams).  An estimator without ``partial_fit`` is refused
 before the fit, naming the keys, their size and the fixes.  A classifier's ``partial_fit`` must
@@ -19,10 +19,10 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .. import _spark_env, launch
-from ..errors import ConfigurationError
-from ._fit_stream import is_xgboost
-from .member_records import LABEL
+from ... import _spark_env, launch
+from ...errors import ConfigurationError
+from ..member_records import LABEL
+from .stream import is_xgboost
 
 
 def plan(

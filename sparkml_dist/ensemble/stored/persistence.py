@@ -44,11 +44,11 @@ from pyspark.ml.util import (
     MLWriter,
 )
 
-from ..errors import ConfigurationError
-from ..formats import UnsafeModelError
-from ..formats import store as model_store
+from ...errors import ConfigurationError
+from ...formats import UnsafeModelError
+from ...formats import store as model_store
+from ..member_records import ESTIMATOR_GROUP, MODEL, RECORD, from_record, write_member
 from .key_blocks import BLOCK_ITEM
-from .member_records import ESTIMATOR_GROUP, MODEL, RECORD, from_record, write_member
 
 log = logging.getLogger(__name__)
 

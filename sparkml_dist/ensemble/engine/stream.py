@@ -29,8 +29,8 @@ from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from ..group_rows import GROUP_COL, KEY_COL
-from .member_records import KeyModel
+from ...group_rows import GROUP_COL, KEY_COL
+from ..member_records import KeyModel
 
 CHUNK_ROWS = 10_000
 

@@ -32,8 +32,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..formats.checks import UnsafeModelError
-from ..group_rows import FOLDS, comparable, hashable
+from ...formats.checks import UnsafeModelError
+from ...group_rows import FOLDS, comparable, hashable
 from .key_blocks import BLOCK_ITEM, Block, BlockWriter, decode_row, read_block
 from .key_blocks import FORMAT as BLOCK_FORMAT
 from .members_table import safe_encode
@@ -258,7 +258,7 @@ def members_table(models: KeyModels, spark, key: Any = None):
     row's digest becomes an HMAC), built on the driver."""
     import posixpath
 
-    from ..formats.signing import key_bytes
+    from ...formats.signing import key_bytes
     from .members_table import row_digest
 
     source = models if all(b.meta is not None for b in models.blocks) else models._encoded()
@@ -285,7 +285,7 @@ _stores: Dict[str, Any] = {}
 
 
 def _store(uri: str):
-    from ..formats.store import ModelStore
+    from ...formats.store import ModelStore
 
     if uri not in _stores:
         _stores[uri] = ModelStore(uri)

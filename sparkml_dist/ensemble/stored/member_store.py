@@ -20,9 +20,9 @@ import posixpath
 import uuid
 from typing import Any, Dict, Iterator, List, Sequence, Tuple
 
-from ..errors import ConfigurationError
-from ..formats.store import ModelStore
-from .member_records import MODEL, RECORD, from_record
+from ...errors import ConfigurationError
+from ...formats.store import ModelStore
+from ..member_records import MODEL, RECORD, from_record
 
 
 def new_store(members_dir: str, uid: str) -> "ModelStore | None":
@@ -52,7 +52,8 @@ _open: Dict[str, ModelStore] = {}  # the stores this process has read members fr
 def decode_stored(uri: str, meta: dict, trusted_types: Sequence[str] = ()) -> Any:
     """One object of the committed store at ``uri`` (the file's ``meta``), its SHA-256 checked and
     decoded through the safe formats: the one way a lazily held member is loaded (a bagging or
-    grouped model's :class:`LazyMembers`, a :class:`~.per_group.GroupMember`'s ``model``)."""
+    grouped model's :class:`LazyMembers`, a
+    :class:`~sparkml_dist.ensemble.group_models.GroupMember`'s ``model``)."""
     store = _open.get(uri)
     if store is None:
         store = _open[uri] = ModelStore(uri)

@@ -36,10 +36,10 @@ import logging
 import uuid
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from .. import formats as model_formats
-from ..errors import ConfigurationError
-from ..formats import signing
-from ..formats.checks import UnsafeModelError
+from ... import formats as model_formats
+from ...errors import ConfigurationError
+from ...formats import signing
+from ...formats.checks import UnsafeModelError
 
 SCHEMA = (
     "group string, rows long, format string, model binary, metrics map<string,double>, record string, "
@@ -84,7 +84,7 @@ def to_table(spark, entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: An
 def table_rows(entries: Iterable[Tuple[Any, int, Any, dict, dict]], key: Any = None) -> List[tuple]:
     """The rows of :func:`to_table`, in :data:`COLUMNS` order: each model encoded in a safe format,
     each row placed in one new table and digested whole."""
-    from ..formats.signing import key_bytes
+    from ...formats.signing import key_bytes
 
     key_b = key_bytes(key)
     entries = list(entries)
@@ -118,7 +118,7 @@ def decode_rows(
 ) -> List[Tuple[str, int, Any, dict, dict]]:
     """:func:`read_table` on rows already collected (dicts of :data:`COLUMNS`): every row's digest
     and the table's rows as a whole checked (see the module docstring), then each model decoded."""
-    from ..formats.signing import key_bytes
+    from ...formats.signing import key_bytes
 
     key_b = key_bytes(key)
     if not rows:
@@ -260,10 +260,10 @@ class TableMembers:
         raise NotImplementedError
 
     def members_table(self, spark=None, *, key: Any = None):
-        """The members as a Spark DataFrame (see :mod:`sparkml_dist.ensemble.members_table`)."""
+        """The members as a Spark DataFrame (see :mod:`.members_table`)."""
         from pyspark.sql import SparkSession
 
-        from .member_records import KeyModel, to_record
+        from ..member_records import KeyModel, to_record
 
         spark = spark or SparkSession.getActiveSession()
         if spark is None:
@@ -281,7 +281,7 @@ class TableMembers:
     ):
         """The model whose members a :meth:`members_table` holds (rows checked and decoded as the
         model store's files are); ``params`` set its Params (``featuresCols=``, ``groupCol=`` ...)."""
-        from .member_records import from_record
+        from ..member_records import from_record
 
         rows = read_table(df, key, trusted_types, allow_pickle)
         if not rows:

@@ -1,13 +1,13 @@
 """The task of every per-group fit: its rows in, one result per group (or per block) out.  [executor]
 
-:func:`fit_groups` is the ``mapInArrow`` function of :func:`sparkml_dist.ensemble.groups.fit` and
-:func:`~sparkml_dist.ensemble.groups.fit_keys`.  A task's rows arrive one group after another
-(``GROUP_COL``); each group is fitted by :func:`~._fit_groups.fit_one` (in this process, or, with a
-per-key timeout, in a child process the task watches: :mod:`._key_watch`), the driver's bar of
+:func:`fit_groups` is the ``mapInArrow`` function of :func:`.groups.fit` and
+:func:`~.groups.fit_keys`.  A task's rows arrive one group after another
+(``GROUP_COL``); each group is fitted by :func:`~.fitting.fit_one` (in this process, or, with a
+per-key timeout, in a child process the task watches: :mod:`.key_watch`), the driver's bar of
 groups done is told (batched), and the result goes out: collected per group, or, for a fit of
-many keys, added to the task's open block (:mod:`.key_blocks`), written to the store or collected
-whole when it closes.  One group's rows are held at a time, or none of them for a group trained
-from a stream (:mod:`._fit_stream`; with a per-key timeout its batches go to the watched child as
+many keys, added to the task's open block (:mod:`..stored.key_blocks`), written to the store or
+collected whole when it closes.  One group's rows are held at a time, or none of them for a group trained
+from a stream (:mod:`.stream`; with a per-key timeout its batches go to the watched child as
 they arrive).  Nothing here touches a SparkSession.
 """
 
@@ -19,13 +19,13 @@ from typing import Iterable, Iterator
 
 import pyarrow as pa
 
-from .. import collection, progress, serialization
-from ..group_rows import KEY_VALUE_COL, group_streams, hashable
-from . import _key_watch
-from ._fit_groups import Clone, GroupFitSpec, Template, fit_one
-from ._fit_stream import Counted
-from .key_blocks import BLOCK_ITEM, Block, BlockWriter
-from .key_blocks import FORMAT as BLOCK_FORMAT
+from ... import collection, progress, serialization
+from ...group_rows import KEY_VALUE_COL, group_streams, hashable
+from ..stored.key_blocks import BLOCK_ITEM, Block, BlockWriter
+from ..stored.key_blocks import FORMAT as BLOCK_FORMAT
+from . import key_watch as _key_watch
+from .fitting import Clone, GroupFitSpec, Template, fit_one
+from .stream import Counted
 
 
 def fit_groups(batches: Iterable[pa.RecordBatch], spec: GroupFitSpec) -> Iterator[pa.RecordBatch]:

@@ -3,10 +3,11 @@
 The executor side of :class:`sparkml_dist.ensemble.GroupedModel`'s ``transform`` (and its local
 ``predict``).  The driver joins each row to its key's index (``INDEX_COL``, null for a key without
 a model) and, when the models fill more than one block, sends the rows of a run of blocks to one
-task (:mod:`.key_blocks`), so each task reads only the blocks of its rows' keys, once per Python
-worker (:class:`~.key_models.KeyModels` keeps them), and decodes only the models its rows use.
+task (:mod:`..stored.key_blocks`), so each task reads only the blocks of its rows' keys, once
+per Python worker (:class:`~..stored.key_models.KeyModels` keeps them), and decodes only the
+models its rows use.
 Nothing here touches a SparkSession.  Fitting is the per-group engine's
-(:mod:`sparkml_dist.ensemble._fit_groups`).
+(:mod:`sparkml_dist.ensemble.engine.fitting`).
 """
 
 from __future__ import annotations
@@ -19,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import feature_arrays, serialization
-from .member_records import FEATURES
+from ... import feature_arrays, serialization
+from ..member_records import FEATURES
 
 INDEX_COL = "__sd_key_index"  # the row's key's index among the model's keys (null: none)
 BLOCK_COL = "__sd_block"  # the block holding that key's model (the partition it is scored in)

@@ -3,7 +3,7 @@
 With ``sampling="bootstrap"`` or ``"subsample"`` a row's groups follow from its key (a hash of the
 seed and the row) alone (:func:`sparkml_dist.partitioning.membership_sql`), so after the fit one
 Spark job recomputes each row's groups where the row lies, predicts it with the other members
-(:func:`sparkml_dist.ensemble._member_scoring.oob_arrow`) and aggregates: accuracy for a classifier, R^2
+(:func:`.members.oob_arrow`) and aggregates: accuracy for a classifier, R^2
 for a regressor, over the rows at least one member left out.  No data is collected.  An estimate
 of the ensemble's error on unseen rows without a held-out set (scikit-learn's ``oob_score_``).
 
@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from typing import Dict, Optional, Sequence, Tuple
 
-from .. import launch, partitioning, spark_compat
-from ..errors import ConfigurationError
-from . import _member_scoring
-from .member_records import FEATURES, LABEL
+from ... import launch, partitioning, spark_compat
+from ...errors import ConfigurationError
+from ..member_records import FEATURES, LABEL
+from . import members as _member_scoring
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pyarrow as pa
 
-from .. import formats as model_formats
-from ..formats.checks import UnsafeModelError
-from .member_records import json_key
+from ... import formats as model_formats
+from ...formats.checks import UnsafeModelError
+from ..member_records import json_key
 from .members_table import FAILED, row_digest
 
 BLOCK_BYTES = 256 << 10

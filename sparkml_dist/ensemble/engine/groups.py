@@ -11,19 +11,19 @@ and :func:`~sparkml_dist.ensemble.train_per_group`:
    * :func:`by_split`: the shared split (``disjoint`` dealt in balanced groups, ``bootstrap``,
      ``subsample``), group ``g`` in partition ``g``;
    * :func:`by_key`: one group per distinct value of a key column, counted by
-     :func:`sparkml_dist.ensemble.key_counts.count_keys` (any number of keys: 10^6 in a
+     :func:`.key_counts.count_keys` (any number of keys: 10^6 in a
      benchmark).  Each task gets a run of consecutive keys in key order, cut where the rows, not
      the keys, divide evenly, and each row carries its key (``KEY_VALUE_COL``), so no task is sent
      the list of keys.
 
-2. **The fit**: :func:`sparkml_dist.ensemble._fit_task.fit_groups` runs in every task (one
+2. **The fit**: :func:`.task.fit_groups` runs in every task (one
    recipe: an estimator cloned per group, or the user's function; one error policy), the results
    come back through the collection layer, and every group's trained rows are checked against the
    rows counted for it (a key whose rows did not all arrive fails the fit, naming it).  Two
    outputs: :func:`fit` collects one result per group (a bagging member, or written to
    ``membersDir`` in the one member record format); :func:`fit_keys` gets the models of many keys
-   in blocks (:mod:`.key_blocks`), written to ``membersDir`` as they are fitted or collected
-   whole, so the driver holds counts and references, never the models.
+   in blocks (:mod:`..stored.key_blocks`), written to ``membersDir`` as they are fitted or
+   collected whole, so the driver holds counts and references, never the models.
 
 Example::
 
@@ -41,14 +41,14 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .. import launch, partitioning, plan, progress
-from ..errors import CollectionError
-from ..group_rows import GROUP_COL, KEY_COL, KEY_VALUE_COL
-from . import member_store
-from ._fit_groups import GroupFitSpec
-from ._fit_task import fit_groups
-from .key_blocks import Block
+from ... import launch, partitioning, plan, progress
+from ...errors import CollectionError
+from ...group_rows import GROUP_COL, KEY_COL, KEY_VALUE_COL
+from ..stored import member_store
+from ..stored.key_blocks import Block
+from .fitting import GroupFitSpec
 from .key_counts import KeyCounts, key_table
+from .task import fit_groups
 
 log = logging.getLogger(__name__)
 
@@ -122,11 +122,11 @@ def by_key(
 ) -> Groups:
     """One group per key of ``counts`` (those at ``keep`` when given), see the module docstring.
     Rows are keyed by ``key_cols`` (default: every hashable column) for their order in a group.
-    ``held_rows``: groups of more rows train from a stream (:mod:`._fit_stream`), holding a
+    ``held_rows``: groups of more rows train from a stream (:mod:`.stream`), holding a
     chunk of rows, not the group."""
     from pyspark.sql import functions as F
 
-    from ._fit_stream import CHUNK_ROWS
+    from .stream import CHUNK_ROWS
 
     spark = launch.session_of(df)
     kept = np.arange(counts.n) if keep is None else np.asarray(keep, dtype=np.int64)

@@ -2,7 +2,7 @@
 
 The executor side of :class:`sparkml_dist.ensemble.BaggingClassificationModel` /
 ``BaggingRegressionModel``'s ``transform`` and of ``oobScore``; nothing here touches a
-SparkSession.  Fitting is the per-group engine's (:mod:`sparkml_dist.ensemble._fit_groups`).
+SparkSession.  Fitting is the per-group engine's (:mod:`sparkml_dist.ensemble.engine.fitting`).
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Tuple
 import numpy as np
 import pyarrow as pa
 
-from .. import feature_arrays, serialization
-from .aggregation import Batch, mean_prediction, probabilities, vote
+from ... import feature_arrays, serialization
+from ..aggregation import Batch, mean_prediction, probabilities, vote
 
 
 # --------------------------------------------------------------------------- prediction

@@ -24,9 +24,9 @@ from typing import Any, List, Mapping, Optional, Sequence
 import numpy as np
 import pyarrow as pa
 
-from .. import launch, partitioning
-from ..errors import ConfigurationError
-from ..group_rows import GROUP_COL, hashable, key_fold
+from ... import launch, partitioning
+from ...errors import ConfigurationError
+from ...group_rows import GROUP_COL, hashable, key_fold
 
 ROWS = "__rows"
 _INJECTIVE = ("binary", "large_binary", "bool", "date32[day]")
