@@ -216,9 +216,11 @@ class Run:
         run, when the attempt ended well."""
         report = board.report()
         timing_report.remember(report)
-        if ok and report.line and not board.named:  # a straggler no window showed: said at the end
+        if not ok:
+            return
+        if report.line and not board.named:  # a straggler no window showed: said at the end
             self.runner.sink(report.line)
-            self.track.log_metrics(report.metrics())
+        self.track.log_metrics(report.metrics())
 
 
 def _not_shown(by_rank: dict, log_dir: Optional[str]) -> str:
