@@ -2,9 +2,10 @@
 
 Three sections (``--sections``), on ``BarrierRunner(2)`` over local[2] (gloo):
 
-- ``overhead``: bench_comm.py's MLP (``--hidden 4096``: 18.9 M parameters), DDP, the same steps
-  with the step clock on and off (``SPARKML_DIST_STEP_TIMING=0``), interleaved; samples/s of each
-  and their ratio (target: the clock costs <= 1% of a step);
+- ``overhead``: bench_comm.py's MLP (``--hidden 4096``: 18.9 M parameters), DDP on 2 local rank
+  processes (gloo), the same steps with the step clock on and off (``SPARKML_DIST_STEP_TIMING=0``
+  in their environment), interleaved; samples/s of each and their ratio (target: the clock costs
+  <= 1% of a step);
 - ``detect``: a small DDP model whose rank 1 becomes 1.5x slower (extra compute a step, half its
   undisturbed step time) after ``--slow-after`` steps: how many of rank 1's summaries after the
   slowdown until the console names it (target: <= 3), and ``--quiet-runs`` undisturbed runs of
@@ -99,12 +100,14 @@ def overhead_rates(args):
     on, off = [], []
     for r in range(args.repeats):
         for name in ("on", "off") if r % 2 == 0 else ("off", "on"):
-            env = {"SPARKML_DIST_STEP_TIMING": "1" if name == "on" else "0"}
-            rate = BarrierRunner(2, log_ranks="none", env=env).run(mlp_steps, args.hidden, args.steps)
+            # local processes (np=-2): they start with this process's environment, the switch included
+            os.environ["SPARKML_DIST_STEP_TIMING"] = "1" if name == "on" else "0"
+            rate = BarrierRunner(-2, log_ranks="none").run(mlp_steps, args.hidden, args.steps)
             (on if name == "on" else off).append(rate)
             print(
                 f"round {r} timing {name:3s} load {os.getloadavg()[0]:4.2f} samples/s {rate:8.1f}", flush=True
             )
+    os.environ.pop("SPARKML_DIST_STEP_TIMING", None)
     ratio = statistics.median(on) / statistics.median(off)
     print(
         f"overhead: timing on {statistics.median(on):.1f} samples/s, off {statistics.median(off):.1f}: "
@@ -148,19 +151,16 @@ def detect(args):
 
 
 def figure(args):
-    import matplotlib
+    from figures import save
 
-    matplotlib.use("Agg")
     from sparkml_dist.runner import BarrierRunner, last_run
 
     BarrierRunner(2, log_ranks="none").run(slowed, 20, 300, 0.01)
     report = last_run()
-    ax = report.plot()
-    ax.set_title("a DDP run, rank 1 slowed by 10 ms of compute a step")
-    ax.figure.tight_layout()
-    ax.figure.savefig(args.figure, dpi=110)
+    data = {"rows": report.rows, "title": "DDP, rank 1 given 10 ms more compute a step"}
+    command = f"python benchmarks/bench_timing.py --sections figure --figure {os.path.relpath(args.figure)}"
+    save(args.figure, "rank_times", data, command)
     print(report.table() + report.advice)
-    print(f"figure: {args.figure}")
 
 
 def main() -> None:

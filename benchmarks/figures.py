@@ -7,8 +7,8 @@ and checks it shows the same series on the same axes as the stored PNG.
 
 ``python benchmarks/figures.py docs/figures/X.png`` redraws a figure from its stored series.
 
-Kinds: ``frontier`` (fit seconds vs test AUC, one point per contender) and ``bars`` (panels of
-named bars).
+Kinds: ``frontier`` (fit seconds vs test AUC, one point per contender), ``bars`` (panels of
+named bars) and ``rank_times`` (a run's per-rank seconds a step, as ``last_run().plot()`` draws them).
 """
 
 from __future__ import annotations
@@ -50,7 +50,17 @@ def _bars(data: Dict[str, Any]):
     return fig
 
 
-KINDS = {"frontier": _frontier, "bars": _bars}
+def _rank_times(data: Dict[str, Any]):
+    """A run's per-rank step times as ``sparkml_dist.runner.last_run().plot()`` draws them."""
+    from sparkml_dist.runner.timing.report import RunReport
+
+    ax = RunReport(data["rows"]).plot()
+    ax.set_title(data.get("title", "seconds a step, by rank"), fontsize=10)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+KINDS = {"frontier": _frontier, "bars": _bars, "rank_times": _rank_times}
 
 
 def draw(kind: str, data: Dict[str, Any]):

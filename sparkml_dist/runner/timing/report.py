@@ -297,7 +297,7 @@ class RunReport:
         per = {p["rank"]: p for p in self._per_step()}
         ranks = [r["rank"] for r in self.rows]
         if ax is None:
-            _, ax = plt.subplots(figsize=(max(4, 0.8 * len(ranks) + 2), 3))
+            _, ax = plt.subplots(figsize=(max(5, 0.8 * len(ranks) + 3), 3.4))
         bottom = [0.0] * len(ranks)
         for key, name in (("data_s", "data wait"), ("compute_s", "compute"), ("comm_s", "communication")):
             values = [per.get(r, {}).get(key, 0.0) for r in ranks]
@@ -305,7 +305,7 @@ class RunReport:
             bottom = [b + v for b, v in zip(bottom, values)]
         ax.set_xlabel("rank")
         ax.set_ylabel("seconds a step")
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
         return ax
 
 
