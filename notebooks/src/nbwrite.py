@@ -125,6 +125,11 @@ def write(cells, filename: str, *, run: bool = True) -> str:
 
 # --------------------------------------------------------------------------- freshness
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+# Lines that report how the machine ran, not what the cell computed: the runner names a straggler
+# when one rank's steps were slower (on a loaded machine, a rank may be in one run and not the next).
+_MACHINE_LINES = re.compile(
+    r"^\[sparkml_dist\] rank \d+ on \S+ (?:is slow|is no longer slow|was the slowest): .*\n?", re.MULTILINE
+)
 
 
 def _merged(outputs) -> list:
@@ -136,6 +141,20 @@ def _merged(outputs) -> list:
             out[-1] = nbf.from_dict({**out[-1], "text": out[-1].text + o.text})
         else:
             out.append(o)
+    return out
+
+
+def _results(outputs) -> list:
+    """A cell's outputs without the lines about how the machine ran (:data:`_MACHINE_LINES`);
+    a stream left empty goes."""
+    out = []
+    for o in outputs:
+        if o.output_type == "stream":
+            text = _MACHINE_LINES.sub("", o.text)
+            if not text:
+                continue
+            o = nbf.from_dict({**o, "text": text})
+        out.append(o)
     return out
 
 
@@ -170,7 +189,7 @@ def differences(stored, new) -> list:
             continue
         if a.cell_type != "code":
             continue
-        outs_a, outs_b = _merged(a.outputs), _merged(b.outputs)
+        outs_a, outs_b = _merged(_results(a.outputs)), _merged(_results(b.outputs))
         shapes_a, shapes_b = [_shape(o) for o in outs_a], [_shape(o) for o in outs_b]
         if shapes_a != shapes_b:
             found.append(f"{where}: outputs {shapes_a} stored, {shapes_b} now")

@@ -90,6 +90,26 @@ def test_a_changed_cell_or_output_is_caught():
         assert bool(found) == caught, (scale, found)
 
 
+def test_a_straggler_named_in_one_run_only_is_not_a_change():
+    """On a loaded machine a run names a slow rank (timing, not the cell's result): the freshness check
+    passes over the runner's own straggler lines, and only those."""
+    from sparkml_dist.runner.timing.report import Board
+
+    said = []
+    board = Board(2, said.append, {0: "10.0.0.11", 1: "10.0.0.12"})
+    for i in range(1, 6):
+        board.add(0, {"steps": 10 * i, "step_s": 1.0 * i, "data_s": 0.0, "comm_s": 0.4 * i})
+        board.add(1, {"steps": 10 * i, "step_s": 2.0 * i, "data_s": 0.0, "comm_s": 0.0})
+    lines = said + [board.report().line]
+    assert len(lines) == 2 and all(lines)
+    _, _, nb = _stored(MAKERS[0])
+    printed = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code" and i > 1 and c.outputs)
+    for extra, caught in (("".join(lines), False), ("[sparkml_dist] rank 1 lost 3 rows\n", True)):
+        noisy = copy.deepcopy(nb)
+        noisy.cells[printed].outputs.insert(0, nbformat.v4.new_output("stream", name="stdout", text=extra))
+        assert bool(nbwrite.differences(nb, noisy)) == caught, extra
+
+
 DOC_FIGURE = re.compile(r"!\[[^\]]*\]\((?:docs/)?(figures/[\w.-]+\.png)\)")
 
 
