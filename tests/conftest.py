@@ -86,7 +86,12 @@ def spark(request):
 
             master = stack.enter_context(StandaloneCluster(workers=2, cores=1, memory="1g"))
             conf.update(
-                {"spark.executor.cores": "1", "spark.cores.max": "2", "spark.executor.memory": "768m"}
+                {
+                    "spark.executor.cores": "1",
+                    "spark.cores.max": "2",
+                    "spark.executor.memory": "768m",
+                    "spark.decommission.enabled": "true",  # test_restarts: an executor handed over
+                }
             )
         if IS_CONNECT and os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
             # pyspark's in-process server always binds 15002 (the first worker's): the others

@@ -46,6 +46,8 @@ class Monitor:
         self._sink = sink
         self.on_metrics: Callable[[Dict[str, Any], Optional[int]], Any] = lambda metrics, step: None
         self.on_timing: Callable[[Any, Dict[str, Any]], Any] = lambda rank, summary: None
+        # a rank reached the rendezvous: (rank, its frame, its task's reply channel or None)
+        self.on_rendezvous: Callable[[Any, Dict[str, Any], Any], Any] = lambda rank, msg, send: None
         self._lock = threading.Lock()
         self.reached: set = set()
         self.hosts: Dict[int, str] = {}  # rank -> the address it announced at the rendezvous
@@ -95,6 +97,7 @@ class Monitor:
             self.reached.add(rank)
             if isinstance(msg.get("host"), str):
                 self.hosts[rank] = msg["host"]
+            self.on_rendezvous(rank, msg, send)
         elif kind == protocol.FRAME_DONE:
             self.finished.add(rank)
             if msg.get("left"):

@@ -49,6 +49,8 @@ SHARD_ENV = "SPARKML_DIST_SHARD"  # path of this rank's shard manifest (JSON: wh
 CHECKPOINT_DIR_ENV = "SPARKML_DIST_CHECKPOINT_DIR"
 REPLACES_ENV = "SPARKML_DIST_REPLACES"  # "n": this rank replaces one lost inside elastic.run (the nth)
 SPARE_ENV = "SPARKML_DIST_SPARE"  # "1": a rank started ahead, to take a lost rank's place (tasks.replace)
+HANDOVER_ENV = "SPARKML_DIST_HANDOVER"  # "1": a decommission notice makes the ranks save and hand over
+NOTICE_FILE = "decommission"  # written into rank 0's work directory when the driver sends FRAME_NOTICE
 
 RANK_ENTRY = "from sparkml_dist.runner.tasks.rank import run; run()"
 # Horovod's variables for one rank of one run (its place and its Gloo rendezvous): set by the
@@ -91,6 +93,7 @@ FRAME_TIMING = "timing"  # {"rank", "host", "steps", "step_s", "data_s", "comm_s
 FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
 FRAME_ANNOUNCE = "announce"  # {"task", "ranks": its announce()s as a JSON list} (exchange "driver")
 FRAME_PEERS = "peers"  # driver -> task: {"tasks": every task's "ranks", in task order}
+FRAME_NOTICE = "notice"  # driver -> rank 0's task: {"executor", "host"}: an executor is decommissioned
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
 

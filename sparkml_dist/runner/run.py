@@ -24,7 +24,7 @@ from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel.server import listen
 from ..errors import WorkerError
-from . import admission, failures, launchers, peer_exchange, sizing
+from . import admission, decommission, failures, launchers, peer_exchange, protocol, sizing
 from .data.plan import plan
 from .deadlines import Deadline
 from .task_spec import TaskSpec
@@ -59,6 +59,9 @@ class Run:
         self.world = runner.world_size  # this attempt's ranks: fewer after an elastic restart (min_np)
         self.attempt = 0
         self.track: Any = tracking.NullRun()  # rank 0's metrics land there
+        spark = self.spark if isinstance(self.launcher, launchers.SparkLauncher) else None
+        self.handover = decommission.armed(spark, runner)  # a decommission notice: save and go on
+        self.handovers = 0  # attempts ended by one (not counted against max_restarts)
 
     def execute(self):
         """The whole run, restarts included, inside its MLflow run (when tracking is on)."""
@@ -97,7 +100,8 @@ class Run:
         tries: List[WorkerError] = []
         while True:
             try:
-                if tries and r.min_np:  # elastic: as many ranks as the cluster holds now
+                again = bool(tries) or self.handovers > 0  # not the first attempt
+                if again and r.min_np:  # elastic: as many ranks as the cluster holds now
                     world = sizing.restart_world(
                         self.spark,
                         r.world_size,
@@ -109,9 +113,16 @@ class Run:
                     if world != self.world:
                         self.world = world
                         data, data_df = self._shards(deadline)  # the rows dealt again for it
-                if tries:  # a lost executor's replacement may still be starting
+                if again:  # a lost executor's replacement may still be starting
                     self.launcher.check(r, self.world // self.per_task, deadline)
                 return self._attempt(data, data_df, deadline)
+            except decommission.HandOver as handed:
+                self.handovers += 1
+                r.sink(
+                    f"[sparkml_dist] attempt {self.attempt} handed over (executor {handed.executor} "
+                    "decommissioned): starting again from its checkpoint on the executors that stay "
+                    "(not counted against max_restarts)\n"
+                )
             except WorkerError as exc:
                 tries.append(exc)
                 stop = failures.restart_verdict(tries, r.max_restarts)
@@ -146,6 +157,8 @@ class Run:
 
             d = r.checkpoint_dir
             checkpoint = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
+            if self.handover:
+                checkpoint += ((protocol.HANDOVER_ENV, "1"),)
         env = replace(r.env, tracking=tracking.rank_env(self.track), checkpoint=checkpoint)
         return TaskSpec(
             run_id=run_id,
@@ -188,6 +201,9 @@ class Run:
         server = listen(secret, monitor.on_message, host, replies=True, expected=tasks)
         spark = self.spark if isinstance(self.launcher, launchers.SparkLauncher) else None
         quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
+        watch = decommission.Watch(spark, r.sink) if self.handover else None
+        if watch is not None:
+            monitor.on_rendezvous = watch.add
         ok = False
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
@@ -199,7 +215,13 @@ class Run:
             quiet.check()
             ok = True
             peer_exchange.remember(spark, host, self.world, server.accepted)  # later runs: no allGather
+        except WorkerError as exc:
+            if watch is not None and watch.noticed():  # the ranks saved and left: a handover
+                raise decommission.HandOver(watch.notice) from exc
+            raise
         finally:
+            if watch is not None:
+                watch.stop()
             quiet.cancel()
             server.close()
             monitor.end(ok)

@@ -111,3 +111,31 @@ def test_two_executors_lost_one_after_the_other_do_not_stop_an_elastic_run(spark
     assert out["resumed_from"] == 9  # the checkpoint of step 8, after the second loss
     assert sum("attempt 1 failed" in ln or "attempt 2 failed" in ln for ln in lines) >= 2, lines[-10:]
     assert_no_rank_left(within=30)
+
+
+def test_a_decommissioned_executor_hands_over_and_no_step_is_trained_twice(spark, tmp_path):
+    """An executor under a rank is decommissioned (SIGPWR, as a spot reclaim or a scale-down sends)
+    mid-run: the driver sees it, the ranks save at one agreed step and the run goes on from that
+    checkpoint on the executors that stay, not counted against max_restarts.  Every step is trained
+    once (counted on each rank), and the weights are an undisturbed run's."""
+    reference = BarrierRunner(-2, timeout=120, checkpoint_dir=str(tmp_path / "ref")).run(
+        h.train_through_a_decommission, str(tmp_path), notice_at=-1, marker=str(tmp_path / "none")
+    )
+    for r in (0, 1):
+        (tmp_path / f"rank{r}.txt").unlink()
+    lines = []
+    out = BarrierRunner(
+        2, timeout=400, max_restarts=1, checkpoint_dir=str(tmp_path / "run"), log_sink=lines.append
+    ).run(h.train_through_a_decommission, str(tmp_path), marker=str(tmp_path / "noticed"))
+    said = "".join(lines)
+    print(said)
+    assert (tmp_path / "noticed").exists() and "is being decommissioned" in said, said[-2000:]
+    assert "handed over" in said and "attempt 1 failed" not in said, said[-2000:]
+    handed_at = out["resumed_from"] - 1  # the step of the checkpoint the second attempt started from
+    assert 6 < handed_at <= 6 + 8, handed_at  # soon after the notice (step 6); no periodic save before 24
+    for r in (0, 1):
+        trained = [int(s) for s in (tmp_path / f"rank{r}.txt").read_text().split()]
+        assert sorted(trained) == list(range(40)), (r, trained)  # each step once: none redone, none lost
+    assert torch.equal(out["weight"], reference["weight"]) and torch.equal(out["bias"], reference["bias"])
+    print(f"notice at step 6, handed over at step {handed_at}")
+    assert_no_rank_left(within=30)

@@ -7,23 +7,34 @@ from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
 from sklearn.tree import DecisionTreeClassifier
 
 
-def kill_my_executor_jvm():
-    """SIGKILL the executor JVM (CoarseGrainedExecutorBackend) this process runs under (a rank
-    forked by a warm pool: the executor of the pool's anchor, Spark's Python daemon)."""
+def kill_my_executor_jvm(sig=None):
+    """SIGKILL (or ``sig``: SIGPWR decommissions it) the executor JVM (CoarseGrainedExecutorBackend)
+    this rank runs under.  A rank forked by a warm pool is no descendant of its executor: its task
+    is, and holds the other end of the rank's control pipe, found by the pipe's inode."""
     import signal
 
     import psutil
 
-    from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
+    from sparkml_dist.runner import protocol
 
-    process = psutil.Process()
-    while process is not None:
-        cmd = process.cmdline()
-        if "CoarseGrainedExecutorBackend" in " ".join(cmd):
-            os.kill(process.pid, signal.SIGKILL)
-            return
-        # a pool's command line: ... SOCKET BACKEND ANCHOR IDLE_S
-        process = psutil.Process(int(cmd[-2])) if POOL_MARK in " ".join(cmd) else process.parent()
+    sig = signal.SIGKILL if sig is None else sig
+    holders = [psutil.Process()]
+    pipe = os.readlink(f"/proc/self/fd/{os.environ[protocol.CTRL_ENV]}")
+    for pid in psutil.pids():
+        try:
+            if pid != os.getpid() and any(
+                os.readlink(f"/proc/{pid}/fd/{fd}") == pipe for fd in os.listdir(f"/proc/{pid}/fd")
+            ):
+                holders.append(psutil.Process(pid))
+        except OSError:
+            continue
+    for process in holders:
+        while process is not None:
+            if "CoarseGrainedExecutorBackend" in " ".join(process.cmdline()):
+                os.kill(process.pid, sig)
+                return
+            process = process.parent()
+    raise RuntimeError("no executor JVM above this rank or its task")
 
 
 class FailingClassifier(ClassifierMixin, BaseEstimator):

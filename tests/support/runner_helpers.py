@@ -171,6 +171,50 @@ def train_with_checkpoints(
     return {"weight": net.weight.detach().clone(), "bias": net.bias.detach().clone(), "resumed_from": start}
 
 
+def train_through_a_decommission(steps_dir, steps=40, every=25, notice_at=6, marker=None):
+    """:func:`train_with_checkpoints`'s regression saved where ``checkpoint.due`` says: every
+    ``every`` steps, and at the step the ranks hand over at after a decommission notice.  Each
+    completed step is appended to ``steps_dir/rank<r>.txt``; at ``notice_at`` (once: ``marker``)
+    the last rank decommissions the executor under it (SIGPWR) and trains on."""
+    import os
+    import signal
+
+    import torch
+
+    from sparkml_dist.runner import checkpoint, context, init_process_group
+
+    init_process_group()
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 1)
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    state = checkpoint.load()
+    start = 0 if state is None else state["step"] + 1
+    if state is not None:
+        net.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+    rank, world = context().rank, context().world_size
+    for step in range(start, steps):
+        g = torch.Generator().manual_seed(step * 100 + rank)
+        X = torch.randn(32, 4, generator=g)
+        y = X @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+        loss = torch.nn.functional.mse_loss(model(X), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        with open(os.path.join(steps_dir, f"rank{rank}.txt"), "a") as f:
+            f.write(f"{step}\n")
+        if step == notice_at and rank == world - 1 and not os.path.exists(marker):
+            open(marker, "w").close()
+            from tests.support.helpers import kill_my_executor_jvm
+
+            kill_my_executor_jvm(signal.SIGPWR)
+        time.sleep(0.2)  # a step long enough for the driver's watch (twice a second) to see the notice
+        if checkpoint.due(step, every):
+            checkpoint.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, step)
+    return {"weight": net.weight.detach().clone(), "bias": net.bias.detach().clone(), "resumed_from": start}
+
+
 def fail_differently(counter_file):
     """Rank 0 raises a different error on every attempt (the attempt number is kept in a file)."""
     from sparkml_dist.runner import context

@@ -68,8 +68,10 @@ from typing import Any, Optional
 from ... import arg_checks
 from ...errors import CollectionError, ConfigurationError
 from ..protocol import CHECKPOINT_DIR_ENV as DIR_ENV
+from . import handover
 from .background import BackgroundWrite, to_host
 from .files import open_dir
+from .handover import HandedOver as HandedOver  # the exception a handover ends the function with
 
 LATEST = "LATEST"
 _CHECKPOINT_FILE = re.compile(r"step-\d{12}(\.[0-9a-f]{12})?\.pt")  # what save() names; LATEST names no other
@@ -79,8 +81,10 @@ DEFAULT_EVERY = 100  # steps between checkpoints unless told otherwise (see benc
 
 
 def due(step: int, every: int = DEFAULT_EVERY) -> bool:
-    """True on every ``every``-th step (0-based steps 99, 199, ... by default): when to save."""
-    return every > 0 and (step + 1) % every == 0
+    """True on every ``every``-th step (0-based steps 99, 199, ... by default): when to save; and at
+    the step the ranks agreed to hand over at when an executor of the run is decommissioned
+    (:mod:`.handover`: then :func:`save` ends the function on every rank with :class:`HandedOver`)."""
+    return handover.due(step) or (every > 0 and (step + 1) % every == 0)
 
 
 def _location(directory: Optional[str] = None):
@@ -115,6 +119,7 @@ def save(
     arg_checks.integer("step", step, 0)
     arg_checks.integer("keep", keep, 0)
     if _rank() != 0:
+        handover.after_save(step, _rank())
         return None
     wait()  # never two writes at once; a failed background write is raised here
     from ..data import loader
@@ -126,8 +131,13 @@ def save(
     with _location(directory) as folder:  # checked now: refused before the state is copied
         path = folder.path(f"step-{step:012d}.pt")
     if blocking:
-        return _write(where, step, state, keep)
+        written = _write(where, step, state, keep)
+        handover.after_save(step, 0)
+        return written
     _background.start(step, to_host(state), lambda copy: _write(where, step, copy, keep))
+    if handover.due_now(step):  # the handover's checkpoint is written before every rank leaves
+        wait()
+        handover.after_save(step, 0)
     return path
 
 

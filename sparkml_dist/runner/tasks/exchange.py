@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import threading
 from typing import Dict, List, Optional, Tuple
 
@@ -29,10 +30,14 @@ class DriverReplies:
         self.peers: Optional[List[str]] = None
         self.fallback = False  # the driver said: use the gang's allGather (not every task reached it)
         self.ended = threading.Event()
+        self.notice_to: List[str] = []  # work directories the driver's decommission notice goes to
 
     def on_frame(self, message: dict) -> None:
         tasks = message.get("tasks")
-        if message.get("type") == protocol.FRAME_PEERS and message.get("fallback") is True:
+        if message.get("type") == protocol.FRAME_NOTICE:
+            for workdir in self.notice_to:  # the rank's next checkpoint.due() sees it
+                _touch(os.path.join(workdir, protocol.NOTICE_FILE))
+        elif message.get("type") == protocol.FRAME_PEERS and message.get("fallback") is True:
             self.fallback = True
             self.ended.set()
         elif message.get("type") == protocol.FRAME_PEERS and isinstance(tasks, list):
@@ -42,6 +47,15 @@ class DriverReplies:
 
     def on_close(self) -> None:
         self.ended.set()
+
+
+def _touch(path: str) -> None:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        pass
+    except OSError:  # the rank's directory is gone: the rank ended, nothing to hand over
+        pass
 
 
 def all_announces(members, mine: str) -> List[str]:

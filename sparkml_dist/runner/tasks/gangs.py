@@ -31,6 +31,10 @@ class SparkGang:
     def resources(self) -> dict:
         return self._ctx.resources()
 
+    def task_id(self) -> int:
+        """Spark's id of this task attempt: the driver finds the executor that runs it from it."""
+        return self._ctx.taskAttemptId()
+
 
 class ThreadGang:
     """A gang of threads on one machine: for ``np < 0`` and for tests without Spark."""
@@ -62,3 +66,6 @@ class _ThreadMember:
 
     def resources(self) -> dict:
         return {}
+
+    def task_id(self) -> None:
+        return None  # a driver thread: no executor to be decommissioned

@@ -68,6 +68,8 @@ class _RankTask:
         self.local_rank = 0  # set when the ranks have exchanged addresses
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         self.replies = DriverReplies()
+        if self.rank == 0:  # the rank that decides the step the ranks hand over at
+            self.replies.notice_to.append(self.workdir)
         self.start_message, self.watch_args = b"", {}
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
@@ -205,7 +207,7 @@ class _RankTask:
                 "rendezvous",
             )
         if ev is not None:
-            self._report(protocol.FRAME_RENDEZVOUS, host=self.address)
+            self._report(protocol.FRAME_RENDEZVOUS, host=self.address, task=self.gang.task_id())
 
     @property
     def _returns(self) -> bool:
