@@ -13,11 +13,14 @@ the pool, the default) and cold ones (``warm_ranks=False``), and under ``elastic
 survivor keeps running, the new rank takes the last in-memory commit from it), interleaved.
 
     python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1] [--kinds elastic,cold]
+                                         [--kill rank|executor]
                                          [--commit-every 25]
 
-The rank-killed case only: an executor killed and a host killed (with ``min_np``) run through the
-same restart path on a cluster and are tested in the standalone and several-hosts passes, not
-timed here.
+``--kill executor`` runs the same job as 2 barrier tasks on ``local-cluster[2,1,1024]`` and hits
+the executor under the victim rank instead: SIGKILLed (cold and warm restarts) or decommissioned
+(SIGPWR: the ranks hand over at an agreed step), with each loss broken down (:mod:`executor_loss`).
+A host killed (with ``min_np``) runs through the same restart path and is tested in the
+several-hosts pass, not timed here.
 """
 
 from __future__ import annotations
@@ -226,7 +229,13 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=250, help="steps between checkpoints")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--victim", type=int, default=1, help="the rank killed")
-    ap.add_argument("--kinds", default="elastic,warm,cold", help="which contenders run with failures")
+    ap.add_argument(
+        "--kinds",
+        default=None,
+        help="contenders with failures (rank: elastic,warm,cold; executor: cold,warm,decommission)",
+    )
+    ap.add_argument("--kill", choices=("rank", "executor"), default="rank", help="what is lost")
+    ap.add_argument("--executors", type=int, default=2, help="--kill executor: local-cluster's executors")
     ap.add_argument(
         "--commit-every", type=int, default=None, help="elastic: steps between in-memory commits (--every)"
     )
@@ -234,6 +243,12 @@ def main() -> None:
     os.environ["PYTHONPATH"] = (
         HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
     )
+    if args.kill == "executor":
+        import executor_loss
+
+        args.kinds = args.kinds or "cold,warm,decommission"
+        return executor_loss.main(args)
+    args.kinds = args.kinds or "elastic,warm,cold"
     rows = []
     one_run(200, args.every)  # untimed: the warm pool of this environment is started
     for r in range(args.repeats):

@@ -115,6 +115,40 @@ cells = [
     ),
     (
         "md",
+        "## Trials that are gangs of ranks\nA model that already trains on several ranks: with "
+        "`ranks_per_trial=2` each trial is a barrier run of 2 ranks (DDP here). The parameters are "
+        "drawn once on the driver and every rank gets them; rank 0's reports count, and "
+        "`should_stop()` answers the same on every rank after the same epoch. On `local[2]` one gang "
+        "fits at a time; the next starts when its slots are free.",
+    ),
+    (
+        "code",
+        "def train_gang(params, trial):\n"
+        "    import torch, torch.distributed as dist\n"
+        "    from sparkml_dist.runner import context, init_process_group\n"
+        "    from torch.nn.parallel import DistributedDataParallel as DDP\n"
+        "    init_process_group(); ctx = context(); torch.manual_seed(0)\n"
+        "    seen = [None] * ctx.world_size\n"
+        "    dist.all_gather_object(seen, (params, ctx.world_size))   # what every rank was given\n"
+        "    assert all(s == (params, 2) for s in seen), seen\n"
+        "    model = DDP(torch.nn.Linear(1, 1)); opt = torch.optim.SGD(model.parameters(), lr=params['lr'])\n"
+        "    g = torch.Generator().manual_seed(ctx.rank)\n"
+        "    for epoch in range(4):\n"
+        "        for _ in range(10):\n"
+        "            x = torch.randn(32, 1, generator=g); loss = ((model(x) - 3 * x) ** 2).mean()\n"
+        "            opt.zero_grad(); loss.backward(); opt.step()\n"
+        "        trial.report(epoch, loss=loss.item())\n"
+        "        if trial.should_stop():\n"
+        "            break\n"
+        "    return {'loss': loss.item()}\n\n"
+        "gangs = tune.Tuner(train_gang, {'lr': tune.loguniform(1e-3, 0.3)}, metric='loss', mode='min',\n"
+        "                   max_trials=4, seed=0, ranks_per_trial=2).run()\n"
+        "print(len(gangs.trials), 'trials of 2 ranks each; best lr', round(gangs.best_params['lr'], 4))\n"
+        "gangs.trials[['trial', 'state', 'value', 'steps', 'params_lr']]",
+        "vary",
+    ),
+    (
+        "md",
         "## An ensemble and a data-parallel run in the same experiment\nA bagging fit inside the "
         "active run logs its parameters, figures and the model (an MLflow pyfunc that loads without "
         "unpickling and predicts like `transform`). Rank 0 of a `BarrierRunner` run logs metrics with "

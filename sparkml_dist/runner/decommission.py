@@ -44,25 +44,34 @@ class HandOver(Exception):
         self.executor = executor
 
 
+def classic(spark) -> bool:
+    """A session whose driver's scheduler this process can ask (not Spark Connect's client)."""
+    if spark is None:
+        return False
+    try:
+        spark.sparkContext._jsc.sc().taskScheduler()
+    except Exception:
+        return False
+    return True
+
+
 def armed(spark, runner) -> bool:
     """The run can hand over on a decommission notice (see the module docstring)."""
-    if spark is None or not runner.checkpoint_dir or runner.max_restarts < 1:
+    if not runner.checkpoint_dir or runner.max_restarts < 1 or not classic(spark):
         return False
     if not getattr(runner.backend_spec, "torch_group", False):
         return False
-    try:
-        enabled = spark.conf.get("spark.decommission.enabled", "false")
-        spark.sparkContext._jsc.sc().taskScheduler()
-    except Exception:  # Spark Connect: no scheduler to ask from the client
-        return False
-    return str(enabled).strip().lower() == "true"
+    return str(spark.conf.get("spark.decommission.enabled", "false")).strip().lower() == "true"
 
 
 class Watch:
-    """One attempt's watch (see the module docstring); :meth:`add` is fed each rank's rendezvous."""
+    """One attempt's executors: which runs each rank (:meth:`add` is fed each rank's rendezvous),
+    whether one has gone (:meth:`gone`), and with ``notices`` the decommission watch (see the
+    module docstring)."""
 
-    def __init__(self, spark, say: Callable[[str], Any]) -> None:
-        self._scheduler = spark.sparkContext._jsc.sc().taskScheduler()
+    def __init__(self, spark, say: Callable[[str], Any], notices: bool = True) -> None:
+        sc = spark.sparkContext._jsc.sc()
+        self._scheduler, self._backend = sc.taskScheduler(), sc.schedulerBackend()
         self._say = say
         self._lock = threading.Lock()
         self._tasks: Dict[int, int] = {}  # rank -> Spark task id
@@ -72,7 +81,8 @@ class Watch:
         self.notice: Optional[str] = None  # the decommissioned executor, once seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sparkml_dist-decommission", daemon=True)
-        self._thread.start()
+        if notices:
+            self._thread.start()
 
     def add(self, rank: Any, msg: Dict[str, Any], send: Optional[Callable[[dict], None]]) -> None:
         """A rank reached the rendezvous: its task's Spark id (and rank 0's channel back)."""
@@ -88,9 +98,24 @@ class Watch:
     def noticed(self) -> bool:
         return self.notice is not None
 
+    def gone(self, ranks) -> bool:
+        """Whether the executor of one of ``ranks`` has left Spark (lost, or leaving): the driver
+        need not wait longer for those ranks' reports (:meth:`.failures.Monitor.wait_for_reports`)."""
+        try:
+            with self._lock:
+                tasks = {r: self._tasks[r] for r in ranks if r in self._tasks}
+            for rank, task in tasks.items():
+                executor = self._executor(rank, task)
+                if executor is not None and not self._backend.isExecutorActive(executor):
+                    return True
+        except Exception:  # the session is stopping: wait as without the watch
+            return False
+        return False
+
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=5)
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
 
     def _loop(self) -> None:
         while not self._stop.wait(POLL_S):

@@ -48,6 +48,8 @@ class Monitor:
         self.on_timing: Callable[[Any, Dict[str, Any]], Any] = lambda rank, summary: None
         # a rank reached the rendezvous: (rank, its frame, its task's reply channel or None)
         self.on_rendezvous: Callable[[Any, Dict[str, Any], Any], Any] = lambda rank, msg, send: None
+        # whether the executor of one of these ranks has left Spark (no report will come from them)
+        self.executor_gone: Callable[[List[Any]], bool] = lambda ranks: False
         self._lock = threading.Lock()
         self.reached: set = set()
         self.hosts: Dict[int, str] = {}  # rank -> the address it announced at the rendezvous
@@ -82,8 +84,11 @@ class Monitor:
                 return
             with self._lock:
                 symptoms = all(protocol.is_symptom(f, self.backend.peer_lost) for f in self.failures)
+                spoke = {f.get("rank") for f in self.failures} | self.finished
             if time.monotonic() >= self._first_failure_at + (symptom_grace if symptoms else grace):
                 return
+            if symptoms and self.executor_gone(sorted(r for r in self.reached if r not in spoke)):
+                return  # the silent ranks' executor is gone: their reports will never come
             time.sleep(0.05)
 
     def on_message(self, msg: Dict[str, Any], send: Optional[Callable[[dict], None]] = None) -> None:
@@ -187,6 +192,7 @@ class Monitor:
             message += f" (ranks {finished} had already finished)"
         if not d or protocol.is_symptom(d, self.backend.peer_lost):
             message += self._silent_hosts()  # only a rank that lost its peers points at a host
+            lost_host = lost_host or self._silent_place()
         if self.stuck:
             message += f" (before it, the stuck collective: {self.stuck})"
         message += extra
@@ -199,6 +205,15 @@ class Monitor:
             worker_traceback=tail,
             lost_host=lost_host,
         )
+
+    def _silent_place(self) -> Optional[str]:
+        """Where the ranks that said nothing ran, when the others only lost them: their task died
+        with its process (an executor or a host gone, not a bug: :func:`restart_verdict`)."""
+        spoke = {f.get("rank") for f in self.failures} | self.finished
+        silent = [r for r in sorted(self.reached) if r not in spoke]
+        if not silent or not self.failures:
+            return None
+        return ", ".join(sorted({f"rank {r}'s executor on {self.hosts.get(r, '?')}" for r in silent}))
 
     def _silent_hosts(self) -> str:
         """The hosts none of whose ranks said a word since the rendezvous (neither failed nor

@@ -201,9 +201,9 @@ class Run:
         server = listen(secret, monitor.on_message, host, replies=True, expected=tasks)
         spark = self.spark if isinstance(self.launcher, launchers.SparkLauncher) else None
         quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
-        watch = decommission.Watch(spark, r.sink) if self.handover else None
-        if watch is not None:
-            monitor.on_rendezvous = watch.add
+        watch = decommission.Watch(spark, r.sink, self.handover) if decommission.classic(spark) else None
+        if watch is not None:  # which executor runs each rank: a lost one is known at once
+            monitor.on_rendezvous, monitor.executor_gone = watch.add, watch.gone
         ok = False
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)

@@ -18,9 +18,10 @@ def kill_my_executor_jvm(sig=None):
     from sparkml_dist.runner import protocol
 
     sig = signal.SIGKILL if sig is None else sig
-    holders = [psutil.Process()]
-    pipe = os.readlink(f"/proc/self/fd/{os.environ[protocol.CTRL_ENV]}")
-    for pid in psutil.pids():
+    holders = [psutil.Process()]  # a Python worker (an estimator's fit): its executor is above it
+    ctrl = os.environ.get(protocol.CTRL_ENV)
+    pipe = os.readlink(f"/proc/self/fd/{ctrl}") if ctrl else None
+    for pid in psutil.pids() if pipe else ():
         try:
             if pid != os.getpid() and any(
                 os.readlink(f"/proc/{pid}/fd/{fd}") == pipe for fd in os.listdir(f"/proc/{pid}/fd")

@@ -138,6 +138,54 @@ def test_two_hosts_lost_one_after_the_other_are_not_the_same_bug_and_restarts_go
     assert same[0].lost_host is None and "repeated identically" in failures.restart_verdict(same, 3)
 
 
+def test_an_executor_that_died_silently_twice_is_a_lost_machine_not_the_same_bug(monkeypatch):
+    """Executors on one host: the survivor's report (its peer went away) reaches the driver before
+    Spark names the lost executor, and the job is cancelled; the rank that never said a word marks
+    the loss, so two such losses do not stop the restarts as "the same failure"."""
+    tries = []
+    for _ in range(2):
+        m = failures.Monitor(2, lambda s: None)
+        for rank in (0, 1):
+            m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": rank, "host": "10.0.0.2"})
+        peer_gone = {"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": lost_peer()}
+        m.add_failure(peer_gone)
+        tries.append(m.worker_error())
+    assert tries[0].lost_host == "rank 1's executor on 10.0.0.2", tries[0].lost_host
+    assert failures.restart_verdict(tries, max_restarts=3) == ""
+    # the silent rank's own failure arrives: it is the cause, and the same one twice is a bug
+    m = failures.Monitor(2, lambda s: None)
+    for rank in (0, 1):
+        m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": rank, "host": "10.0.0.2"})
+    m.add_failure({"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": lost_peer()})
+    m.add_failure({"rank": 1, "message": "rank 1 exited with code 3", "phase": "run", "tail": ["KeyError"]})
+    bug = [m.worker_error(), m.worker_error()]
+    assert bug[0].lost_host is None and "repeated identically" in failures.restart_verdict(bug, 3)
+
+
+def test_the_driver_stops_waiting_for_reports_once_the_silent_ranks_executor_is_gone():
+    """Every report only says a peer went away: the driver waits up to 5 s for the root cause,
+    unless Spark already dropped the silent rank's executor (a report from it can never come)."""
+    import time
+
+    def waited(gone):
+        m = failures.Monitor(2, lambda s: None)
+        for rank in (0, 1):
+            m.on_message({"type": protocol.FRAME_RENDEZVOUS, "rank": rank, "host": "10.0.0.2"})
+        asked = []
+        m.executor_gone = lambda ranks: asked.append(ranks) or gone
+        m.add_failure(
+            {"rank": 0, "message": "rank 0 exited with code 1", "phase": "run", "tail": lost_peer()}
+        )
+        t = time.monotonic()
+        m.wait_for_reports(grace=0.2, symptom_grace=3.0)
+        return time.monotonic() - t, asked
+
+    fast, asked = waited(True)
+    assert fast < 0.5 and asked[0] == [1], (fast, asked)  # asked about the rank that said nothing
+    slow, _ = waited(False)
+    assert slow >= 2.9, slow
+
+
 def lost_peer():
     return ["RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"]
 

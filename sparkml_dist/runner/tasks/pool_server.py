@@ -1,7 +1,9 @@
 """A warm rank pool: one interpreter with the framework imported, forking ranks on request.  [executor]
 
 Started by :mod:`.warm_pool` (a barrier task, or the driver for ``np < 0``) as
-``python -c POOL_ENTRY SOCKET BACKEND ANCHOR IDLE_S`` with the environment its ranks will have: it
+``python -c POOL_ENTRY``, its arguments (the socket's directory descriptor and name, the backend,
+the anchor, the idle time) one JSON line on its stdin, never on its command line, with the
+environment its ranks will have: it
 binds its Unix socket (in a directory only its user can enter), leaves its parent (a daemon: no
 task's life is its life), imports what the backend imports before a rank's start message
 (:meth:`~sparkml_dist.runner.backends.base.Backend.preload`: ``torch.distributed``, never a CUDA

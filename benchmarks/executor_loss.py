@@ -1,0 +1,190 @@
+"""``bench_failures.py --kill executor``: an executor lost (or decommissioned) every tenth of the run.
+
+On ``local-cluster[N,1,1024]`` (``--executors N`` JVMs, one slot each, 2 by default: a lost executor's
+replacement has to start first; 3: a spare one takes its place at once; ``spark.decommission.enabled``),
+the job of :mod:`bench_failures` runs as 2 barrier tasks, undisturbed, then with the executor under
+rank ``--victim`` hit every tenth of the undisturbed run's length, once the rank that replaced the
+last victim trains:
+
+* ``cold`` / ``warm``: the executor JVM is SIGKILLed (a node failure); the barrier stage ends and
+  the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
+  with ranks started cold or from the warm pools of the executors left;
+* ``decommission``: the executor is sent SIGPWR (a spot reclaim's notice, a scale-down); the driver
+  sees it, the ranks save at one agreed step and the run starts again from that checkpoint.
+
+Each loss is broken down from the driver's console and the steps rank 0 logged: detection (the
+signal to the driver's line about it), the restart (that line to the first step of the next
+attempt: a new executor, processes, rendezvous, checkpoint load) and the steps trained twice.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+from bench_failures import train
+
+
+def executor_of(rank_pid: int):
+    """The executor JVM above rank ``rank_pid``'s task: the process that holds the other end of one
+    of the rank's pipes (its control pipe, its stdio) and runs under an executor.  A rank forked by a
+    warm pool is no descendant of its executor, and its ``/proc`` environment is the pool's."""
+    import psutil
+
+    pipes = set()
+    for fd in os.listdir(f"/proc/{rank_pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{rank_pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("pipe:"):
+            pipes.add(target)
+    for pid in psutil.pids():
+        if pid == rank_pid:
+            continue
+        try:
+            if not any(os.readlink(f"/proc/{pid}/fd/{f}") in pipes for f in os.listdir(f"/proc/{pid}/fd")):
+                continue
+            process = psutil.Process(pid)
+            while process is not None:
+                if "CoarseGrainedExecutorBackend" in " ".join(process.cmdline()):
+                    return process
+                process = process.parent()
+        except (OSError, psutil.Error):
+            continue
+    return None
+
+
+def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm") -> dict:
+    import json
+    import tempfile
+
+    from sparkml_dist.runner import BarrierRunner
+
+    lines = []
+    with tempfile.TemporaryDirectory(prefix="bench-executor-loss-") as run_dir:
+        hits: list = []
+        stop = threading.Event()
+        sig = signal.SIGPWR if kind == "decommission" else signal.SIGKILL
+        if interval > 0:
+            args = (run_dir, victim, interval, sig, stop, hits)
+            threading.Thread(target=hitter, args=args, daemon=True).start()
+        runner = BarrierRunner(
+            2,
+            checkpoint_dir=os.path.join(run_dir, "ckpt"),
+            max_restarts=100,
+            log_ranks="none",
+            timeout=3600,
+            warm_ranks=kind != "cold",
+            log_sink=lambda text: lines.append((time.time(), text)),
+        )
+        t0 = time.time()
+        try:
+            runner.run(train, steps, every, run_dir)
+        finally:
+            stop.set()
+        wall = time.time() - t0
+        events = [json.loads(line) for line in open(os.path.join(run_dir, "steps.jsonl"))]
+    return _breakdown(wall, steps, hits, events, lines)
+
+
+def hitter(run_dir: str, victim: int, interval: float, sig, stop: threading.Event, hits: list) -> None:
+    """Signal the executor under rank ``victim`` ``interval`` s after each start of that rank
+    (the first run's, then each replacement's: read from the pid file the rank writes)."""
+    seen, armed_at = set(), time.time()
+    while not stop.wait(0.05):
+        try:
+            pid = int(open(os.path.join(run_dir, f"pid-{victim}")).read())
+        except (OSError, ValueError):
+            continue
+        if pid in seen:
+            continue
+        if time.time() < armed_at + interval:
+            continue
+        try:
+            jvm = executor_of(pid)
+        except OSError:
+            continue
+        if jvm is None:
+            continue
+        seen.add(pid)
+        os.kill(jvm.pid, sig)
+        hits.append(time.time())
+        print(f"  {signal.Signals(sig).name} to the executor under rank {victim} (JVM {jvm.pid})", flush=True)
+        while not stop.wait(0.05):  # armed again once the victim rank has started again
+            try:
+                if int(open(os.path.join(run_dir, f"pid-{victim}")).read()) not in seen:
+                    break
+            except (OSError, ValueError):
+                pass
+        armed_at = time.time()
+
+
+def _breakdown(wall: float, steps: int, hits: list, events: list, lines: list) -> dict:
+    starts = [e for e in events if "start" in e]
+    step_lines = [e for e in events if "step" in e]
+    said = [t for t, text in lines if "attempt" in text and ("failed" in text or "handed over" in text)]
+    detect = restart = 0.0
+    for hit_at, nxt in zip(hits, starts[1:]):
+        seen_at = next((t for t in said if t >= hit_at), nxt["t"])
+        first = next((e["t"] for e in step_lines if e["t"] > nxt["t"]), nxt["t"])
+        detect += seen_at - hit_at
+        restart += first - seen_at
+    return {
+        "wall": wall,
+        "losses": len(hits),
+        "trained": len(step_lines),
+        "redone": len(step_lines) - steps,
+        "detect_s": detect,
+        "restart_s": restart,
+    }
+
+
+def main(args) -> None:
+    """Undisturbed, then each of ``args.kinds`` (cold, warm, decommission) with losses, interleaved."""
+    from sparkml_dist.session import get_session
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    spark = get_session(
+        f"local-cluster[{args.executors},1,1024]",
+        conf={
+            "spark.decommission.enabled": "true",
+            "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
+        },
+        conf_file=os.path.join(root, "conf", "spark-local.yaml"),
+        app_name="bench_failures-executor",
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        one_run(200, args.every)  # untimed: the executors' Python sides and pools start
+        kinds = tuple(args.kinds.split(","))
+        for r in range(args.repeats):
+            clean = one_run(args.steps, args.every)
+            print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
+            failed = {}
+            for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                failed[kind] = one_run(args.steps, args.every, clean["wall"] / 10, args.victim, kind)
+        _print(args, clean, failed)
+    finally:
+        spark.stop()
+
+
+def _print(args, clean: dict, failed: dict) -> None:
+    per_step = clean["wall"] / args.steps
+    print(
+        f"\n{args.steps} steps on local-cluster[{args.executors},1,1024] (2 barrier tasks), a checkpoint "
+        f"every {args.every}; the executor under rank {args.victim} hit {clean['wall'] / 10:.1f} s after "
+        "each start of that rank (a tenth of the undisturbed run):"
+    )
+    for kind, f in failed.items():
+        n = max(1, f["losses"])
+        how = "SIGPWR (decommissioned)" if kind == "decommission" else "SIGKILL"
+        ratio = f["wall"] / clean["wall"]
+        print(
+            f"  {kind}: {f['losses']} executors {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "
+            f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: detection {f['detect_s'] / n:.2f} s, "
+            f"restart to the first step {f['restart_s'] / n:.2f} s, {f['redone'] / n:.0f} steps trained "
+            f"twice (~{f['redone'] * per_step / n:.2f} s)"
+        )
