@@ -10,10 +10,13 @@ Three sections (``--sections``), on ``BarrierRunner(2)`` over local[2] (gloo):
   undisturbed step time) after ``--slow-after`` steps: how many of rank 1's summaries after the
   slowdown until the console names it (target: <= 3), and ``--quiet-runs`` undisturbed runs of
   the same job, none of which may name a rank;
-- ``figure``: the report of a run with rank 1 slowed, drawn (``report.plot()``) to ``--figure``.
+- ``figure``: the report of a run with rank 1 slowed, drawn (``report.plot()``) to ``--figure``;
+- ``link`` (alone): two network-namespace hosts (root, iproute2), one rank each, the MLP with host2's
+  link unshaped and then shaped to ``--rate``: where each rank's time went and the report's advice.
 
     python benchmarks/bench_timing.py [--sections overhead,detect,figure] [--repeats 3] [--steps 40]
         [--quiet-runs 10] [--figure docs/figures/rank_times.png]
+    python benchmarks/bench_timing.py --sections link [--rate 1gbit] [--steps 40]
 """
 
 from __future__ import annotations
@@ -163,6 +166,47 @@ def figure(args):
     print(report.table() + report.advice)
 
 
+def link(args):
+    """Two network-namespace hosts (tests/support/hosts.py), one rank each: bench_comm's MLP with
+    host2's link unshaped, then at ``--rate``; each run's report (where the time went, its advice)."""
+    from sparkml_dist.runner import BarrierRunner, last_run
+    from sparkml_dist.session import get_session
+    from tests.support.hosts import SPARK_CONF, Hosts, unavailable
+
+    why = unavailable()
+    if why:
+        raise SystemExit(f"the link section needs network-namespace hosts: {why}")
+    with Hosts(cores=1, memory="3g") as cluster:
+        conf = dict(SPARK_CONF)
+        conf.update(
+            {
+                "spark.driver.host": cluster.driver.address,
+                "spark.driver.bindAddress": cluster.driver.address,
+                "spark.executor.cores": "1",
+                "spark.cores.max": "2",
+                "spark.executor.memory": "1g",
+            }
+        )
+        root = os.path.dirname(HERE)
+        spark = get_session(
+            cluster.master_url, conf=conf, conf_file=os.path.join(root, "conf", "spark-local.yaml"),
+            app_name="bench_timing-link",
+        )  # fmt: skip
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            BarrierRunner(2, log_ranks="none").run(mlp_steps, args.hidden, 2)  # warm: workers, pools
+            for rate in (None, args.rate):
+                cluster.shape("host2", rate) if rate else cluster.unshape("host2")
+                measured = cluster.throughput("host1", "host2", seconds=1.0)
+                rate_s = BarrierRunner(2, log_ranks="none").run(mlp_steps, args.hidden, args.steps)
+                report = last_run()
+                print(f"== host2's link {rate or 'unshaped'} ({measured / 1e9:.2f} Gbit/s measured): "
+                      f"{rate_s:.1f} samples/s", flush=True)  # fmt: skip
+                print(report.table() + report.advice + "\n", flush=True)
+        finally:
+            spark.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sections", default="overhead,detect,figure")
@@ -174,7 +218,10 @@ def main() -> None:
     ap.add_argument(
         "--figure", default=os.path.join(os.path.dirname(HERE), "docs", "figures", "rank_times.png")
     )
+    ap.add_argument("--rate", default="1gbit", help="link: host2's shaped rate")
     args = ap.parse_args()
+    if args.sections == "link":
+        return link(args)
     spark = local_session("bench_timing")
     try:
         sections = args.sections.split(",")

@@ -22,7 +22,10 @@ run's (target <= 1.2x), and, with ``early_stopping="median"``, the gap from a st
 to its successor's start.
 
     python benchmarks/bench_tune.py [--repeats 2] [--steps 20] [--pause 0.1]
-    python benchmarks/bench_tune.py --ranks-per-trial 2 [--work 5] [--trials 16]
+    python benchmarks/bench_tune.py --ranks-per-trial 2 [--work 5] [--trials 16] [--vs-ray]
+
+``--vs-ray`` (with ``--ranks-per-trial``) runs the same study on Ray Tune + Ray Train over Ray on
+Spark instead, side by side (:mod:`ray_gangs`; needs the ``ray`` package, an extra of this benchmark).
 """
 
 from __future__ import annotations
@@ -190,6 +193,23 @@ def gang_main(args) -> None:
     spark.stop()
 
 
+def ray_main(args) -> None:
+    import ray_gangs
+
+    from sparkml_dist.session import get_session
+
+    spark = get_session(
+        f"local[{2 * args.ranks_per_trial}]",
+        conf_file=os.path.join(ROOT, "conf", "spark-local.yaml"),
+        app_name="bench_tune-vs-ray",
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    try:
+        ray_gangs.main(args, gang_curve)
+    finally:
+        spark.stop()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=2)
@@ -198,7 +218,10 @@ def main() -> None:
     ap.add_argument("--ranks-per-trial", type=int, default=1)
     ap.add_argument("--work", type=float, default=5.0)
     ap.add_argument("--trials", type=int, default=16)
+    ap.add_argument("--vs-ray", action="store_true", help="gangs: the same study on Ray Tune + Ray Train")
     args = ap.parse_args()
+    if args.ranks_per_trial > 1 and args.vs_ray:
+        return ray_main(args)
     if args.ranks_per_trial > 1:
         return gang_main(args)
 

@@ -731,6 +731,9 @@ class _NoAllGather:
     def pool_anchor(self):
         return os.getpid()
 
+    def task_id(self):
+        return None  # no Spark task: nothing for the driver to map to an executor
+
 
 def _driver_exchange_run(spec, tasks):
     out, errors = {}, {}
