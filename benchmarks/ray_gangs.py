@@ -5,7 +5,8 @@ The same Spark session (``local[2k]``) runs both, one after the other, each warm
 * ours: ``tune.Tuner(..., ranks_per_trial=k)``, every trial a barrier gang of ``k`` ranks;
 * Ray's: Ray on Spark (``ray.util.spark.setup_ray_cluster``: Ray worker nodes as Spark tasks, one CPU
   each, ``2k`` of them), then ``ray.tune.Tuner(TorchTrainer(...))`` with ``ScalingConfig(num_workers=k)``
-  and ``max_concurrent_trials=2``: a Ray Train run of ``k`` workers per trial.  While Ray's cluster
+  and ``max_concurrent_trials=2``: a Ray Train run of ``k`` workers per trial (a Tune function
+  trial running a ``TorchTrainer``, as Ray Train's V2 API has it).  While Ray's cluster
   is up its worker nodes hold the Spark slots, so the two never overlap.
 
 The trial is :func:`bench_tune.gang_curve`'s (~``--work`` s of 0.25 s steps, an all-reduce each); both
@@ -36,26 +37,32 @@ def ray_loop(config):
 
 
 def ray_study(xs, work: float, k: int, concurrent: int) -> dict:
-    """Ray Tune over a TorchTrainer of ``k`` workers: wall, and the trials' summed work."""
+    """Ray Tune over Ray Train (its V2 API, the default since Ray 2.5x): each trial a function that
+    runs a TorchTrainer of ``k`` workers, its reports passed to Tune; wall, and the trials' work."""
     from ray import tune
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
+    from ray.tune.integration.ray_train import TuneReportCallback
 
-    trainer = TorchTrainer(
-        ray_loop, scaling_config=ScalingConfig(num_workers=k, use_gpu=False, trainer_resources={"CPU": 0})
-    )
     with tempfile.TemporaryDirectory(prefix="bench-ray-") as storage:
+
+        def trial(config):
+            name = tune.get_context().get_trial_id()
+            workers = ScalingConfig(num_workers=k, resources_per_worker={"CPU": 0.9})
+            run = RunConfig(storage_path=storage, name=name, callbacks=[TuneReportCallback()])
+            TorchTrainer(ray_loop, train_loop_config=config, scaling_config=workers, run_config=run).fit()
+
         tuner = tune.Tuner(
-            trainer,
-            param_space={"train_loop_config": {"x": tune.grid_search(list(xs)), "work": work}},
+            tune.with_resources(trial, {"CPU": 0.1}),  # a trial's driver and its k workers: k CPUs
+            param_space={"x": tune.grid_search(list(xs)), "work": work},
             tune_config=tune.TuneConfig(metric="loss", mode="min", max_concurrent_trials=concurrent),
-            run_config=RunConfig(storage_path=storage, name="bench", verbose=0),
+            run_config=tune.RunConfig(storage_path=storage, name="bench", verbose=0),
         )
         t = time.perf_counter()
         grid = tuner.fit()
         wall = time.perf_counter() - t
     frames = [r.metrics_dataframe for r in grid if r.metrics_dataframe is not None]
-    spent = [float(f["now"].max() - f["started"].min()) for f in frames]
+    spent = [float(f["now"].max() - f["started"].min()) for f in frames if len(f)]
     return {"wall": wall, "work": sum(spent), "trials": len(frames), "errors": len(grid.errors)}
 
 
@@ -83,7 +90,9 @@ def main(args, gang_curve) -> None:
     short = [0.1, 0.2, 0.3, 0.4, 0.5]
     ours(gang_curve, short[:2], 0.25, k, 1)  # warm: Spark's workers, the pools
     mine, mine_seq = ours(gang_curve, xs, args.work, k, None), ours(gang_curve, short, 0.25, k, 1)
-    setup_ray_cluster(max_worker_nodes=2 * k, num_cpus_worker_node=1, num_cpus_head_node=0)
+    setup_ray_cluster(
+        max_worker_nodes=2 * k, num_cpus_head_node=0
+    )  # local mode: a CPU each (spark.task.cpus)
     ray.init(ignore_reinit_error=True, log_to_driver=False)
     try:
         ray_study(short[:2], 0.25, k, 1)  # warm: Ray's workers
