@@ -162,32 +162,16 @@ def contenders(settings, np, args):
 def on_hosts(links, settings, args):
     """{link: {setting: result}}: the cluster built once, each link shaped in turn."""
     sys.path.insert(0, os.path.dirname(HERE))
-    from sparkml_dist.session import get_session
-    from tests.support.hosts import SPARK_CONF, Hosts, unavailable
+    from harness import hosts_session
+
+    from tests.support.hosts import Hosts, unavailable
 
     why = unavailable()
     if why:
         raise SystemExit(f"shaped links need network-namespace hosts: {why} (use --links loopback)")
     out = {}
     with Hosts(cores=1, memory="3g") as cluster:
-        conf = dict(SPARK_CONF)
-        conf.update(
-            {
-                "spark.driver.host": cluster.driver.address,
-                "spark.driver.bindAddress": cluster.driver.address,
-                "spark.executor.cores": "1",
-                "spark.cores.max": "2",
-                "spark.executor.memory": "1g",
-                "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
-            }
-        )
-        spark = get_session(
-            cluster.master_url,
-            conf=conf,
-            conf_file=os.path.join(os.path.dirname(HERE), "conf", "spark-local.yaml"),
-            app_name="bench_comm",
-        )
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = hosts_session(cluster, "bench_comm")
         try:
             for link in links:
                 for h in ("host1", "host2"):

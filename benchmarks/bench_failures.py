@@ -247,7 +247,7 @@ def main() -> None:
         import executor_loss
 
         args.kinds = args.kinds or "cold,warm,decommission"
-        return executor_loss.main(args)
+        return executor_loss.main(args, train)
     args.kinds = args.kinds or "elastic,warm,cold"
     rows = []
     one_run(200, args.every)  # untimed: the warm pool of this environment is started

@@ -169,30 +169,16 @@ def figure(args):
 def link(args):
     """Two network-namespace hosts (tests/support/hosts.py), one rank each: bench_comm's MLP with
     host2's link unshaped, then at ``--rate``; each run's report (where the time went, its advice)."""
+    from harness import hosts_session
+
     from sparkml_dist.runner import BarrierRunner, last_run
-    from sparkml_dist.session import get_session
-    from tests.support.hosts import SPARK_CONF, Hosts, unavailable
+    from tests.support.hosts import Hosts, unavailable
 
     why = unavailable()
     if why:
         raise SystemExit(f"the link section needs network-namespace hosts: {why}")
     with Hosts(cores=1, memory="3g") as cluster:
-        conf = dict(SPARK_CONF)
-        conf.update(
-            {
-                "spark.driver.host": cluster.driver.address,
-                "spark.driver.bindAddress": cluster.driver.address,
-                "spark.executor.cores": "1",
-                "spark.cores.max": "2",
-                "spark.executor.memory": "1g",
-            }
-        )
-        root = os.path.dirname(HERE)
-        spark = get_session(
-            cluster.master_url, conf=conf, conf_file=os.path.join(root, "conf", "spark-local.yaml"),
-            app_name="bench_timing-link",
-        )  # fmt: skip
-        spark.sparkContext.setLogLevel("ERROR")
+        spark = hosts_session(cluster, "bench_timing-link")
         try:
             BarrierRunner(2, log_ranks="none").run(mlp_steps, args.hidden, 2)  # warm: workers, pools
             for rate in (None, args.rate):

@@ -2,9 +2,9 @@
 
 On ``local-cluster[N,1,1024]`` (``--executors N`` JVMs, one slot each, 2 by default: a lost executor's
 replacement has to start first; 3: a spare one takes its place at once; ``spark.decommission.enabled``),
-the job of :mod:`bench_failures` runs as 2 barrier tasks, undisturbed, then with the executor under
-rank ``--victim`` hit every tenth of the undisturbed run's length, once the rank that replaced the
-last victim trains:
+the job of :mod:`bench_failures` (its ``train``) runs as 2 barrier tasks, undisturbed, then with the
+executor under rank ``--victim`` hit every tenth of the undisturbed run's length, once the rank
+that replaced the last victim trains:
 
 * ``cold`` / ``warm``: the executor JVM is SIGKILLed (a node failure); the barrier stage ends and
   the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
@@ -23,8 +23,6 @@ import os
 import signal
 import threading
 import time
-
-from bench_failures import train
 
 
 def executor_of(rank_pid: int):
@@ -57,7 +55,7 @@ def executor_of(rank_pid: int):
     return None
 
 
-def one_run(steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm") -> dict:
+def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm"):
     import json
     import tempfile
 
@@ -142,8 +140,9 @@ def _breakdown(wall: float, steps: int, hits: list, events: list, lines: list) -
     }
 
 
-def main(args) -> None:
-    """Undisturbed, then each of ``args.kinds`` (cold, warm, decommission) with losses, interleaved."""
+def main(args, train) -> None:
+    """Undisturbed, then each of ``args.kinds`` (cold, warm, decommission) with losses, interleaved.
+    ``train``: bench_failures' job (passed in: defined in the script, it travels by value)."""
     from sparkml_dist.session import get_session
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -158,14 +157,14 @@ def main(args) -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     try:
-        one_run(200, args.every)  # untimed: the executors' Python sides and pools start
+        one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
         kinds = tuple(args.kinds.split(","))
         for r in range(args.repeats):
-            clean = one_run(args.steps, args.every)
+            clean = one_run(train, args.steps, args.every)
             print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                failed[kind] = one_run(args.steps, args.every, clean["wall"] / 10, args.victim, kind)
+                failed[kind] = one_run(train, args.steps, args.every, clean["wall"] / 10, args.victim, kind)
         _print(args, clean, failed)
     finally:
         spark.stop()

@@ -25,6 +25,34 @@ def interleaved(
     return walls, last
 
 
+def hosts_session(cluster, app_name: str):
+    """A session on the several-hosts cluster (tests/support/hosts.py: ``Hosts(cores=1)``): the
+    driver in its own namespace, one 1-core executor on each host, the repository's settings."""
+    from sparkml_dist.session import get_session
+    from tests.support.hosts import SPARK_CONF
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    conf = dict(SPARK_CONF)
+    conf.update(
+        {
+            "spark.driver.host": cluster.driver.address,
+            "spark.driver.bindAddress": cluster.driver.address,
+            "spark.executor.cores": "1",
+            "spark.cores.max": "2",
+            "spark.executor.memory": "1g",
+            "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
+        }
+    )
+    spark = get_session(
+        cluster.master_url,
+        conf=conf,
+        conf_file=os.path.join(os.path.dirname(here), "conf", "spark-local.yaml"),
+        app_name=app_name,
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
 def local_session(app_name: str, memory: str = "6g"):
     """The benchmarks' SparkSession: local[2] with the repository's settings, executors (and rank
     processes) finding the benchmark modules on their path, Spark's own logging quiet."""
