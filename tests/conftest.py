@@ -163,6 +163,11 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "masters(*names): the passes (masters) a test runs on")
+    config.addinivalue_line(
+        "markers",
+        "starts_first: one of the pass's longest tests (minutes): collected first, so a pytest-xdist "
+        "worker starts it at once instead of ending the pass with it while the other worker idles",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -179,7 +184,36 @@ def pytest_collection_modifyitems(config, items):
     dropped = [item for item in items if THIS_PASS not in _masters_of(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = kept
+    items[:] = sorted(kept, key=lambda item: item.get_closest_marker("starts_first") is None)  # stable
+
+
+# What each pass of ``make test`` may take on the 2-core reference machine, so that the whole of it
+# fits 30 minutes (tests.md: "The suite's time"): the passes run one after another, the several-hosts
+# pass beside the last two. Each pass prints its wall time against its budget; a pass over it does
+# not fail (timings belong in benchmarks/) but says by how much, so a round that adds minutes sees it.
+BUDGETS_S = {
+    "local": 1050,
+    "notebooks": 200,
+    "connect": 220,
+    "cluster": 130,
+    "oldest": 90,
+    "standalone": 110,
+    "hosts": 200,  # beside oldest + standalone
+}
+SUITE_BUDGET_S = 1800
+_STARTED = __import__("time").monotonic()
+
+
+def budget_line(name: str, seconds: float) -> str:
+    """``make test``'s line for a pass that took ``seconds``: its wall time against its budget."""
+    budget = BUDGETS_S.get(name)
+    if budget is None:
+        return f"== time: pass {name!r} took {seconds:.0f} s (no budget: only make test's passes have one)"
+    verdict = "within it" if seconds <= budget else f"OVER by {seconds - budget:.0f} s"
+    return (
+        f"== time: pass {name!r} took {seconds:.0f} s of its {budget} s budget ({verdict}; the budgets "
+        f"add up to make test's {SUITE_BUDGET_S} s, tests/conftest.py BUDGETS_S)"
+    )
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -190,3 +224,6 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
             f"== masters: this pass is {THIS_PASS!r}: {ran} tests ran here, {left} deselected "
             "(other passes, -m)"
         )
+        if os.environ.get("SPARKML_DIST_WHOLE_PASS"):  # set by the Makefile's passes
+            wall = __import__("time").monotonic() - _STARTED
+            terminalreporter.write_line(budget_line(THIS_PASS, wall))
