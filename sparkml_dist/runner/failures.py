@@ -30,6 +30,16 @@ _SLOT_ERRORS = (
 )
 
 
+def _what_else(failure: dict) -> str:
+    """A failure after the root cause, briefly: "rank 2 (exited with code 1)", or with a role's
+    label (runner.roles) "rank 2 (worker 1): exited with code 1"."""
+    rest = str(failure.get("message", "")).split(" ", 2)[-1]
+    if rest.startswith("(") and ") " in rest:
+        label, _, rest = rest.partition(") ")
+        return f"rank {failure['rank']} {label}): {rest}"
+    return f"rank {failure['rank']} ({rest})"
+
+
 class Monitor:
     """Driver-side view of one attempt, fed by the log channel (:meth:`on_message`)."""
 
@@ -48,6 +58,7 @@ class Monitor:
         self.on_timing: Callable[[Any, Dict[str, Any]], Any] = lambda rank, summary: None
         # a rank reached the rendezvous: (rank, its frame, its task's reply channel or None)
         self.on_rendezvous: Callable[[Any, Dict[str, Any], Any], Any] = lambda rank, msg, send: None
+        self.on_done: Callable[[Any], Any] = lambda rank: None  # a rank's task reported it done
         # whether the executor of one of these ranks has left Spark (no report will come from them)
         self.executor_gone: Callable[[List[Any]], bool] = lambda ranks: False
         self._lock = threading.Lock()
@@ -107,6 +118,7 @@ class Monitor:
             self.finished.add(rank)
             if msg.get("left"):
                 self.left.add(rank)
+            self.on_done(rank)
         elif kind == protocol.FRAME_FAILED:
             self.add_failure(msg)
         elif kind == protocol.FRAME_TIMING:
@@ -174,10 +186,7 @@ class Monitor:
                 )
         others = [f for f in self.failures if f is not d]
         if others:
-            message += "; then " + ", ".join(
-                f"rank {f['rank']} ({f['message'].split(' ', 2)[-1]})"
-                for f in sorted(others, key=lambda f: f["rank"])
-            )
+            message += "; then " + ", ".join(_what_else(f) for f in sorted(others, key=lambda f: f["rank"]))
         rank = d.get("rank")
         if self.left and (not d or protocol.is_symptom(d, self.backend.peer_lost)):
             left = sorted(self.left)  # the others only lost their peer: the rank that left is the cause

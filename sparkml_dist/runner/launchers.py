@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, List, Optional
 
 from .. import _spark_env, arg_checks, collection, launch
-from ..errors import ConfigurationError, RunTimeoutError
+from ..errors import ConfigurationError, InsufficientResourcesError, RunTimeoutError
 from ..gpus import assign_local, rank_profile
 from . import admission, protocol
 from .deadlines import Deadline, within
@@ -182,16 +182,24 @@ class SparkLauncher:
 
     def check(self, runner, tasks: int, deadline: Deadline) -> None:
         """Refuse a run the cluster cannot hold (slots, GPUs, memory, encryption)."""
-        admission.check_cluster(
-            self.spark,
-            tasks,
-            use_gpu=runner.use_gpu,
-            allow_unencrypted=runner.allow_unencrypted,
-            allow_unauthenticated=runner.allow_unauthenticated,
-            model_bytes=runner.model_bytes,
-            wait_s=deadline.remaining(runner.timeouts.start or 60.0),
-            say=runner.sink,
-        )
+        try:
+            admission.check_cluster(
+                self.spark,
+                tasks,
+                use_gpu=runner.use_gpu,
+                allow_unencrypted=runner.allow_unencrypted,
+                allow_unauthenticated=runner.allow_unauthenticated,
+                model_bytes=runner.model_bytes,
+                wait_s=deadline.remaining(runner.timeouts.start or 60.0),
+                say=runner.sink,
+            )
+        except InsufficientResourcesError as exc:
+            if runner.roles is None:
+                raise
+            raise InsufficientResourcesError(
+                f"{exc} With roles the job holds {runner.roles.describe()}: lower np (the workers) or "
+                "the parameter servers, or add executors/cores"
+            ) from None
 
     def rank_gpus(self, runner) -> Optional[tuple]:
         """Each rank's GPUs when they are the driver's (a local master), else None (the tasks')."""

@@ -24,7 +24,7 @@ from .. import _spark_env, collection, progress, tracking
 from ..channel import new_secret
 from ..channel.server import listen
 from ..errors import WorkerError
-from . import admission, decommission, failures, launchers, peer_exchange, protocol, sizing
+from . import admission, decommission, failures, launchers, peer_exchange, protocol, roles, sizing
 from .data.plan import plan
 from .deadlines import Deadline
 from .task_spec import TaskSpec
@@ -185,6 +185,7 @@ class Run:
             # on a local master a task's stderr is the driver's console, which already shows the
             # streamed lines: copying them there too would print each line twice
             echo=spark is not None and not _spark_env.local_master(spark),
+            roles=r.roles,
         )
 
     def _attempt(self, data, data_df, deadline: Deadline):
@@ -204,6 +205,8 @@ class Run:
         watch = decommission.Watch(spark, r.sink, self.handover) if decommission.classic(spark) else None
         if watch is not None:  # which executor runs each rank: a lost one is known at once
             monitor.on_rendezvous, monitor.executor_gone = watch.add, watch.gone
+        if r.roles is not None:  # the servers end once the chief's function is done
+            _stop_servers_with_the_chief(monitor)
         ok = False
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
@@ -309,3 +312,15 @@ class _QuietChannel:
 
     def cancel(self) -> None:
         self.stop.set()
+
+
+def _stop_servers_with_the_chief(monitor: failures.Monitor) -> None:
+    """With roles: each task's reply channel kept at its rank's rendezvous, and a stop sent to all
+    of them when rank 0 (the chief) is done (:class:`~sparkml_dist.runner.roles.StopServers`)."""
+    stop, earlier = roles.StopServers(), monitor.on_rendezvous
+
+    def reached(rank, msg, send):
+        earlier(rank, msg, send)
+        stop.reached(rank, send)
+
+    monitor.on_rendezvous, monitor.on_done = reached, stop.done

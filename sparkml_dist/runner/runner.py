@@ -31,6 +31,7 @@ from typing import Any, Callable, Optional, Sequence, Union
 
 from .. import arg_checks
 from . import admission, backends, comm_settings, launchers, settings, sizing
+from . import roles as roles_
 from .data.sample_order import check_streams
 from .run import Run
 
@@ -156,6 +157,14 @@ class BarrierRunner:
             instead of waiting for ``np`` (a lost host no longer blocks the run); a later restart
             grows back. The function sees the new ``WORLD_SIZE``, ``run_with_data`` deals the rows
             again, the checkpoint resumes. See :mod:`sparkml_dist.runner.sizing`.
+        roles: with ``backend="tensorflow"``, TensorFlow's parameter-server topology
+            (``tf.distribute.ParameterServerStrategy``): ``{"ps": p}`` (and ``"chief": 1``, the
+            default) adds a chief and ``p`` parameter servers to the ``np`` workers, ``1 + np + p``
+            tasks in all. The function runs on the chief only (rank 0: its result is the run's),
+            and its ``TF_CONFIG`` names every role; the workers and parameter servers run a
+            ``tf.distribute.Server`` until the chief's function returns. A lost worker's work goes
+            to the other workers; a lost parameter server fails the run naming it. See
+            :mod:`sparkml_dist.runner.roles`.
     """
 
     def __init__(
@@ -169,14 +178,16 @@ class BarrierRunner:
         max_restarts: int = 0, min_np: Optional[int] = None, checkpoint_dir: Optional[str] = None,
         model_bytes: Optional[int] = None, read_files: bool = True, work_dir: Optional[str] = None,
         staging_dir: Union[str, bool, None] = None, clean_work_dir: bool = False,
-        warm_ranks: bool = True,
+        warm_ranks: bool = True, roles: Optional[dict] = None,
     ) -> None:  # fmt: skip
         self.backend_spec = spec = backends.get(backend)  # first: what else is checked depends on it
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
         admission.check_arguments(
             np, start_timeout, timeout, collective_timeout, model_bytes, max_restarts, log_dir, data_timeout
         )
-        self.np, self.world_size, self.backend = np, abs(np), backend
+        self.roles = roles_.check(roles, spec, np, use_gpu=bool(use_gpu), min_np=min_np)
+        self.np, self.backend = np, backend
+        self.world_size = self.roles.world if self.roles is not None else abs(np)  # every task's rank
         self.timeouts = settings.Timeouts.of(start_timeout, data_timeout, timeout, collective_timeout)
         gpus = admission.check_gpus_per_rank(gpus_per_rank, bool(use_gpu))
         self.placement = settings.Placement(bool(use_gpu), gpus, admission.check_nodes(nodes))
@@ -249,6 +260,15 @@ class BarrierRunner:
         from .backends import needs as frameworks
 
         try:
+            if self.roles is not None and (return_all or df is not None):
+                from ..errors import ConfigurationError
+
+                raise ConfigurationError(
+                    "with roles the function runs on the chief only, and its tf.data pipeline (a "
+                    "DatasetCreator's dataset_fn, which TensorFlow runs on the workers) reads the data: "
+                    + ("leave return_all out (the chief's result is the run's)" if return_all else
+                       "use run(...) instead of run_with_data(...)")
+                )  # fmt: skip
             frameworks.check(main, self.backend)  # a missing framework, a program for another backend
             return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()
         except SparkMLDistError as exc:

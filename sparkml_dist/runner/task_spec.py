@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import protocol
 from .data.spec import Data
+from .roles import Roles
 from .settings import Logs, Placement, RankEnv, Timeouts, WorkDir
 
 
@@ -45,6 +46,7 @@ class TaskSpec:
     warm_ranks: bool = True  # ranks forked from a warm pool when the backend allows (tasks.warm_pool)
     max_restarts: int = 0  # how often a rank lost inside elastic.run is replaced in place (tasks.replace)
     echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
+    roles: Optional[Roles] = None  # a chief and parameter servers beside the workers (runner.roles)
 
     def rank_env(self, rank: int, gpus: Optional[List[str]]) -> Dict[str, str]:
         """The environment rank ``rank``'s process starts with (the rendezvous comes later, in its

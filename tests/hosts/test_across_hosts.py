@@ -27,6 +27,7 @@ from sparkml_dist.search import ParallelSearchCV
 from tests.conftest import ROOT
 from tests.support import horovod_helpers as hvh
 from tests.support import host_helpers as hh
+from tests.support import ps_helpers as ps
 from tests.support import runner_helpers as h
 from tests.support import tune_helpers as th
 from tests.support.runner_checks import assert_no_rank_left
@@ -146,6 +147,19 @@ def test_horovod_across_hosts(spark, hosts):
     assert [o["rank"] for o in out] == [0, 1, 2, 3]
     assert all(o["sum"] == 10.0 and o["size"] == 4 for o in out)
     assert sorted((o["cross_size"], o["local_size"]) for o in out) == [(2, 2)] * 4  # two hosts of two
+
+
+def test_a_parameter_server_strategy_fit_across_hosts_ends_with_its_servers(spark, hosts):
+    """TensorFlow's parameter-server tutorial (model.fit on a DatasetCreator) as four barrier tasks:
+    the chief, two workers and a parameter server, on both hosts' addresses; the servers end with
+    the chief's function (the job ends, no rank is left)."""
+    out = BarrierRunner(2, backend="tensorflow", roles={"ps": 1}, timeout=300).run(ps.keras_fit)
+    cluster = out["tf_config"]["cluster"]
+    addresses = {a.rsplit(":", 1)[0] for role in cluster.values() for a in role}
+    assert addresses == {hosts["host1"].address, hosts["host2"].address}, cluster
+    assert [len(cluster[r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
+    assert out["loss"][-1] < out["loss"][0] / 100, out["loss"]
+    assert_no_rank_left()
 
 
 def test_cli_runs_a_torchrun_script_with_ranks_on_both_hosts(spark, hosts, tmp_path):

@@ -59,3 +59,14 @@ def test_keras_data_parallel_on_jax_trains_on_each_ranks_shard(table):
 def test_mirrored_strategy_runner_runs_its_workers_as_spark_tasks(spark):
     out = MirroredStrategyRunner(num_slots=2, use_gpu=False, timeout=300).run(fh.tf_in_runner_strategy)
     assert out["strategy"] == "CollectiveAllReduceStrategy" and out["replicas"] == 2
+
+
+@masters("local")
+def test_roles_that_need_more_tasks_than_the_slots_are_refused_before_any_job(spark):
+    from sparkml_dist.errors import InsufficientResourcesError
+    from tests.support import ps_helpers
+
+    with pytest.raises(InsufficientResourcesError) as err:  # local[2]: 2 slots for 4 tasks
+        BarrierRunner(2, backend="tensorflow", roles={"ps": 1}, timeout=60).run(ps_helpers.keras_fit)
+    said = str(err.value)
+    assert "1 chief + 2 workers + 1 parameter server = 4 tasks" in said and "lower np" in said, said

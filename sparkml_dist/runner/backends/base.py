@@ -82,6 +82,8 @@ class Backend:
     # framework's import leaves no thread or runtime a fork cannot copy
     warm_ranks = False
     summary = ""  # what a script run on it is, for the command line's help
+    roles: Tuple[str, ...] = ()  # the roles it runs beside the workers (runner.roles), if any
+    roles_start_call = ""  # with roles: the call that joins the rendezvous on the rank running the function
 
     def comm_env(self, settings: Dict[str, Any]) -> Dict[str, str]:
         """Variables the framework reads of ``comm=`` settings when it starts (before the function)."""
@@ -124,6 +126,11 @@ class Backend:
     ) -> Any:
         """Rank process, after the start message: make ``reached()`` run when the rank joins."""
         raise NotImplementedError
+
+    def role_main(self, state: Any) -> Optional[Callable[[str], Any]]:
+        """Rank process, with roles: what a rank that runs no user code runs instead of the
+        function (given its work directory; it returns once the run is over), or None: the function."""
+        return None
 
 
 def after_import(module: str, on_import: Callable[[Any], None]) -> None:

@@ -93,6 +93,8 @@ class TensorFlowBackend(Backend):
     extra = "tensorflow"
     reserved_env = ("TF_CONFIG",)
     summary = "TF_CONFIG for MultiWorkerMirroredStrategy"
+    roles = ("ps", "chief")  # ParameterServerStrategy (runner.roles, backends.tf_roles)
+    roles_start_call = "tf.distribute.ParameterServerStrategy(...)"
     env_defaults = {"TF_USE_LEGACY_KERAS": "1", "KERAS_BACKEND": "tensorflow", "TF_CPP_MIN_LOG_LEVEL": "1"}
     peer_lost = COMMON_PEER_LOST + (
         "Collective ops is aborted by",
@@ -104,12 +106,15 @@ class TensorFlowBackend(Backend):
     def check_installed(self) -> None:
         _installed("tensorflow", self.name, self.extra)
 
-    def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1):
+    def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1, roles=None):
         env = _placement_env(rank, peers, nodes, ranks_per_task)
-        workers = [_address(p["host"], p["port"]) for p in peers]
-        env["TF_CONFIG"] = json.dumps(
-            {"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}}
-        )
+        addresses = [_address(p["host"], p["port"]) for p in peers]
+        if roles is None:  # every rank a worker of MultiWorkerMirroredStrategy
+            cluster, (role, index) = {"worker": addresses}, ("worker", rank)
+        else:  # the chief, the workers, the parameter servers (runner.roles)
+            cluster, (role, index) = roles.cluster(addresses), roles.of(rank)
+            env[protocol.ROLE_ENV] = role
+        env["TF_CONFIG"] = json.dumps({"cluster": cluster, "task": {"type": role, "index": index}})
         return env, {}
 
     warm_ranks = True
@@ -123,6 +128,10 @@ class TensorFlowBackend(Backend):
     def join(self, state, rank, message, store_fd, reached):
         from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
 
+        if os.environ.get(protocol.ROLE_ENV):  # ParameterServerStrategy's roles
+            from . import tf_roles
+
+            return tf_roles.join(os.environ[protocol.ROLE_ENV], store_fd, reached)
         closed = []
 
         def joining() -> None:  # the strategy's gRPC server binds the port this rank was given
@@ -137,6 +146,9 @@ class TensorFlowBackend(Backend):
         report_first_call([mwms.CollectiveAllReduceStrategy], "__init__", joining)
         after_import("keras", _refuse_keras3_fit)
         return state
+
+    def role_main(self, state):
+        return getattr(state, "serve", None)  # a worker's or parameter server's tf_roles.Server
 
 
 def _start_wait() -> float:

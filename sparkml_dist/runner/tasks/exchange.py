@@ -31,12 +31,18 @@ class DriverReplies:
         self.fallback = False  # the driver said: use the gang's allGather (not every task reached it)
         self.ended = threading.Event()
         self.notice_to: List[str] = []  # work directories the driver's decommission notice goes to
+        self.stop_to: List[str] = []  # ... and its stop (runner.roles: the chief is done)
+        self.stopped = threading.Event()
 
     def on_frame(self, message: dict) -> None:
         tasks = message.get("tasks")
         if message.get("type") == protocol.FRAME_NOTICE:
             for workdir in self.notice_to:  # the rank's next checkpoint.due() sees it
                 _touch(os.path.join(workdir, protocol.NOTICE_FILE))
+        elif message.get("type") == protocol.FRAME_STOP:
+            for workdir in self.stop_to:  # a server rank returns when it sees it
+                _touch(os.path.join(workdir, protocol.STOP_FILE))
+            self.stopped.set()
         elif message.get("type") == protocol.FRAME_PEERS and message.get("fallback") is True:
             self.fallback = True
             self.ended.set()
@@ -95,9 +101,9 @@ def exchange(members, ports: List[int], envs: List[Dict[str, str]]) -> List[Tupl
         raise members[0].fail(unreachable, None, "driver")
     starts = []
     for m, shard_env in zip(members, envs):
-        env, extra = m.backend.rank_env(
-            m.rank, peers, m.gpus, spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task
-        )
+        roles = {"roles": spec.roles} if spec.roles is not None else {}  # only a backend with roles
+        place = (spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task)
+        env, extra = m.backend.rank_env(m.rank, peers, m.gpus, *place, **roles)
         env.update(shard_env)
         starts.append((int(env.get("LOCAL_RANK", "0")), protocol.start_message(env, **extra)))
     return starts

@@ -89,7 +89,8 @@ def main() -> int:
 
     stall_watch.watch(threading.get_ident(), rank_channel.send_log)  # a rank that stops moving says where
     timing.install()  # each step's data wait, compute and communication, whatever the framework
-    result = fn(*args, **kwargs)
+    serve = backend.role_main(state)  # a server of a run with roles (runner.roles): no user code
+    result = fn(*args, **kwargs) if serve is None else serve(workdir)
     CLOCK.final(timing.last_landed())
     _finish_checkpoints()
     if want_result:

@@ -70,6 +70,8 @@ class _RankTask:
         self.replies = DriverReplies()
         if self.rank == 0:  # the rank that decides the step the ranks hand over at
             self.replies.notice_to.append(self.workdir)
+        self.replies.stop_to.append(self.workdir)  # with roles: a server's end (runner.roles)
+        self.name = spec.roles.label(self.rank) if spec.roles is not None else f"rank {self.rank}"
         self.start_message, self.watch_args = b"", {}
         launch_host, launch_dir = spec.launch or (None, None)
         # the address the peers are given: the one this host reaches the driver from
@@ -200,8 +202,9 @@ class _RankTask:
         if ev is None and self.process.running and not self.cancelled():
             self.process.kill()
             self.process.join_output()
+            call = self.backend.roles_start_call if spec.roles is not None else self.backend.start_call
             raise self.fail(
-                f"rank {self.rank} did not reach the rendezvous ({self.backend.start_call}) "
+                f"{self.name} did not reach the rendezvous ({call}) "
                 f"within start_timeout={spec.timeouts.start}s",
                 None,
                 "rendezvous",
@@ -220,14 +223,34 @@ class _RankTask:
         code = self.process.wait_exit(self.cancel)
         while code is not None and self.replacement.replaceable(self.process, code, self.cancelled()):
             code = self._replaced(code)  # lost inside elastic.run: the others go on
+        roles = self.spec.roles
+        # a lost worker's work goes to the others; its task waits for the driver's stop (needs the channel)
+        if code and roles is not None and roles.survives(self.rank) and self.client and not self.cancelled():
+            code = self._lost_server(code)
         if code is None:
-            raise self.fail(f"rank {self.rank} was stopped because the run was cancelled", None, "cancelled")
+            raise self.fail(f"{self.name} was stopped because the run was cancelled", None, "cancelled")
         if code != 0 or self._no_result():  # sys.exit(0) / os._exit(0) inside the function too
             early = self._no_result() and (code == 0 or self.process.called_exit)
-            raise self.fail(f"rank {self.rank} {exit_text(code)}{' before returning a result' * early}", code)
+            raise self.fail(f"{self.name} {exit_text(code)}{' before returning a result' * early}", code)
         # code 0 without the function returning (sys.exit(0) / os._exit(0) inside it): no failure
         # of its own, but if the others then fail waiting for it, the driver names it as the cause
         self.left_early = not self.process.returned
+
+    def _lost_server(self, code: int) -> Optional[int]:
+        """A worker of a run with roles ended: the chief's coordinator runs its work on the other
+        workers, so the task says so and waits for the run's end (the driver's stop) instead of
+        failing the run; 0 then, None if the run was cancelled meanwhile."""
+        self.process.join_output()
+        self._report(
+            protocol.FRAME_LINE,
+            stream="log",
+            text=f"[sparkml_dist] {self.name} {exit_text(code)}: the chief's coordinator runs its work on "
+            "the other workers; the run goes on without it",
+        )
+        while not self.replies.stopped.wait(0.2):
+            if self.cancelled():
+                return None
+        return 0
 
     def _replaced(self, code: int) -> Optional[int]:
         """Start the rank again in place of the one that ended with ``code`` and watch it as the

@@ -173,6 +173,9 @@ def _time_keras_fit(keras) -> None:
             CLOCK.end("hook")
 
     def timed_fit(self, *args, **kwargs):
+        if getattr(getattr(self, "distribute_strategy", None), "_should_use_with_coordinator", False):
+            # ParameterServerStrategy refuses batch-level callbacks: its steps run on the workers
+            return fit(self, *args, **kwargs)
         args = list(args)
         given = args[_CALLBACKS_AT] if len(args) > _CALLBACKS_AT else kwargs.get("callbacks")
         callbacks = list(given or [])
