@@ -7,7 +7,7 @@ model per key of a column); :func:`train_per_group` (your own training function 
 models as a table).
 """
 
-import importlib
+from ..lazy_names import lazy_names
 
 # Loaded on first use (PEP 562), so that an executor's Python worker importing one of this
 # package's executor modules (``engine.fitting``, ``scoring.members``, ...) does not also import the
@@ -28,18 +28,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_HOMES))
-
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
 
 __all__ = [
     "BaggingClassifier",

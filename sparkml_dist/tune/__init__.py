@@ -24,7 +24,7 @@ Example::
     result.best_params, result.trials                 # the best trial, and every trial's row
 """
 
-import importlib
+from ..lazy_names import lazy_names
 
 # Loaded on first use (PEP 562), so that a trial's task or a gang trial's rank, importing
 # ``tune.trial`` only, does not also import the driver's tuner, scheduler and Optuna: ~0.1 s off
@@ -45,18 +45,7 @@ _HOMES = {
 }
 
 
-def __getattr__(name):
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{home}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return sorted(set(globals()) | set(_HOMES))
-
+__getattr__, __dir__ = lazy_names(__name__, _HOMES, globals())
 
 __all__ = [
     "Tuner",

@@ -35,6 +35,16 @@ COMMON_PEER_LOST = (
 )
 
 
+def close_fd(fd: Optional[int]) -> None:
+    """Close the task's reserved port (or any descriptor) if it is still open: just before the
+    framework binds the port again."""
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def collective_timeout() -> timedelta:
     """The run's collective timeout, inside a rank process."""
     return timedelta(seconds=float(os.environ.get(protocol.TIMEOUT_ENV, "600")))

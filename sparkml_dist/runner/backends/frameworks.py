@@ -38,7 +38,7 @@ from typing import Dict, Sequence
 from ...errors import ConfigurationError
 from ...host import network
 from .. import protocol, rendezvous
-from .base import COMMON_PEER_LOST, Backend, after_import, report_first_call
+from .base import COMMON_PEER_LOST, Backend, after_import, close_fd, report_first_call
 
 KERAS3_ON_TF_FIX = (
     "Keras 3's model.fit on the TensorFlow backend fails under MultiWorkerMirroredStrategy "
@@ -73,14 +73,6 @@ def _installed(module: str, backend: str, extra: str) -> None:
             f"backend={backend!r} needs {module}, which is not installed in this Python "
             f"({sys.executable}): pip install 'sparkml_dist[{extra}]' on the driver and the executors"
         )
-
-
-def _close(fd) -> None:
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 class TensorFlowBackend(Backend):
@@ -137,7 +129,7 @@ class TensorFlowBackend(Backend):
         def joining() -> None:  # the strategy's gRPC server binds the port this rank was given
             if not closed:  # once: the number may name another file later
                 closed.append(True)
-                _close(store_fd)
+                close_fd(store_fd)
             reached()
             if rank != 0:  # worker 0 leads: the others register with it first
                 leader = json.loads(os.environ["TF_CONFIG"])["cluster"]["worker"][0]
@@ -255,7 +247,7 @@ class JaxBackend(Backend):
         world = int(os.environ["WORLD_SIZE"])
         wait = _start_wait()
         if rank == 0:
-            _close(store_fd)  # the coordinator binds the port the peers were given
+            close_fd(store_fd)  # the coordinator binds the port the peers were given
         else:
             _wait_for(coordinator, wait)
         jax.distributed.initialize(

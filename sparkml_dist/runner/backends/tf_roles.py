@@ -24,17 +24,9 @@ import time
 from typing import Callable, Optional
 
 from .. import protocol
-from .base import report_first_call
+from .base import close_fd, report_first_call
 
 POLL_S = 0.1  # how often a server looks for its stop file
-
-
-def _close(fd: Optional[int]) -> None:
-    if fd is not None:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
 
 
 class Server:
@@ -48,7 +40,7 @@ class Server:
 
         task = json.loads(os.environ["TF_CONFIG"])["task"]
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-        _close(self.store_fd)  # the port the peers were given: the server binds it now
+        close_fd(self.store_fd)  # the port the peers were given: the server binds it now
         server = tf.distribute.Server(
             resolver.cluster_spec(),
             job_name=task["type"],
@@ -75,7 +67,7 @@ def join(role: str, store_fd: Optional[int], reached: Callable[[], None]) -> Opt
     def joining() -> None:
         if not closed:
             closed.append(True)
-            _close(store_fd)
+            close_fd(store_fd)
         reached()
 
     report_first_call([ps.ParameterServerStrategyV2], "__init__", joining)
