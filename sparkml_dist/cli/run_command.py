@@ -82,6 +82,8 @@ FLAGS = (
     Flag("--work-dir", "work_dir", str, None, "the directory every rank runs in"),
     Flag("--clean-work-dir", "clean_work_dir", "flag", False, "remove the default work dir after a success"),
     Flag("--warm-ranks", "warm_ranks", "optional", True, "--no-warm-ranks: every rank a new interpreter"),
+    Flag("--roles", "roles", "pairs", None, "ROLE=COUNT with --backend tensorflow: parameter servers (and "
+         "the chief) beside the --np workers, the script on the chief (ps=2; repeat it)"),
 )  # fmt: skip
 NOT_FLAGS = {"spark": "--master (the command's session)", "log_sink": "the console"}
 DATA_FLAGS = (
@@ -137,7 +139,7 @@ def runner_options(args) -> dict:
     for f in FLAGS:
         value = getattr(args, f.keyword)
         if f.kind == "pairs":
-            value = _pairs(f.flag, value, _setting if f.keyword == "comm" else str) or None
+            value = _pairs(f.flag, value, _setting if f.keyword in ("comm", "roles") else str) or None
         out[f.keyword] = value
     return out
 

@@ -107,5 +107,9 @@ def test_every_barrier_runner_argument_is_a_flag_of_run():
         options["comm"] == {"accumulate": 2} and options["clean_work_dir"] and options["model_bytes"] == 1024
     )
     assert BarrierRunner(2, spark=object(), **options).min_np == 1  # every value is one the runner takes
+    argv = ["run", "--np", "2", "--backend", "tensorflow", "--roles", "ps=2", "--roles", "chief=1", "t.py"]
+    options = run_command.runner_options(_parser().parse_args(argv))
+    assert options["roles"] == {"ps": 2, "chief": 1}
+    assert BarrierRunner(2, spark=object(), **options).world_size == 5  # the chief, 2 workers, 2 servers
     table = open(os.path.join(ROOT, "docs", "cli.md")).read()
     assert all(f"| `{f.flag}" in table for f in run_command.FLAGS + run_command.DATA_FLAGS)  # one table
