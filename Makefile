@@ -75,9 +75,8 @@ test-unit: $(HVD_STAMP)
 
 # pytest-xdist workers, each with its own local[2] session and its own suite id for the leak checks:
 # most of these tests wait on processes starting, so three share the 2 cores better than two
-# (1,853 s with two -> 1,539 s with three here); the longest tests are collected first
-# (@pytest.mark.starts_first) so that no worker ends the pass alone with one; LOCAL_XDIST=0 runs
-# them serially. The other passes run two workers (XDIST).
+# (1,853 s with two -> 1,539 s with three here); LOCAL_XDIST=0 runs them serially. The other passes
+# run two workers (XDIST).
 XDIST ?= 2
 LOCAL_XDIST ?= 3
 test-local: $(HVD_STAMP)

@@ -163,11 +163,6 @@ def pytest_addoption(parser):
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "masters(*names): the passes (masters) a test runs on")
-    config.addinivalue_line(
-        "markers",
-        "starts_first: one of the pass's longest tests (minutes): collected first, so a pytest-xdist "
-        "worker starts it at once instead of ending the pass with it while the other worker idles",
-    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -184,7 +179,7 @@ def pytest_collection_modifyitems(config, items):
     dropped = [item for item in items if THIS_PASS not in _masters_of(item)]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-    items[:] = sorted(kept, key=lambda item: item.get_closest_marker("starts_first") is None)  # stable
+    items[:] = kept
 
 
 # What each pass of ``make test`` may take on the 2-core reference machine, so that the whole of it

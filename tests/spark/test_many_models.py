@@ -35,7 +35,6 @@ def rows_seen(data, key):
 
 
 @masters("local")  # the engine's own logic: the same on every master
-@pytest.mark.starts_first  # ~2 min: begun last, it would be the local pass's tail
 def test_100000_keys_fit_as_references_to_blocks(spark):
     """The issue's scale, once: 100,000 keys (two rows a key keep the fit cheap, so what is timed
     is the engine's per-key path) held as references to a few blocks, no model decoded."""

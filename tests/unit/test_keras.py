@@ -70,13 +70,24 @@ def test_keras_under_another_backend_is_refused_with_the_fix():
 
 
 def test_functions_before_init_say_so():
-    import sparkml_dist.keras as hvd
+    """In a fresh interpreter: this worker may already hold Keras on another backend (a test before
+    it imported Keras 3, whose default is TensorFlow), and sparkml_dist.keras refuses that, rightly."""
+    import subprocess
+    import sys
 
-    hvd.shutdown()
-    with pytest.raises(ConfigurationError, match=r"init\(\) first"):
-        hvd.rank()
-    with pytest.raises(ConfigurationError, match="Adasum"):
-        hvd.allreduce(1.0, op=hvd.Adasum)
+    code = (
+        "import pytest\n"
+        "from sparkml_dist.errors import ConfigurationError\n"
+        "import sparkml_dist.keras as hvd\n"
+        "hvd.shutdown()\n"
+        "with pytest.raises(ConfigurationError, match=r'init\\(\\) first'):\n"
+        "    hvd.rank()\n"
+        "with pytest.raises(ConfigurationError, match='Adasum'):\n"
+        "    hvd.allreduce(1.0, op=hvd.Adasum)\n"
+        "print('refused')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("refused"), done.stderr[-3000:]
 
 
 def test_the_gpu_checks_keras_program_runs_here_on_the_cpu():
