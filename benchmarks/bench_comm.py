@@ -106,7 +106,7 @@ def train(setting, hidden, steps, warmup=5):
     for step in range(warmup + steps):
         if step == warmup:
             barrier()
-            started = time.perf_counter()
+            started, wire = time.perf_counter(), wire_bytes()
             sent = metered.enter_context(traffic.meter())  # what the timed steps hand to collectives
         x = torch.randn(per_rank, FEATURES, generator=g)
         y = (x @ W).argmax(1)
@@ -123,6 +123,7 @@ def train(setting, hidden, steps, warmup=5):
             outer.step()
         losses.append(loss.item() * accumulate)
     metered.close()
+    wire = wire_bytes() - wire  # before the barrier: its bytes are not the steps'
     barrier()
     wall = time.perf_counter() - started
     samples = steps * BATCH
@@ -130,9 +131,22 @@ def train(setting, hidden, steps, warmup=5):
         "samples_per_s": samples / wall,
         "loss": sum(losses[-5:]) / 5,
         "bytes_per_sample": sent.bytes / samples,  # measured: every tensor handed to a collective
+        "wire_bytes_per_sample": wire / samples,  # measured: what this host's links sent (not loopback's)
         "dtypes": sorted(sent.by_dtype),
         "params": params,
     }
+
+
+def wire_bytes() -> int:
+    """Bytes this network namespace's interfaces have sent, loopback left out (``/proc/net/dev``
+    is the namespace's: on the several-hosts cluster, one host's link; TCP/IP headers included)."""
+    total = 0
+    with open("/proc/net/dev") as fh:
+        for line in fh.readlines()[2:]:
+            name, _, fields = line.partition(":")
+            if name.strip() != "lo":
+                total += int(fields.split()[8])  # transmit bytes
+    return total
 
 
 class _null:

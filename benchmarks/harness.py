@@ -25,7 +25,7 @@ def interleaved(
     return walls, last
 
 
-def hosts_session(cluster, app_name: str):
+def hosts_session(cluster, app_name: str, executors: int = 2):
     """A session on the several-hosts cluster (tests/support/hosts.py: ``Hosts(cores=1)``): the
     driver in its own namespace, one 1-core executor on each host, the repository's settings."""
     from sparkml_dist.session import get_session
@@ -38,7 +38,7 @@ def hosts_session(cluster, app_name: str):
             "spark.driver.host": cluster.driver.address,
             "spark.driver.bindAddress": cluster.driver.address,
             "spark.executor.cores": "1",
-            "spark.cores.max": "2",
+            "spark.cores.max": str(executors),
             "spark.executor.memory": "1g",
             "spark.executorEnv.PYTHONPATH": os.environ.get("PYTHONPATH", ""),
         }

@@ -9,6 +9,8 @@ settings the Horovod-era vocabulary names:
   backward pass);
 * *gradient accumulation* (``accumulate=k``): :meth:`DataParallel.micro_step` skips the
   all-reduce on k-1 of every k micro-steps (``no_sync``), so k micro-batches cost one all-reduce;
+* *reduction servers* (``BarrierRunner(np, comm={"reduction_servers": k})``): the buckets go to
+  ``k`` CPU servers that sum them (:mod:`.comm_reduction`) instead of a ring all-reduce;
 * *gradient compression* (``compression="fp16"``, ``"bf16"`` or ``"powersgd"`` with
   ``powersgd_rank``): DDP's communication hooks.  fp16 halves the bytes; PowerSGD sends two
   low-rank factors per matrix and keeps the error it made (error feedback) for the next step;
@@ -50,6 +52,7 @@ from torch.nn.parallel import DistributedDataParallel
 from ..errors import ConfigurationError
 from ..runner import comm_settings
 from ..runner.comm_settings import COMPRESSIONS
+from . import comm_reduction  # the run's reduction servers: a hook of its own
 from .comm_horovod import horovod  # the same settings for Horovod's optimizer
 
 __all__ = ["COMPRESSIONS", "DataParallel", "ddp", "horovod"]
@@ -234,11 +237,28 @@ def _one_bucket(model: torch.nn.Module, bucket_cap_mb: Optional[float]) -> float
     return max(bucket_cap_mb or 0.0, size_mb + 1.0)
 
 
+def _servers(compression, process_group) -> int:
+    """The run's reduction servers (0: none), refused with what they cannot take."""
+    servers = comm_reduction.servers_of_run()
+    if servers and (compression is not None or process_group is not None):
+        raise ConfigurationError(
+            "comm.ddp: the run has reduction servers (comm={'reduction_servers': ...}), which sum "
+            "float32 buckets of the whole world: "
+            + ("compression is not taken with them" if compression is not None else
+               "a process_group of some ranks is not taken with them")
+            + ": leave it out, or the servers"
+        )  # fmt: skip
+    return servers
+
+
 def _register_hook(net: DataParallel, compression, powersgd_rank, powersgd_start, process_group) -> None:
-    """DDP's communication hook for ``compression``, counting the buckets it all-reduces."""
+    """DDP's communication hook for ``compression`` (or the run's reduction servers), counting the
+    buckets it reduces."""
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
-    if compression == "powersgd":
+    if _servers(compression, process_group):
+        net.register_comm_hook(comm_reduction.Client.of_run(), _counted(net, comm_reduction.hook))
+    elif compression == "powersgd":
         net._powersgd = powerSGD_hook.PowerSGDState(
             process_group=process_group,
             matrix_approximation_rank=powersgd_rank,

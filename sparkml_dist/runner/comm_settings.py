@@ -11,6 +11,9 @@ One vocabulary for DDP and Horovod (the documents' *fusion buffer*, *gradient ac
   ``"fp16"`` (``hvd.Compression.fp16``);
 * DDP only: ``powersgd_rank`` (default 1), ``powersgd_start`` (plain steps first, default 2),
   ``static_graph``;
+* DDP only: ``reduction_servers=k``, ``k`` CPU processes beside the workers that sum the
+  gradients (each worker sends and receives each byte once, not ``2 (np - 1) / np`` times:
+  :mod:`sparkml_dist.runner.backends.reducers`); the job holds ``np + k`` tasks;
 * Horovod only: ``cycle_time_ms`` (``HOROVOD_CYCLE_TIME``), ``hierarchical``
   (``HOROVOD_HIERARCHICAL_ALLREDUCE``: Horovod's NCCL path).
 
@@ -47,6 +50,7 @@ DEFAULTS: Dict[str, Any] = {
     "static_graph": False,
     "cycle_time_ms": None,
     "hierarchical": False,
+    "reduction_servers": None,
 }
 # which settings and compressions a backend takes is the backend's to say
 # (Backend.comm_names, Backend.compressions: sparkml_dist.runner.backends)
@@ -60,6 +64,7 @@ LIMITS = {
     "powersgd_rank": 4096,
     "powersgd_start": 1 << 31,
     "cycle_time_ms": 1000.0,  # Horovod's default is 1 ms; a second is already a long tick
+    "reduction_servers": 1024,
 }
 
 
@@ -82,8 +87,8 @@ def check_values(
 ) -> None:
     """Each value finite and in range, refused naming ``where`` (``comm={...}``, ``comm.ddp``) and
     the setting; ``cycle_time_ms`` also below a tenth of ``collective_timeout`` (seconds)."""
-    for name in ("accumulate", "powersgd_rank", "powersgd_start"):
-        if name in settings:
+    for name in ("accumulate", "powersgd_rank", "powersgd_start", "reduction_servers"):
+        if settings.get(name) is not None:
             _positive(where, name, settings[name], integer=True)
     for name in ("bucket_cap_mb", "cycle_time_ms"):
         if settings.get(name) is not None:
@@ -128,6 +133,12 @@ def check(
     if unknown:
         raise ConfigurationError(f"comm: unknown settings {unknown}; the settings are {sorted(DEFAULTS)}")
     foreign = sorted(k for k in comm if k not in known)
+    if "reduction_servers" in foreign:
+        raise ConfigurationError(
+            f"comm: reduction_servers is for backend='torch' (a DDP communication hook sends the "
+            f"buckets to the servers); the {backend} backend has no hook for it (Horovod's public API "
+            "reduces inside its own C++ core): leave it out, or run the program on backend='torch'"
+        )
     if foreign:
         raise ConfigurationError(
             f"comm: {foreign} mean nothing to the {backend} backend (its settings: {list(known)}); "
@@ -139,6 +150,13 @@ def check(
             "comm: compression='bf16' needs the nccl backend (use_gpu=True); on CPU the ranks use gloo, "
             "which cannot all-reduce bfloat16: use 'fp16' or None"
         )
+    if comm.get("reduction_servers") and (use_gpu or comm.get("compression")):
+        raise ConfigurationError(
+            "comm: reduction_servers sum float32 gradients on CPU servers; "
+            + ("use_gpu=True is not taken with them yet (the servers would hold GPUs like the "
+               "workers)" if use_gpu else f"compression={comm['compression']!r} is not taken with them")
+            + ": leave one of the two out"
+        )  # fmt: skip
     if comm.get("hierarchical") and not use_gpu:
         raise ConfigurationError(
             "comm: hierarchical=True is Horovod's NCCL all-reduce (within a host, then across hosts); "

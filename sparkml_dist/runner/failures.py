@@ -58,7 +58,7 @@ class Monitor:
         self.on_timing: Callable[[Any, Dict[str, Any]], Any] = lambda rank, summary: None
         # a rank reached the rendezvous: (rank, its frame, its task's reply channel or None)
         self.on_rendezvous: Callable[[Any, Dict[str, Any], Any], Any] = lambda rank, msg, send: None
-        self.on_done: Callable[[Any], Any] = lambda rank: None  # a rank's task reported it done
+        self.on_returned: Callable[[Any], Any] = lambda rank: None  # with roles: rank 0's function returned
         # whether the executor of one of these ranks has left Spark (no report will come from them)
         self.executor_gone: Callable[[List[Any]], bool] = lambda ranks: False
         self._lock = threading.Lock()
@@ -118,7 +118,8 @@ class Monitor:
             self.finished.add(rank)
             if msg.get("left"):
                 self.left.add(rank)
-            self.on_done(rank)
+        elif kind == protocol.FRAME_RETURNED:
+            self.on_returned(rank)
         elif kind == protocol.FRAME_FAILED:
             self.add_failure(msg)
         elif kind == protocol.FRAME_TIMING:

@@ -51,7 +51,7 @@ REPLACES_ENV = "SPARKML_DIST_REPLACES"  # "n": this rank replaces one lost insid
 SPARE_ENV = "SPARKML_DIST_SPARE"  # "1": a rank started ahead, to take a lost rank's place (tasks.replace)
 HANDOVER_ENV = "SPARKML_DIST_HANDOVER"  # "1": a decommission notice makes the ranks save and hand over
 NOTICE_FILE = "decommission"  # written into rank 0's work directory when the driver sends FRAME_NOTICE
-ROLE_ENV = "SPARKML_DIST_ROLE"  # with roles (runner.roles): "chief", "worker" or "ps"
+ROLE_ENV = "SPARKML_DIST_ROLE"  # with roles (runner.roles): "chief", "worker", "ps" or "reducer"
 STOP_FILE = "stop"  # written into a server rank's work directory when the driver sends FRAME_STOP
 
 RANK_ENTRY = "from sparkml_dist.runner.tasks.rank import run; run()"
@@ -90,13 +90,14 @@ WORKDIR_MARK = "working directory on "  # a task's kept directory; the driver sh
 FRAME_LINE = "line"  # {"rank", "stream": stdout|stderr|log, "text"}
 FRAME_RENDEZVOUS = "rendezvous"  # {"rank"}
 FRAME_DONE = "done"  # {"rank"}
+FRAME_RETURNED = "returned"  # {"rank"}: with roles, rank 0's function returned (its process not yet ended)
 FRAME_METRICS = "metrics"  # {"rank", "step", "metrics"}
 FRAME_TIMING = "timing"  # {"rank", "host", "steps", "step_s", "data_s", "comm_s", "final"}: totals so far
 FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
 FRAME_ANNOUNCE = "announce"  # {"task", "ranks": its announce()s as a JSON list} (exchange "driver")
 FRAME_PEERS = "peers"  # driver -> task: {"tasks": every task's "ranks", in task order}
 FRAME_NOTICE = "notice"  # driver -> rank 0's task: {"executor", "host"}: an executor is decommissioned
-FRAME_STOP = "stop"  # driver -> a server's task (runner.roles): the chief is done, the servers end
+FRAME_STOP = "stop"  # driver -> a server's task (runner.roles): rank 0's function returned, the servers end
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
 

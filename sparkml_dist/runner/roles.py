@@ -1,4 +1,4 @@
-"""Roles beside the workers: a chief and parameter servers on the same barrier job.  [anywhere]
+"""Servers beside the workers: a chief and parameter servers, or reduction servers.  [anywhere]
 
 ``BarrierRunner(np, backend="tensorflow", roles={"ps": p, "chief": 1})`` runs TensorFlow's
 parameter-server topology (``tf.distribute.ParameterServerStrategy``): ``np`` counts the workers,
@@ -18,6 +18,11 @@ and parameter servers run a ``tf.distribute.Server`` and no user code
   parameter server or chief fails the run naming it (``max_restarts`` then starts it again from the
   checkpoint, as any failure).
 
+``BarrierRunner(np, comm={"reduction_servers": k})`` (torch) is the other topology
+(:func:`reduction`): no chief, ranks ``0 .. np-1`` the workers (every one runs the function), the
+last ``k`` ranks reduction servers (:mod:`sparkml_dist.runner.backends.reducers`); a lost one
+fails the run naming it.
+
 Example::
 
     roles = check({"ps": 1}, backends.get("tensorflow"), np=2)
@@ -35,29 +40,37 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from ..errors import ConfigurationError
 from . import protocol
 
-NAMES = {"chief": "chief", "worker": "worker", "ps": "parameter server"}
+NAMES = {"chief": "chief", "worker": "worker", "ps": "parameter server", "reducer": "reduction server"}
 _EXAMPLE = "roles={'ps': 2, 'chief': 1}"
 
 
 @dataclass(frozen=True)
 class Roles:
-    """How many ranks hold each role; ranks in the order chief, workers, parameter servers."""
+    """How many ranks hold each role; ranks in the order chief, workers, parameter servers,
+    reduction servers."""
 
     workers: int
     ps: int
     chief: int = 1
+    reducers: int = 0
 
     @property
     def world(self) -> int:
-        return self.chief + self.workers + self.ps
+        return self.chief + self.workers + self.ps + self.reducers
+
+    @property
+    def runs_function(self) -> str:
+        """The role whose ranks run the function: the chief, else every worker."""
+        return "chief" if self.chief else "worker"
 
     def of(self, rank: int) -> Tuple[str, int]:
         """Rank ``rank``'s role and its index among that role's ranks (``TF_CONFIG``'s task)."""
-        if rank < self.chief:
-            return "chief", rank
-        if rank < self.chief + self.workers:
-            return "worker", rank - self.chief
-        return "ps", rank - self.chief - self.workers
+        first = 0
+        for role, count in (("chief", self.chief), ("worker", self.workers), ("ps", self.ps)):
+            if rank < first + count:
+                return role, rank - first
+            first += count
+        return "reducer", rank - first
 
     def label(self, rank: int) -> str:
         role, index = self.of(rank)
@@ -75,12 +88,14 @@ class Roles:
     def describe(self) -> str:
         """``"1 chief + 2 workers + 1 parameter server = 4 tasks"``."""
         parts = [(self.chief, "chief"), (self.workers, "worker"), (self.ps, "parameter server")]
-        said = " + ".join(f"{n} {name}{'s' * (n > 1)}" for n, name in parts)
+        parts.append((self.reducers, "reduction server"))
+        said = " + ".join(f"{n} {name}{'s' * (n > 1)}" for n, name in parts if n)
         return f"{said} = {self.world} tasks"
 
     def survives(self, rank: int) -> bool:
-        """Whether the run goes on without this rank's process: a worker's work is re-scheduled."""
-        return self.of(rank)[0] == "worker"
+        """Whether the run goes on without this rank's process: a worker's work is re-scheduled
+        (by the chief's coordinator: without a chief, every rank is needed)."""
+        return self.chief > 0 and self.of(rank)[0] == "worker"
 
 
 def _count(name: str, value: Any, fix: str) -> int:
@@ -131,6 +146,37 @@ def check(
                 f"or slots like workers): leave {name} out, or run without roles"
             )
     return Roles(workers=abs(np), ps=ps, chief=chief)
+
+
+def reduction(comm: dict, np: int, min_np: Optional[int]) -> Optional[Roles]:
+    """The roles of a run with ``comm={"reduction_servers": k}`` (None without): ``np`` workers,
+    then ``k`` servers; refused with ``min_np`` (the servers' group is formed once)."""
+    servers = comm.get("reduction_servers")
+    if not servers:
+        return None
+    if min_np is not None:
+        raise ConfigurationError(
+            "min_np is not taken with comm={'reduction_servers': ...} yet (the workers' and servers' "
+            "group is formed for a fixed number of workers): leave min_np out, or the servers"
+        )
+    return Roles(workers=abs(np), ps=0, chief=0, reducers=int(servers))
+
+
+def refused_call(roles: Roles, return_all: bool) -> ConfigurationError:
+    """Why a run with ``roles`` takes no ``return_all`` or ``run_with_data`` (yet), and the fix."""
+    fix = "leave return_all out" if return_all else "use run(...) instead of run_with_data(...)"
+    if roles.chief:
+        return ConfigurationError(
+            "with roles the function runs on the chief only, and its tf.data pipeline (a "
+            "DatasetCreator's dataset_fn, which TensorFlow runs on the workers) reads the data: "
+            + ("leave return_all out (the chief's result is the run's)" if return_all else fix)
+        )
+    return ConfigurationError(
+        "with comm={'reduction_servers': ...} the job's last tasks are the servers, which run no "
+        "function and take no rows (not dealt apart from the workers' yet): "
+        + (fix + " (rank 0's result is the run's)" if return_all else fix + " and read each worker's "
+           "rows in the function (e.g. a Parquet file per rank)")
+    )  # fmt: skip
 
 
 class StopServers:

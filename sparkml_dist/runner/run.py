@@ -205,7 +205,7 @@ class Run:
         watch = decommission.Watch(spark, r.sink, self.handover) if decommission.classic(spark) else None
         if watch is not None:  # which executor runs each rank: a lost one is known at once
             monitor.on_rendezvous, monitor.executor_gone = watch.add, watch.gone
-        if r.roles is not None:  # the servers end once the chief's function is done
+        if r.roles is not None:  # the servers end once rank 0's function has returned
             _stop_servers_with_the_chief(monitor)
         ok = False
         try:
@@ -316,11 +316,12 @@ class _QuietChannel:
 
 def _stop_servers_with_the_chief(monitor: failures.Monitor) -> None:
     """With roles: each task's reply channel kept at its rank's rendezvous, and a stop sent to all
-    of them when rank 0 (the chief) is done (:class:`~sparkml_dist.runner.roles.StopServers`)."""
+    of them when rank 0's function returned (the chief's; with reduction servers, worker 0's):
+    :class:`~sparkml_dist.runner.roles.StopServers`."""
     stop, earlier = roles.StopServers(), monitor.on_rendezvous
 
     def reached(rank, msg, send):
         earlier(rank, msg, send)
         stop.reached(rank, send)
 
-    monitor.on_rendezvous, monitor.on_done = reached, stop.done
+    monitor.on_rendezvous, monitor.on_returned = reached, stop.done

@@ -187,13 +187,14 @@ class BarrierRunner:
         )
         self.roles = roles_.check(roles, spec, np, use_gpu=bool(use_gpu), min_np=min_np)
         self.np, self.backend = np, backend
-        self.world_size = self.roles.world if self.roles is not None else abs(np)  # every task's rank
         self.timeouts = settings.Timeouts.of(start_timeout, data_timeout, timeout, collective_timeout)
         gpus = admission.check_gpus_per_rank(gpus_per_rank, bool(use_gpu))
         self.placement = settings.Placement(bool(use_gpu), gpus, admission.check_nodes(nodes))
+        self.comm = comm_settings.check(comm, spec, self.placement.use_gpu, self.timeouts.collective)
+        self.roles = self.roles or roles_.reduction(self.comm, np, min_np)  # servers beside the workers
+        self.world_size = self.roles.world if self.roles is not None else abs(np)  # every task's rank
         self.logs = settings.Logs.of(admission.parse_log_ranks(log_ranks, self.world_size), log_dir)
         self.workdir = settings.WorkDir(work_dir, bool(clean_work_dir))
-        self.comm = comm_settings.check(comm, spec, self.placement.use_gpu, self.timeouts.collective)
         reserved = {**backends.reserved_env(), **comm_settings.reserved_env(self.comm, spec)}
         user = settings.check_env(env, reserved)
         self.env = settings.RankEnv(user=user, comm=comm_settings.rank_env(self.comm, spec))
@@ -261,14 +262,7 @@ class BarrierRunner:
 
         try:
             if self.roles is not None and (return_all or df is not None):
-                from ..errors import ConfigurationError
-
-                raise ConfigurationError(
-                    "with roles the function runs on the chief only, and its tf.data pipeline (a "
-                    "DatasetCreator's dataset_fn, which TensorFlow runs on the workers) reads the data: "
-                    + ("leave return_all out (the chief's result is the run's)" if return_all else
-                       "use run(...) instead of run_with_data(...)")
-                )  # fmt: skip
+                raise roles_.refused_call(self.roles, return_all)
             frameworks.check(main, self.backend)  # a missing framework, a program for another backend
             return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()
         except SparkMLDistError as exc:

@@ -188,3 +188,16 @@ def test_jax_and_keras_on_jax_train_what_one_process_trains(spark, table, world)
     pdf, path = table
     rows = [("jax", "plain_jax", GLOBAL, {}), ("keras-jax", "keras_jax", GLOBAL, {})]
     _assert_true(pdf, _launch(spark, path, world, rows, backend="jax"))
+
+
+@pytest.mark.parametrize("world, servers", [(2, 1), (4, 2)])
+def test_reduction_servers_train_what_one_process_trains(world, servers):
+    """DDP whose buckets the run's reduction servers sum (comm={"reduction_servers": k}); the
+    servers take no rows, so each worker reads its own (every world-th row of each global batch),
+    and rank 0 gathers what every worker's train steps saw. Local processes: world + servers
+    ranks are more than the pass's 2 slots."""
+    runner = BarrierRunner(-world, comm={"reduction_servers": servers}, timeout=240, log_ranks="none")
+    programs = [("servers", "torch_ddp", GLOBAL // world, {"own_rows": ROWS})]
+    per_rank = runner.run(truth.gathered, programs, EPOCHS)
+    assert len(per_rank) == world  # the workers' results: the servers run no function
+    _assert_true(truth.frame(ROWS), {"servers": [r["servers"] for r in per_rank]})

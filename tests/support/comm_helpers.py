@@ -286,3 +286,82 @@ def diloco_disagreeing(kind):
     except Exception as exc:  # noqa: BLE001 - the refusal is what the test reads
         return f"{type(exc).__name__}: {exc}"
     return "accepted"
+
+
+def _wide_net(width=300):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(FEATURES, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+
+
+def reduced_by_servers(steps=12, rows=16, bucket_cap_mb=None):
+    """``steps`` SGD steps of ``comm.ddp`` (the run's reduction servers sum the buckets) against
+    one process stepping on every rank's rows at once: the largest weight difference, the buckets
+    the servers summed and the gradient bytes this worker sent them."""
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel import comm, comm_reduction
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    rank, world = context().rank, context().world_size
+    model, ref = _wide_net(), _wide_net()  # the same weights: one per side
+    options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
+    net = comm.ddp(model, **options)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        X, y = _data(rank, rows, seed=step)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(net(X), y).backward()
+        opt.step()
+        Xs, ys = zip(*[_data(r, rows, seed=step) for r in range(world)])
+        ref_opt.zero_grad()
+        torch.nn.functional.mse_loss(ref(torch.cat(Xs)), torch.cat(ys)).backward()
+        ref_opt.step()
+    dist.barrier()
+    client = comm_reduction.Client.of_run()
+    return {
+        "diff": float((_flat(net.module) - _flat(ref)).abs().max()),
+        "buckets": net.buckets_reduced,
+        "summed": client.buckets,
+        "bytes": client.bytes_sent,
+        "params": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def kill_a_server_then_train():
+    """Rank 0 kills one reduction server (a process connected to the run's store that is no
+    worker) with SIGKILL once every worker wrapped its model, then every worker trains."""
+    import os
+    import signal
+
+    import psutil
+    import torch.distributed as dist
+
+    from sparkml_dist.parallel import comm
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    net = comm.ddp(_wide_net())  # the group of workers and servers is formed
+    workers = [None] * context().world_size
+    dist.all_gather_object(workers, os.getpid())
+    if context().rank == 0:
+        port = int(os.environ["MASTER_PORT"])
+        servers = {
+            c.pid
+            for c in psutil.net_connections("tcp")
+            if c.raddr and c.raddr.port == port and c.pid and c.pid not in workers
+        }
+        os.kill(min(servers), signal.SIGKILL)
+    for step in range(5):
+        X, y = _data(context().rank, 8, seed=step)
+        torch.nn.functional.mse_loss(net(X), y).backward()
+    return "trained"
+
+
+def plain_model_beside_servers():
+    """A function that never wraps its model with comm.ddp: the servers wait, then end with the run."""
+    from sparkml_dist.runner import context, init_process_group
+
+    init_process_group()
+    return context().world_size

@@ -194,7 +194,8 @@ def test_the_checker_finds_each_lie(tmp_path):
 # The feature rooms (sub-packages), the shared floor beneath them (the top-level modules and
 # formats/), and the front doors above (the command line, the drop-ins and facades): the floor
 # imports no room, and a room uses another room only through its package or its documented
-# modules (the runner's context, protocol, checkpoint and comm settings; an ensemble's persistence).
+# modules (the runner's context, protocol, checkpoint and comm settings, the reduction servers' wire
+# that parallel's DDP hook speaks; an ensemble's persistence).
 ROOMS = ("ensemble", "runner", "tune", "parallel", "search")
 FRONT_DOORS = (
     "cli", "horovod", "distributor", "tensorflow_distributor", "keras", "inference", "mlflow_flavor",
@@ -202,7 +203,7 @@ FRONT_DOORS = (
 )  # fmt: skip
 PUBLIC_MODULES = (
     "runner.context", "runner.protocol", "runner.checkpoint", "runner.comm_settings",
-    "ensemble.stored.persistence",
+    "runner.backends.reducers", "ensemble.stored.persistence",
 )  # fmt: skip
 
 

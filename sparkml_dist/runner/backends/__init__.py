@@ -32,6 +32,7 @@ from ...errors import ConfigurationError
 from ...gpus import gpu_env
 from ...host import network
 from .. import comm_settings, protocol, rendezvous
+from . import reducers
 from .base import COMMON_PEER_LOST, Backend, collective_timeout, report_first_call
 from .frameworks import JaxBackend, TensorFlowBackend, refuse_multi_worker_strategy
 
@@ -51,15 +52,19 @@ class TorchBackend(Backend):
         "powersgd_rank",
         "powersgd_start",
         "static_graph",
+        "reduction_servers",
     )
     compressions = comm_settings.COMPRESSIONS
     torch_group = True
     summary = "a torchrun-style script"
     env_defaults = {"KERAS_BACKEND": "torch"}  # Keras 3 programs (sparkml_dist.keras) run on torch
 
-    def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1):
-        keys = rendezvous.node_keys([p["host"] for p in peers], nodes, ranks_per_task)
-        all_gpus = [p["gpus"] for p in peers]
+    def rank_env(self, rank, peers, gpus, collective_timeout, nodes="host", ranks_per_task=1, roles=None):
+        workers = peers if roles is None else peers[: roles.workers]  # the torch world
+        keys = rendezvous.node_keys([p["host"] for p in workers], nodes, ranks_per_task)
+        if rank >= len(workers):  # a reduction server (backends.reducers): the store, its place
+            return reducers.server_env(rank, len(workers), peers[0]["host"], peers[0]["port"]), {}
+        all_gpus = [p["gpus"] for p in workers]
         return rendezvous.rank_env(rank, keys, peers[0]["host"], peers[0]["port"], all_gpus), {}
 
     warm_ranks = True
@@ -95,7 +100,12 @@ class TorchBackend(Backend):
         store_watch.watch(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), reached, within)
         report_first_call([dist], "init_process_group", reached)
         refuse_multi_worker_strategy(self.name)
+        if os.environ.get(protocol.ROLE_ENV) == reducers.ROLE:
+            return reducers.Server(reached)
         return state
+
+    def role_main(self, state):
+        return getattr(state, "serve", None)  # a reduction server (backends.reducers)
 
     def finish(self, state):
         """Rank 0 serves the store: it stays until its peers are done with it (a peer still in
@@ -103,7 +113,7 @@ class TorchBackend(Backend):
         agent outlives its workers; at most the collective timeout."""
         from . import store_watch
 
-        if state is not None:
+        if state is not None and not isinstance(state, reducers.Server):
             store_watch.wait_unserved(int(os.environ["MASTER_PORT"]), collective_timeout().total_seconds())
 
 

@@ -87,9 +87,10 @@ def main() -> int:
     from ..timing.clock import CLOCK
     from . import stall_watch
 
-    stall_watch.watch(threading.get_ident(), rank_channel.send_log)  # a rank that stops moving says where
-    timing.install()  # each step's data wait, compute and communication, whatever the framework
     serve = backend.role_main(state)  # a server of a run with roles (runner.roles): no user code
+    if serve is None:  # a server waits on its peers by design: not a stall
+        stall_watch.watch(threading.get_ident(), rank_channel.send_log)  # a rank that stops moving says where
+    timing.install()  # each step's data wait, compute and communication, whatever the framework
     result = fn(*args, **kwargs) if serve is None else serve(workdir)
     CLOCK.final(timing.last_landed())
     _finish_checkpoints()

@@ -86,6 +86,7 @@ class RankProcess:
         self.returned = False  # the function returned (its result written): EVENT_DONE
         self.seen: Dict[str, dict] = {}  # the last control event of each name (EVENT_ELASTIC, ...)
         self.on_event: Callable[[dict], None] = lambda ev: None  # each control event, as it comes
+        self.on_returned: Callable[[], None] = lambda: None  # EVENT_DONE, as it comes
         self._threads: List[threading.Thread] = []
         ctrl_r, ctrl_w = os.pipe()
         secret = uuid.uuid4().hex
@@ -196,6 +197,7 @@ class RankProcess:
                     self.called_exit = True
                 elif ev.get("event") == protocol.EVENT_DONE:
                     self.returned = True
+                    self.on_returned()
                 elif ev.get("event") == protocol.EVENT_METRICS:
                     if self._client is not None:
                         frame = {"type": protocol.FRAME_METRICS, "rank": self.rank}

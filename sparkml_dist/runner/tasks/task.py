@@ -136,6 +136,8 @@ class _RankTask:
             if listener is not None:  # the rank process holds its own copy
                 self.replacement.keep_listener(listener)
         self.replacement.arm(self.process)
+        if self.rank == 0 and spec.roles is not None:  # the servers stop once its function returns
+            self.process.on_returned = lambda: self._report(protocol.FRAME_RETURNED)
         if spec.channel is not None:
             self._connect_driver()
         log_path = (
@@ -202,7 +204,7 @@ class _RankTask:
         if ev is None and self.process.running and not self.cancelled():
             self.process.kill()
             self.process.join_output()
-            call = self.backend.roles_start_call if spec.roles is not None else self.backend.start_call
+            call = (spec.roles is not None and self.backend.roles_start_call) or self.backend.start_call
             raise self.fail(
                 f"{self.name} did not reach the rendezvous ({call}) "
                 f"within start_timeout={spec.timeouts.start}s",

@@ -1,0 +1,104 @@
+"""A worker's side of the reduction servers: DDP's buckets summed off the workers.  [rank]
+
+``BarrierRunner(np, comm={"reduction_servers": k})`` starts ``k`` CPU reduction servers beside
+the ``np`` workers (:mod:`sparkml_dist.runner.backends.reducers`); ``comm.ddp(model)`` then
+registers :func:`hook` instead of DDP's all-reduce. Each bucket is divided by the world size (as
+DDP's own hook does), cut into ``k`` contiguous shards, and shard ``j`` goes to server ``j``,
+which sends back the sum of every worker's shard ``j``. The sends and receives run on one
+communication thread per process, in the order DDP hands over its buckets, so the backward pass
+goes on computing meanwhile (the future DDP waits on completes when the sums are in).
+
+Each worker sends and receives each gradient byte once (a ring all-reduce: ``2 (np - 1) / np``
+times), and the sums are taken in rank order on the servers: the same as DDP's all-reduce within
+float32 rounding (the truth matrix's row, docs/truth.md).
+
+Example (what ``comm.ddp`` does when the run has reduction servers)::
+
+    client = Client.of_run()                     # one per process: the group of workers + servers
+    net.register_comm_hook(client, hook)
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from ..runner import comm_settings
+
+
+class Client:
+    """This worker's end of the group of workers and servers, and the thread that talks to them."""
+
+    _of_run: Optional["Client"] = None
+    _lock = threading.Lock()
+
+    def __init__(self, servers: int) -> None:
+        from ..runner.backends import reducers  # the wire the servers speak (a rank has it loaded)
+
+        self.wire = reducers
+        self.rank, self.workers, self.servers = dist.get_rank(), dist.get_world_size(), servers
+        self.pg = reducers.group(self.rank, self.workers, servers)
+        self.buckets = 0  # buckets summed by the servers
+        self.bytes_sent = 0  # gradient bytes this worker sent to the servers
+        self._queue: "queue.Queue" = queue.Queue()
+        threading.Thread(target=self._run, name="sparkml_dist-reduction-client", daemon=True).start()
+
+    @classmethod
+    def of_run(cls) -> "Client":
+        """The process's client for the run's servers (made on first use: every worker makes it
+        in the same call, ``comm.ddp``, so the group forms)."""
+        with cls._lock:
+            if cls._of_run is None:
+                cls._of_run = cls(servers_of_run())
+            return cls._of_run
+
+    def submit(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """A future of ``tensor`` summed over the workers (in place), once the servers answer."""
+        fut: torch.futures.Future = torch.futures.Future()
+        self._queue.put((tensor, fut))
+        return fut
+
+    def _run(self) -> None:
+        while True:
+            tensor, fut = self._queue.get()
+            try:
+                self._reduce(tensor)
+            except BaseException as exc:  # the backward pass that waits on it raises it
+                fut.set_exception(exc)
+            else:
+                fut.set_result(tensor)
+
+    def _reduce(self, tensor: torch.Tensor) -> None:
+        flat, wire = tensor.view(-1), self.wire
+        pieces = torch.tensor_split(flat, self.servers)
+        works, sums = [], []
+        for j, piece in enumerate(pieces):
+            server = self.workers + j
+            works.append(self.pg.send([wire.header(piece.numel(), piece.dtype)], server, wire.HEADER))
+            if piece.numel():
+                works.append(self.pg.send([piece.contiguous()], server, wire.SHARD))
+                out = torch.empty_like(piece)
+                works.append(self.pg.recv([out], server, wire.SUM))
+                sums.append((piece, out))
+            self.bytes_sent += piece.numel() * piece.element_size()
+        for w in works:
+            w.wait()
+        for piece, out in sums:
+            piece.copy_(out)
+        self.buckets += 1
+
+
+def hook(client: Client, bucket) -> torch.futures.Future:
+    """DDP's communication hook: the bucket's mean over the workers, summed by the servers."""
+    tensor = bucket.buffer()
+    tensor.div_(client.workers)  # as DDP's all-reduce hook: each worker's share, then the sum
+    return client.submit(tensor)
+
+
+def servers_of_run() -> int:
+    """How many reduction servers the run started (``comm={"reduction_servers": k}``; 0: none)."""
+    return int(comm_settings.of_run().get("reduction_servers") or 0)

@@ -1,0 +1,159 @@
+"""Reduction servers: the gradient sums the workers' DDP hook offloads, and the wire between them.  [rank]
+
+With ``BarrierRunner(np, comm={"reduction_servers": k})`` the job holds ``np + k`` barrier tasks:
+ranks ``0 .. np-1`` are the workers (they run the function; their torch world is the ``np`` of
+them) and ranks ``np .. np+k-1`` the reduction servers, CPU processes that run no user code
+(:class:`Server`). The worker's side is a DDP communication hook
+(:mod:`sparkml_dist.parallel.comm_reduction`, what ``comm.ddp`` registers): each gradient bucket is
+cut into ``k`` contiguous shards, shard ``j`` goes to server ``j``, which sums the ``np`` workers'
+shards in rank order and sends the sum back to each. A worker sends and receives each gradient
+byte once, where a ring all-reduce sends and receives ``2 (np - 1) / np`` of them; the servers'
+links carry ``np / k`` of a bucket each.
+
+Both sides meet in :func:`group`: a gloo process group of ``np + k`` members (the workers first,
+by their torch rank, then the servers) on its own prefix of the run's rendezvous store. Per bucket
+a worker sends each server a header (the shard's element count and its dtype's code) then the
+shard, and receives the sum; a server serves one bucket at a time, in the order the workers
+send them (DDP launches its buckets in the same order on every rank).
+
+A server ends when its task writes the stop file (the driver's ``FRAME_STOP``, sent once rank 0's
+function is done) and it holds no bucket half-served: by then every worker has sent its last
+bucket (rank 0 cannot have its last sums before the others sent theirs).
+
+Example::
+
+    pg = group(rank=5, workers=4, servers=2)       # in server 1 (rank 5 of the job)
+    Server(store_fd=None, reached=lambda: None).serve(workdir)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from typing import List, Optional
+
+from .. import comm_settings, protocol
+from .base import collective_timeout
+
+PREFIX = "sparkml_dist/reduction_servers/"  # the group's keys in the run's store
+HEADER, SHARD, SUM = 0, 1, 2  # the tags of a bucket's messages
+DTYPES = ("float32", "float64", "float16", "bfloat16")  # a header's dtype code: the index here
+POLL_S = 0.1  # how often a server looks for its stop file
+ROLE = "reducer"  # protocol.ROLE_ENV of a server's rank
+
+
+def server_env(rank: int, workers: int, master_addr: str, master_port: int) -> dict:
+    """A server rank's environment: the run's store, its place after the ``workers``, no GPU."""
+    return {
+        "MASTER_ADDR": master_addr,
+        "MASTER_PORT": str(master_port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(workers),  # the torch world is the workers'
+        protocol.ROLE_ENV: ROLE,
+        "CUDA_VISIBLE_DEVICES": "",
+    }
+
+
+def group(rank: int, workers: int, servers: int):
+    """The gloo group of the workers and the servers (``rank``: the member's place in it: a
+    worker's torch rank, ``workers + j`` for server ``j``), on the run's store."""
+    import torch.distributed as dist
+
+    timeout = collective_timeout()
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    return dist.ProcessGroupGloo(dist.PrefixStore(PREFIX, store), rank, workers + servers, timeout)
+
+
+def header(numel: int, dtype):
+    import torch
+
+    return torch.tensor([numel, DTYPES.index(str(dtype).replace("torch.", ""))], dtype=torch.int64)
+
+
+def _wait(works) -> None:
+    for w in works:
+        w.wait()
+
+
+class Server:
+    """A reduction server's rank: sums the workers' shards until the run ends."""
+
+    def __init__(self, reached) -> None:
+        self.reached = reached
+        self.workers = int(os.environ["WORLD_SIZE"])  # the torch world: the workers
+        self.rank = int(os.environ["RANK"])  # this server's place in the group: workers + its index
+        self.servers = int(comm_settings.of_run()["reduction_servers"])
+        self.busy = False  # a bucket received and its sums not yet all sent
+        self.formed = False  # every worker joined the group
+        self.served = 0  # buckets summed
+        self.error: Optional[BaseException] = None
+
+    @property
+    def index(self) -> int:
+        return self.rank - self.workers
+
+    def serve(self, workdir: str) -> None:
+        worker = threading.Thread(target=self._guarded, name="sparkml_dist-reduction", daemon=True)
+        worker.start()
+        stop = os.path.join(workdir, protocol.STOP_FILE)
+        while worker.is_alive() and not os.path.exists(stop):
+            time.sleep(POLL_S)
+        end = time.monotonic() + collective_timeout().total_seconds()
+        while worker.is_alive() and self.busy and time.monotonic() < end:  # the last sums go out
+            time.sleep(POLL_S / 10)
+        if self.error is not None:
+            raise self.error
+        if not self.formed:
+            print(
+                f"reduction server {self.index}: no worker joined (a model wrapped with "
+                "sparkml_dist.parallel.comm.ddp sends its gradients here; plain "
+                "DistributedDataParallel all-reduces among the workers)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def _guarded(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # the rank fails with it: the main thread raises it
+            self.error = exc
+
+    def _loop(self) -> None:
+        import torch
+
+        self.reached()  # the store is joined by the group's first step
+        pg = group(self.rank, self.workers, self.servers)
+        self.formed = True
+        n = self.workers
+        while True:
+            heads = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
+            _wait([pg.recv([h], w, HEADER) for w, h in enumerate(heads)])
+            self.busy = True
+            numel, code = _agreed(heads, self.index)
+            dtype = getattr(torch, DTYPES[code])
+            parts = [torch.empty(numel, dtype=dtype) for _ in range(n)]
+            if numel:
+                _wait([pg.recv([p], w, SHARD) for w, p in enumerate(parts)])
+            total = parts[0]
+            for p in parts[1:]:
+                total += p  # in rank order: the same sum on every run
+            if numel:
+                _wait([pg.send([total], w, SUM) for w in range(n)])
+            self.served += 1
+            self.busy = False
+
+
+def _agreed(heads: List, index: int):
+    """The shard's size and dtype, the same from every worker, or an error naming the mismatch."""
+    seen = {(int(h[0]), int(h[1])) for h in heads}
+    if len(seen) != 1:
+        said = ", ".join(f"worker {w}: {int(h[0])} x {DTYPES[int(h[1])]}" for w, h in enumerate(heads))
+        raise RuntimeError(
+            f"reduction server {index}: the workers sent different buckets ({said}): every worker must "
+            "wrap the same model with comm.ddp and step it the same number of times"
+        )
+    return seen.pop()

@@ -1,0 +1,71 @@
+"""Reduction servers (``BarrierRunner(np, comm={"reduction_servers": k})``): CPU ranks beside the
+workers that sum DDP's buckets, on real gloo ranks (local processes of the runner, np < 0). The
+same answer as one process is the truth matrix's row (tests/spark/test_truth.py)."""
+
+import re
+
+import pytest
+
+from sparkml_dist.errors import ConfigurationError, WorkerError
+from sparkml_dist.runner import BarrierRunner
+from tests.support import comm_helpers as ch
+
+pytestmark = pytest.mark.slow
+
+
+def test_the_servers_sum_every_bucket_and_each_worker_sends_each_gradient_byte_once():
+    """3 workers, 2 servers, 2 KB buckets: several buckets a step, in DDP's order on every rank.
+    Slow (~10 s): five rank processes."""
+    runner = BarrierRunner(-3, comm={"reduction_servers": 2}, timeout=180, log_ranks="none")
+    assert runner.world_size == 5
+    out = runner.run(ch.reduced_by_servers, 8, 16, 0.002)
+    assert out["diff"] < 1e-5  # = one process stepping on the 3 workers' rows at once
+    assert out["buckets"] == out["summed"] > 8  # every bucket DDP handed over came back summed
+    # each gradient byte sent once (a ring all-reduce sends 2 (n - 1) / n of them: 1.33 at 3)
+    assert out["bytes"] == 8 * out["params"] * 4
+
+
+def test_servers_beside_a_function_that_never_uses_them_end_with_the_run_and_say_why():
+    lines = []
+    runner = BarrierRunner(
+        -2, comm={"reduction_servers": 1}, timeout=120, log_ranks="all", log_sink=lines.append
+    )
+    assert runner.run(ch.plain_model_beside_servers) == 2  # the workers' world: the servers are not in it
+    assert "reduction server 0: no worker joined" in "".join(lines)
+
+
+def test_a_killed_server_fails_the_run_naming_it():
+    runner = BarrierRunner(-2, comm={"reduction_servers": 2}, timeout=120, log_ranks="none")
+    with pytest.raises(WorkerError) as err:
+        runner.run(ch.kill_a_server_then_train)
+    said = str(err.value)
+    assert re.match(r"rank [23] \(reduction server [01]\) was killed by signal 9", said), said
+
+
+@pytest.mark.parametrize(
+    "kwargs,says",
+    [
+        (dict(backend="horovod"), "reduction_servers is for backend='torch'"),
+        (dict(use_gpu=True), "use_gpu=True is not taken with them yet"),
+        (dict(comm={"compression": "fp16"}), "compression='fp16' is not taken with them"),
+        (dict(min_np=1, max_restarts=1), "min_np is not taken with comm={'reduction_servers'"),
+        (dict(comm={"reduction_servers": 0}), "reduction_servers must be a positive integer"),
+        (dict(comm={"reduction_servers": True}), "reduction_servers must be a positive integer"),
+        (dict(comm={"reduction_servers": 10**6}), "must be a positive integer (finite, <= 1024)"),
+    ],
+)
+def test_what_the_servers_do_not_take_is_refused_on_the_driver_naming_it(kwargs, says):
+    comm = {"reduction_servers": 2, **kwargs.pop("comm", {})}
+    with pytest.raises(ConfigurationError) as info:
+        BarrierRunner(-2, comm=comm, **kwargs)
+    assert says in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("call", ["run_with_data", "return_all"])
+def test_run_with_data_and_return_all_are_refused_before_any_rank_starts(call):
+    runner = BarrierRunner(-2, comm={"reduction_servers": 1})
+    with pytest.raises(ConfigurationError, match="the servers, which run no function and take no rows"):
+        if call == "return_all":
+            runner.run(ch.plain_model_beside_servers, return_all=True)
+        else:
+            runner.run_with_data(object(), ch.plain_model_beside_servers)
