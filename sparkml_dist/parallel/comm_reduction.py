@@ -44,8 +44,10 @@ class Client:
         self.pg = reducers.group(self.rank, self.workers, servers)
         self.buckets = 0  # buckets summed by the servers
         self.bytes_sent = 0  # gradient bytes this worker sent to the servers
-        self._queue: "queue.Queue" = queue.Queue()
-        threading.Thread(target=self._run, name="sparkml_dist-reduction-client", daemon=True).start()
+        self._queue: "queue.Queue" = queue.Queue()  # buckets to send
+        self._posted: "queue.Queue" = queue.Queue()  # buckets sent, their sums awaited
+        threading.Thread(target=self._post, name="sparkml_dist-reduction-post", daemon=True).start()
+        threading.Thread(target=self._complete, name="sparkml_dist-reduction-sums", daemon=True).start()
 
     @classmethod
     def of_run(cls) -> "Client":
@@ -62,34 +64,46 @@ class Client:
         self._queue.put((tensor, fut))
         return fut
 
-    def _run(self) -> None:
+    def _post(self) -> None:
+        """Each bucket's chunks sent as DDP hands them over, without waiting for earlier sums."""
         while True:
             tensor, fut = self._queue.get()
             try:
-                self._reduce(tensor)
+                pending = self._send(tensor)
             except BaseException as exc:  # the backward pass that waits on it raises it
                 fut.set_exception(exc)
             else:
-                fut.set_result(tensor)
+                self._posted.put((tensor, fut, pending))
 
-    def _reduce(self, tensor: torch.Tensor) -> None:
-        flat, wire = tensor.view(-1), self.wire
-        pieces = torch.tensor_split(flat, self.servers)
-        works, sums = [], []
-        for j, piece in enumerate(pieces):
+    def _send(self, tensor: torch.Tensor):
+        """Every chunk of ``tensor``'s shards posted to its server, and a receive for its sum:
+        (the operations, (chunk, sum) pairs)."""
+        wire, works, sums = self.wire, [], []
+        for j, piece in enumerate(torch.tensor_split(tensor.view(-1), self.servers)):
             server = self.workers + j
-            works.append(self.pg.send([wire.header(piece.numel(), piece.dtype)], server, wire.HEADER))
-            if piece.numel():
-                works.append(self.pg.send([piece.contiguous()], server, wire.SHARD))
-                out = torch.empty_like(piece)
+            for chunk in torch.split(piece, wire.CHUNK):
+                works.append(self.pg.send([wire.header(chunk.numel(), chunk.dtype)], server, wire.HEADER))
+                works.append(self.pg.send([chunk], server, wire.SHARD))
+                out = torch.empty_like(chunk)
                 works.append(self.pg.recv([out], server, wire.SUM))
-                sums.append((piece, out))
-            self.bytes_sent += piece.numel() * piece.element_size()
-        for w in works:
-            w.wait()
-        for piece, out in sums:
-            piece.copy_(out)
-        self.buckets += 1
+                sums.append((chunk, out))
+                self.bytes_sent += chunk.numel() * chunk.element_size()
+        return works, sums
+
+    def _complete(self) -> None:
+        """Each bucket's future completed, in DDP's order, once all its sums are in."""
+        while True:
+            tensor, fut, (works, sums) = self._posted.get()
+            try:
+                for w in works:
+                    w.wait()
+                for chunk, out in sums:
+                    chunk.copy_(out)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                self.buckets += 1
+                fut.set_result(tensor)
 
 
 def hook(client: Client, bucket) -> torch.futures.Future:

@@ -59,9 +59,13 @@ class Roles:
         return self.chief + self.workers + self.ps + self.reducers
 
     @property
-    def runs_function(self) -> str:
-        """The role whose ranks run the function: the chief, else every worker."""
-        return "chief" if self.chief else "worker"
+    def readers(self) -> int:
+        """The ranks that run the function (the first ones): the chief, else every worker; with
+        reduction servers they are ``run_with_data``'s data ranks, the servers read no rows."""
+        return self.chief or self.workers
+
+    def runs(self, rank: int) -> bool:
+        return rank < self.readers
 
     def of(self, rank: int) -> Tuple[str, int]:
         """Rank ``rank``'s role and its index among that role's ranks (``TF_CONFIG``'s task)."""
@@ -162,20 +166,16 @@ def reduction(comm: dict, np: int, min_np: Optional[int]) -> Optional[Roles]:
     return Roles(workers=abs(np), ps=0, chief=0, reducers=int(servers))
 
 
-def refused_call(roles: Roles, return_all: bool) -> ConfigurationError:
-    """Why a run with ``roles`` takes no ``return_all`` or ``run_with_data`` (yet), and the fix."""
-    fix = "leave return_all out" if return_all else "use run(...) instead of run_with_data(...)"
-    if roles.chief:
-        return ConfigurationError(
-            "with roles the function runs on the chief only, and its tf.data pipeline (a "
-            "DatasetCreator's dataset_fn, which TensorFlow runs on the workers) reads the data: "
-            + ("leave return_all out (the chief's result is the run's)" if return_all else fix)
-        )
+def refused_call(roles: Optional[Roles], return_all: bool, data: bool) -> Optional[ConfigurationError]:
+    """Why a run with TensorFlow's roles takes no ``return_all`` or ``run_with_data``, and the fix
+    (None: taken; with reduction servers the workers return and read the rows)."""
+    if roles is None or not roles.chief or not (return_all or data):
+        return None
     return ConfigurationError(
-        "with comm={'reduction_servers': ...} the job's last tasks are the servers, which run no "
-        "function and take no rows (not dealt apart from the workers' yet): "
-        + (fix + " (rank 0's result is the run's)" if return_all else fix + " and read each worker's "
-           "rows in the function (e.g. a Parquet file per rank)")
+        "with roles the function runs on the chief only, and its tf.data pipeline (a "
+        "DatasetCreator's dataset_fn, which TensorFlow runs on the workers) reads the data: "
+        + ("leave return_all out (the chief's result is the run's)" if return_all else
+           "use run(...) instead of run_with_data(...)")
     )  # fmt: skip
 
 

@@ -147,7 +147,7 @@ class Run:
         """(the TaskSpec's ``data``, the DataFrame whose partition r is task r's rows or None)."""
         if self.data is None:
             return None, None
-        return self.data.deal(self.world, self.per_task, deadline)
+        return self.data.deal(self.world, self.per_task, deadline, readers=len(self._returning()))
 
     def _task_spec(self, run_id: str, channel: Tuple[str, int], secret: bytes, data) -> TaskSpec:
         r, spark = self.runner, self.spark
@@ -213,7 +213,7 @@ class Run:
             spec = replace(spec, exchange=peer_exchange.mode(spark, host))
             with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
                 table = self.launcher.launch(r, data_df, spec, monitor, deadline)
-            ranks = range(self.world) if self.return_all else [0]
+            ranks = self._returning() if self.return_all else [0]
             results = collection.decode(table, ranks, what="rank")
             quiet.check()
             ok = True
@@ -232,8 +232,13 @@ class Run:
             if server.dropped:  # never silently: how many, whose, and where every line is
                 r.sink(_not_shown(server.lines.not_shown(), r.logs.directory))
         if self.return_all:
-            return [results[(k, 0)] for k in range(self.world)]
+            return [results[(k, 0)] for k in self._returning()]
         return results[(0, 0)]
+
+    def _returning(self) -> range:
+        """The ranks that run the function (all but reduction servers), whose results return_all gives."""
+        roles = self.runner.roles
+        return range(roles.readers if roles is not None else self.world)
 
     def _report_times(self, board, ok: bool) -> None:
         """The attempt's per-rank step times: the run's report (``last_run()``), its straggler line

@@ -249,10 +249,11 @@ class BarrierRunner:
         give the same samples at every step on any world size it is a multiple of, and to resume
         a checkpoint's position on another world size.  See :mod:`sparkml_dist.runner.data.loader`.
         """
-        replicas = admission.check_replicas(replicas, self.world_size)
+        readers = self.roles.readers if self.roles is not None else self.world_size  # not the servers
+        replicas = admission.check_replicas(replicas, readers)
         if streams is not None:
             arg_checks.integer("streams", streams, 1)
-            check_streams(streams, replicas or self.world_size)
+            check_streams(streams, replicas or readers)
         return self._run(df, main, args, kwargs, return_all, replicas, streams)
 
     # ------------------------------------------------------------------ running
@@ -261,8 +262,9 @@ class BarrierRunner:
         from .backends import needs as frameworks
 
         try:
-            if self.roles is not None and (return_all or df is not None):
-                raise roles_.refused_call(self.roles, return_all)
+            refused = roles_.refused_call(self.roles, return_all, df is not None)
+            if refused is not None:
+                raise refused
             frameworks.check(main, self.backend)  # a missing framework, a program for another backend
             return Run(self, df, main, args, kwargs, return_all, replicas, streams).execute()
         except SparkMLDistError as exc:

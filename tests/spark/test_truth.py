@@ -190,14 +190,18 @@ def test_jax_and_keras_on_jax_train_what_one_process_trains(spark, table, world)
     _assert_true(pdf, _launch(spark, path, world, rows, backend="jax"))
 
 
+@pytest.mark.parametrize("how", ["parquet", "exact"])
 @pytest.mark.parametrize("world, servers", [(2, 1), (4, 2)])
-def test_reduction_servers_train_what_one_process_trains(world, servers):
-    """DDP whose buckets the run's reduction servers sum (comm={"reduction_servers": k}); the
-    servers take no rows, so each worker reads its own (every world-th row of each global batch),
-    and rank 0 gathers what every worker's train steps saw. Local processes: world + servers
+def test_reduction_servers_train_what_one_process_trains(spark, table, how, world, servers):
+    """DDP whose buckets the run's reduction servers sum (comm={"reduction_servers": k}): the rows
+    dealt to the workers only, read in place or through Spark. Local processes: world + servers
     ranks are more than the pass's 2 slots."""
-    runner = BarrierRunner(-world, comm={"reduction_servers": servers}, timeout=240, log_ranks="none")
-    programs = [("servers", "torch_ddp", GLOBAL // world, {"own_rows": ROWS})]
-    per_rank = runner.run(truth.gathered, programs, EPOCHS)
+    pdf, path = table
+    df, options = _data(spark, path, how)
+    runner = BarrierRunner(
+        -world, comm={"reduction_servers": servers}, timeout=240, log_ranks="none", **options
+    )
+    programs = _programs(world, [("servers", "torch_ddp", GLOBAL, {})])
+    per_rank = runner.run_with_data(df, truth.several, programs, EPOCHS, return_all=True)
     assert len(per_rank) == world  # the workers' results: the servers run no function
-    _assert_true(truth.frame(ROWS), {"servers": [r["servers"] for r in per_rank]})
+    _assert_true(pdf, {"servers": [r["servers"] for r in per_rank]})

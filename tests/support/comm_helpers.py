@@ -364,4 +364,4 @@ def plain_model_beside_servers():
     from sparkml_dist.runner import context, init_process_group
 
     init_process_group()
-    return context().world_size
+    return context().rank, context().world_size

@@ -96,37 +96,9 @@ def _epoch_batches(batch, epochs, options):
     """This rank's (x, y) numpy batches, epoch after epoch: x is [id, features], y (b, 1)."""
     from sparkml_dist.runner import shard
 
-    if "own_rows" in options:  # no shard: the rank reads its rows itself
-        yield from _own_rows(batch, epochs, options["own_rows"])
-        return
     loader = shard().dataloader(batch, COLUMNS + ["y"], seed=3, transform=_xy, **options.get("loader", {}))
     for _ in range(epochs):
         yield from loader
-
-
-def _own_rows(batch, epochs, rows):
-    """Without ``run_with_data`` (reduction servers take no rows): every rank makes the table of
-    ``rows`` rows, shuffles it alike each epoch and takes every world-th row of each global batch."""
-    from sparkml_dist.runner import context
-
-    rank, world = context().rank, context().world_size
-    pdf = frame(rows)
-    for epoch in range(epochs):
-        order = np.random.default_rng(epoch).permutation(rows)
-        for start in range(0, rows, batch * world):
-            mine = pdf.iloc[order[start : start + batch * world][rank::world]]
-            yield _xy({c: mine[c].to_numpy() for c in COLUMNS + ["y"]})
-
-
-def gathered(programs, epochs):
-    """:func:`several` on every rank, every rank's results gathered on each (``return_all``
-    without the runner: a run with reduction servers returns rank 0's)."""
-    import torch.distributed as dist
-
-    out = several(programs, epochs)
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, out)
-    return every
 
 
 def _xy(values):

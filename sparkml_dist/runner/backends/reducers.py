@@ -11,10 +11,13 @@ byte once, where a ring all-reduce sends and receives ``2 (np - 1) / np`` of the
 links carry ``np / k`` of a bucket each.
 
 Both sides meet in :func:`group`: a gloo process group of ``np + k`` members (the workers first,
-by their torch rank, then the servers) on its own prefix of the run's rendezvous store. Per bucket
-a worker sends each server a header (the shard's element count and its dtype's code) then the
-shard, and receives the sum; a server serves one bucket at a time, in the order the workers
-send them (DDP launches its buckets in the same order on every rank).
+by their torch rank, then the servers) on its own prefix of the run's rendezvous store. A shard
+travels in chunks of at most :data:`CHUNK` elements: per chunk a worker sends its server a header
+(the element count and the dtype's code) then the chunk, and receives the sum. A server serves
+one chunk a round, in the order the workers send them (DDP launches its buckets in the same order
+on every rank), and receives the next rounds while a round's sums go out (:data:`IN_FLIGHT`
+rounds at most; gloo moves a message once its receiver has posted for it): a link carries
+chunks up and sums down at once, as the ring's full-duplex steps do.
 
 A server ends when its task writes the stop file (the driver's ``FRAME_STOP``, sent once rank 0's
 function is done) and it holds no bucket half-served: by then every worker has sent its last
@@ -29,6 +32,7 @@ Example::
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import threading
 import time
@@ -41,6 +45,8 @@ PREFIX = "sparkml_dist/reduction_servers/"  # the group's keys in the run's stor
 HEADER, SHARD, SUM = 0, 1, 2  # the tags of a bucket's messages
 DTYPES = ("float32", "float64", "float16", "bfloat16")  # a header's dtype code: the index here
 POLL_S = 0.1  # how often a server looks for its stop file
+CHUNK = 1 << 20  # elements a message holds at most: the next chunks come in while a chunk's sums go out
+IN_FLIGHT = 4  # rounds whose sums may still be going out while the server receives the next
 ROLE = "reducer"  # protocol.ROLE_ENV of a server's rank
 
 
@@ -87,7 +93,10 @@ class Server:
         self.workers = int(os.environ["WORLD_SIZE"])  # the torch world: the workers
         self.rank = int(os.environ["RANK"])  # this server's place in the group: workers + its index
         self.servers = int(comm_settings.of_run()["reduction_servers"])
-        self.busy = False  # a bucket received and its sums not yet all sent
+        self.mid_round = False  # a round's headers received, its sums not yet posted
+        self.sent = 0  # rounds whose sums have all gone out
+        self._sends: "queue.Queue" = queue.Queue()  # each round's sums and their sends, in order
+        self._room = threading.Semaphore(IN_FLIGHT)  # rounds whose sums may still be going out
         self.formed = False  # every worker joined the group
         self.served = 0  # buckets summed
         self.error: Optional[BaseException] = None
@@ -96,11 +105,19 @@ class Server:
     def index(self) -> int:
         return self.rank - self.workers
 
+    @property
+    def busy(self) -> bool:
+        """A round received and its sums not all sent yet."""
+        return self.mid_round or self.sent < self.served
+
     def serve(self, workdir: str) -> None:
-        worker = threading.Thread(target=self._guarded, name="sparkml_dist-reduction", daemon=True)
-        worker.start()
+        worker = threading.Thread(target=self._guarded, args=(self._loop,), name="sparkml_dist-reduction")
+        sums = threading.Thread(target=self._guarded, args=(self._drain,), name="sparkml_dist-reduction-sums")
+        for t in (worker, sums):
+            t.daemon = True
+            t.start()
         stop = os.path.join(workdir, protocol.STOP_FILE)
-        while worker.is_alive() and not os.path.exists(stop):
+        while worker.is_alive() and sums.is_alive() and not os.path.exists(stop):
             time.sleep(POLL_S)
         end = time.monotonic() + collective_timeout().total_seconds()
         while worker.is_alive() and self.busy and time.monotonic() < end:  # the last sums go out
@@ -116,11 +133,19 @@ class Server:
                 flush=True,
             )
 
-    def _guarded(self) -> None:
+    def _guarded(self, loop) -> None:
         try:
-            self._loop()
+            loop()
         except BaseException as exc:  # the rank fails with it: the main thread raises it
             self.error = exc
+
+    def _drain(self) -> None:
+        """Each round's sends waited on, in order: a round is served once its sums have gone out."""
+        while True:
+            _total, works = self._sends.get()
+            _wait(works)
+            self.sent += 1
+            self._room.release()
 
     def _loop(self) -> None:
         import torch
@@ -129,27 +154,27 @@ class Server:
         pg = group(self.rank, self.workers, self.servers)
         self.formed = True
         n = self.workers
-        while True:
+        while True:  # one round a chunk: its sums go out while the next chunks come in
             heads = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
             _wait([pg.recv([h], w, HEADER) for w, h in enumerate(heads)])
-            self.busy = True
+            self.mid_round = True
             numel, code = _agreed(heads, self.index)
-            dtype = getattr(torch, DTYPES[code])
-            parts = [torch.empty(numel, dtype=dtype) for _ in range(n)]
-            if numel:
-                _wait([pg.recv([p], w, SHARD) for w, p in enumerate(parts)])
+            parts = [torch.empty(numel, dtype=getattr(torch, DTYPES[code])) for _ in range(n)]
+            _wait([pg.recv([p], w, SHARD) for w, p in enumerate(parts)])
             total = parts[0]
             for p in parts[1:]:
                 total += p  # in rank order: the same sum on every run
-            if numel:
-                _wait([pg.send([total], w, SUM) for w in range(n)])
+            self._room.acquire()
+            self._sends.put((total, [pg.send([total], w, SUM) for w in range(n)]))
             self.served += 1
-            self.busy = False
+            self.mid_round = False
 
 
 def _agreed(heads: List, index: int):
-    """The shard's size and dtype, the same from every worker, or an error naming the mismatch."""
+    """The chunk's size and dtype, the same from every worker, or an error naming the mismatch."""
     seen = {(int(h[0]), int(h[1])) for h in heads}
+    if any(not 0 < numel <= CHUNK or not 0 <= code < len(DTYPES) for numel, code in seen):
+        raise RuntimeError(f"reduction server {index}: a header that no worker of this run sends: {seen}")
     if len(seen) != 1:
         said = ", ".join(f"worker {w}: {int(h[0])} x {DTYPES[int(h[1])]}" for w, h in enumerate(heads))
         raise RuntimeError(

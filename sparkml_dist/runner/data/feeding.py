@@ -138,6 +138,8 @@ def _feed(members: list, batches: Iterable[pa.RecordBatch]) -> Tuple[List[Dict[s
         else:
             _spill(members, where, batches)
         for i, (m, w, env) in enumerate(zip(members, where, envs)):
+            if not w["streams"]:  # past the data ranks (a reduction server): no shard
+                continue
             rows[i] = sum(streams.sizes[c] for c in w["streams"])
             path = os.path.join(m.workdir, protocol.SHARD_FILE)
             write_manifest(path, **w)

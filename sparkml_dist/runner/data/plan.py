@@ -36,11 +36,12 @@ class Data:
     local: bool = False  # every rank runs on this machine (local processes)
     staged: Optional[staging.Staged] = field(default=None, repr=False)  # written once per run
 
-    def deal(self, world: int, per_task: int, deadline):
-        """(the TaskSpec's ``data``, the DataFrame whose partition t is task t's rows, or None)."""
+    def deal(self, world: int, per_task: int, deadline, readers: Optional[int] = None):
+        """(the TaskSpec's ``data``, the DataFrame whose partition t is task t's rows, or None);
+        ``readers``: the first ranks, which read the rows (the others, reduction servers, none)."""
         from ..deadlines import within
 
-        r, cut = self.runner, (world, self.replicas, self.streams)
+        r, cut = self.runner, (readers or world, self.replicas, self.streams)
         with within(self.df.sparkSession, deadline, "dealing the DataFrame's rows to ranks"):
             if r.read_files:
                 scan = self.staged.df if self.staged else self.scan
@@ -49,7 +50,9 @@ class Data:
                     files = self._stage(why, cut)
                 if files is not None:
                     return files, None
-            return sharding.spark_shards(self.df, world, r.seed, per_task, self.replicas, self.streams)
+            return sharding.spark_shards(
+                self.df, world, r.seed, per_task, self.replicas, self.streams, readers=readers
+            )
 
     def _stage(self, not_files: str, cut):
         """Not a plain Parquet scan: the rows written once as Parquet and read from there (once

@@ -140,14 +140,16 @@ def spark_shards(
     per_task: int = 1,
     replicas: Optional[int] = None,
     streams: Optional[int] = None,
+    readers: Optional[int] = None,
 ):
     """``(SparkRows, rows)``: ``rows`` has ``world / per_task`` partitions, task t's holding the
     streams of its ranks (``t*per_task ...``), each row with its stream in ``GROUP_COL``, sorted by
-    stream then by the rows' keys; a stream several tasks read (replicas) is copied to each.  The
+    stream then by the rows' keys; a stream several tasks read (replicas) is copied to each; the
+    ranks from ``readers`` on (reduction servers) read none.  The
     streams are contiguous ranges of the rows' one order (:func:`sparkml_dist.runner.data.range_deal.ranges`):
     one job counts the rows, one shuffle moves them.  Lazy but for that job."""
     _check_hashable(df.schema)
-    data_world, per, count = layout(world, replicas, streams)
+    data_world, per, count = layout(readers or world, replicas, streams)
     of = Streams((0,) * count, data_world, per).of
     tasks = world // per_task
     readers = [sorted({r // per_task for r in range(world) if c in of(r)}) for c in range(count)]

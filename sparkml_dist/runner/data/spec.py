@@ -34,8 +34,11 @@ class Streams:
         return rank // self.per_data_rank
 
     def of(self, rank: int) -> Tuple[int, ...]:
-        """The streams rank ``rank`` reads."""
-        return rank_streams(self.data_rank(rank), self.data_world, len(self.sizes))
+        """The streams rank ``rank`` reads (none past the data ranks': a reduction server's)."""
+        data_rank = self.data_rank(rank)
+        if data_rank >= self.data_world:
+            return ()
+        return rank_streams(data_rank, self.data_world, len(self.sizes))
 
 
 @dataclass(frozen=True)

@@ -216,7 +216,8 @@ class _RankTask:
 
     @property
     def _returns(self) -> bool:
-        return self.rank == 0 or self.spec.return_all
+        roles = self.spec.roles  # a server runs no function: it returns nothing
+        return self.rank == 0 or (self.spec.return_all and (roles is None or roles.runs(self.rank)))
 
     def _no_result(self) -> bool:
         return self._returns and not os.path.exists(os.path.join(self.workdir, protocol.RESULT_FILE))
