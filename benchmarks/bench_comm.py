@@ -106,7 +106,7 @@ def train(setting, hidden, steps, warmup=5):
     for step in range(warmup + steps):
         if step == warmup:
             barrier()
-            started, wire = time.perf_counter(), wire_bytes()
+            started, wire, resent = time.perf_counter(), wire_bytes(), retransmits()
             sent = metered.enter_context(traffic.meter())  # what the timed steps hand to collectives
         x = torch.randn(per_rank, FEATURES, generator=g)
         y = (x @ W).argmax(1)
@@ -123,7 +123,7 @@ def train(setting, hidden, steps, warmup=5):
             outer.step()
         losses.append(loss.item() * accumulate)
     metered.close()
-    wire = wire_bytes() - wire  # before the barrier: its bytes are not the steps'
+    wire, resent = wire_bytes() - wire, retransmits() - resent  # before the barrier: not the steps'
     barrier()
     wall = time.perf_counter() - started
     samples = steps * BATCH
@@ -132,6 +132,7 @@ def train(setting, hidden, steps, warmup=5):
         "loss": sum(losses[-5:]) / 5,
         "bytes_per_sample": sent.bytes / samples,  # measured: every tensor handed to a collective
         "wire_bytes_per_sample": wire / samples,  # measured: what this host's links sent (not loopback's)
+        "retransmits_per_step": resent / steps,  # TCP segments this host sent again (lost on a full queue)
         "dtypes": sorted(sent.by_dtype),
         "params": params,
     }
@@ -147,6 +148,13 @@ def wire_bytes() -> int:
             if name.strip() != "lo":
                 total += int(fields.split()[8])  # transmit bytes
     return total
+
+
+def retransmits() -> int:
+    """TCP segments this network namespace has sent again (``/proc/net/snmp``: RetransSegs)."""
+    with open("/proc/net/snmp") as fh:
+        rows = [line.split() for line in fh if line.startswith("Tcp:")]
+    return int(rows[1][rows[0].index("RetransSegs")])
 
 
 class _null:

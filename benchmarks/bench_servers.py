@@ -42,9 +42,25 @@ def contenders(servers, args):
     def one(k):
         comm = {"reduction_servers": k} if k else None
         options = dict(log_ranks="none", timeout=1800, collective_timeout=600, comm=comm)
-        return lambda: BarrierRunner(WORKERS, **options).run(train, "ddp", args.hidden, args.steps, 3)
 
-    return {"ddp": one(0), **{f"servers{k}": one(k) for k in servers}}
+        def run():
+            out = BarrierRunner(WORKERS, **options).run(train, "ddp", args.hidden, args.steps, 3)
+            return {**out, **_step_times()}
+
+        return run
+
+    chosen = {"ddp": one(0), **{f"servers{k}": one(k) for k in servers}}
+    return {k: v for k, v in chosen.items() if not args.only or k in args.only.split(",")} | {"ddp": one(0)}
+
+
+def _step_times():
+    """The workers' median compute and communication wait a step, from the run's step clock."""
+    import statistics
+
+    from sparkml_dist.runner.timing.report import last_run
+
+    rows = [r for r in last_run().rows if r["steps"]]
+    return {k: statistics.median(r[k] / r["steps"] for r in rows) for k in ("step_s", "compute_s", "comm_s")}
 
 
 def cluster_of(hosts: int):
@@ -104,14 +120,16 @@ def report(link, last, servers, args):
         f"{args.hidden}-{args.hidden}-10 ({base['params'] / 1e6:.1f} M parameters), global batch {BATCH}, "
         f"{args.steps} timed steps, last of {args.repeats} interleaved rounds"
     )
-    head = ("contender", "samples/s", "vs ddp", "loss", "wire B/sample", "vs ddp")
-    print("  {:10s} {:>10s} {:>7s} {:>8s} {:>14s} {:>7s}".format(*head))
+    head = ("contender", "samples/s", "vs ddp", "loss", "wire B/sample", "vs ddp", "resent/step")
+    head += ("compute/comm s",)
+    print("  {:10s} {:>10s} {:>7s} {:>8s} {:>14s} {:>7s} {:>12s} {:>15s}".format(*head))
     for name in ["ddp"] + [f"servers{k}" for k in servers]:
         r = last[name]
         print(
             f"  {name:10s} {r['samples_per_s']:10.1f} {r['samples_per_s'] / base['samples_per_s']:6.2f}x "
             f"{r['loss']:8.4f} {r['wire_bytes_per_sample']:14,.0f} "
-            f"{r['wire_bytes_per_sample'] / base['wire_bytes_per_sample']:6.3f}x"
+            f"{r['wire_bytes_per_sample'] / base['wire_bytes_per_sample']:6.3f}x "
+            f"{r['retransmits_per_step']:12.1f} {r['compute_s']:7.3f}/{r['comm_s']:.3f}"
         )
 
 
@@ -122,6 +140,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--only", default="", help="contenders to run beside ddp (default: all)")
     args = ap.parse_args()
     paths = [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]
     os.environ["PYTHONPATH"] = os.pathsep.join(paths)

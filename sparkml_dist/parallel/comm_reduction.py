@@ -76,19 +76,31 @@ class Client:
                 self._posted.put((tensor, fut, pending))
 
     def _send(self, tensor: torch.Tensor):
-        """Every chunk of ``tensor``'s shards posted to its server, and a receive for its sum:
-        (the operations, (chunk, sum) pairs)."""
-        wire, works, sums = self.wire, [], []
-        for j, piece in enumerate(torch.tensor_split(tensor.view(-1), self.servers)):
-            server = self.workers + j
-            for chunk in torch.split(piece, wire.CHUNK):
-                works.append(self.pg.send([wire.header(chunk.numel(), chunk.dtype)], server, wire.HEADER))
-                works.append(self.pg.send([chunk], server, wire.SHARD))
-                out = torch.empty_like(chunk)
-                works.append(self.pg.recv([out], server, wire.SUM))
-                sums.append((chunk, out))
-                self.bytes_sent += chunk.numel() * chunk.element_size()
-        return works, sums
+        """``tensor``'s shards sent to their servers in chunks, and a receive posted for each
+        chunk's sum: (the receives, (chunk, sum) pairs).
+
+        Every header goes first (a server starts a round once all its workers' headers are in).
+        Then round by round, one chunk to each server in turn, worker ``w`` starting at server
+        ``w``: at a time each link carries one flow, as a ring's step does (4 flows sharing a
+        worker's link, in lock-step rounds, measured 0.74x the ring at 1 Gbit/s). The next chunk
+        goes once the last one's bytes are out; the sums of a round come down meanwhile."""
+        wire, n, k = self.wire, self.workers, self.servers
+        shards = torch.tensor_split(tensor.view(-1), k)
+        chunks = [torch.split(shard, wire.CHUNK) if shard.numel() else () for shard in shards]
+        recvs, sums = [], []
+        for j, shard in enumerate(chunks):
+            for c in shard:
+                recvs.append(self.pg.send([wire.header(c.numel(), c.dtype)], n + j, wire.HEADER))
+                out = torch.empty_like(c)
+                recvs.append(self.pg.recv([out], n + j, wire.SUM))
+                sums.append((c, out))
+        for r in range(max(len(shard) for shard in chunks)):
+            for p in range(k):
+                j = (self.rank + p) % k
+                if r < len(chunks[j]):
+                    self.pg.send([chunks[j][r]], n + j, wire.SHARD).wait()
+                    self.bytes_sent += chunks[j][r].numel() * chunks[j][r].element_size()
+        return recvs, sums
 
     def _complete(self) -> None:
         """Each bucket's future completed, in DDP's order, once all its sums are in."""

@@ -11,8 +11,9 @@ and parameter servers run a ``tf.distribute.Server`` and no user code
 * Checked before any job (:func:`check`): a role spelled wrongly, a count that is not a positive
   number, roles on a backend that has none, and the settings roles do not take, each refused by
   name with the fix.
-* The servers end with the run: when the chief's task reports its function done, the driver tells
-  every other task (:class:`StopServers`, ``FRAME_STOP``), whose server then returns.
+* The servers end with the run: when rank 0's task reports its function returned
+  (``FRAME_RETURNED``: its process may still serve the store a while), the driver tells every
+  other task (:class:`StopServers`, ``FRAME_STOP``), whose server then returns.
 * A lost worker does not end the run (:meth:`Roles.survives`): TensorFlow's coordinator
   re-schedules its work on the other workers, and its task waits for the end of the run. A lost
   parameter server or chief fails the run naming it (``max_restarts`` then starts it again from the
@@ -180,11 +181,11 @@ def refused_call(roles: Optional[Roles], return_all: bool, data: bool) -> Option
 
 
 class StopServers:
-    """Driver: the servers' tasks, told to stop once the chief's function is done.
+    """Driver: the servers' tasks, told to stop once rank 0's function has returned.
 
     Each task's reply channel is known from its rank's rendezvous report (:meth:`reached`); rank
-    0's done report (:meth:`done`) sends ``FRAME_STOP`` to all of them, and to any that reports
-    after it.
+    0's report that its function returned (:meth:`done`) sends ``FRAME_STOP`` to all of them, and
+    to any that reports after it.
     """
 
     def __init__(self) -> None:

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pandas as pd
 import pytest
+from pyspark.sql import functions as F
 from sklearn.datasets import load_digits, make_classification
 from sklearn.model_selection import GridSearchCV
 from sklearn.tree import DecisionTreeClassifier
@@ -29,6 +30,7 @@ from tests.support import horovod_helpers as hvh
 from tests.support import host_helpers as hh
 from tests.support import ps_helpers as ps
 from tests.support import runner_helpers as h
+from tests.support import truth
 from tests.support import tune_helpers as th
 from tests.support.runner_checks import assert_no_rank_left
 
@@ -159,6 +161,22 @@ def test_a_parameter_server_strategy_fit_across_hosts_ends_with_its_servers(spar
     assert addresses == {hosts["host1"].address, hosts["host2"].address}, cluster
     assert [len(cluster[r]) for r in ("chief", "worker", "ps")] == [1, 2, 1]
     assert out["loss"][-1] < out["loss"][0] / 100, out["loss"]
+    assert_no_rank_left()
+
+
+def test_reduction_servers_across_hosts_train_what_the_ring_trains(spark, hosts):
+    """Two workers and two reduction servers as four barrier tasks on both hosts, the rows of a
+    computed DataFrame dealt through Spark to the workers only: every row once an epoch, and the
+    weights the ring's DDP trains on the same rows."""
+    df = spark.createDataFrame(truth.frame(100)).withColumn("y", F.col("y") * 1.0)  # no files: Spark deals
+    programs = [("ddp", "torch_ddp", 8, {})]
+    ring = BarrierRunner(2, timeout=240).run_with_data(df, truth.several, programs, 2)["ddp"]
+    runner = BarrierRunner(2, comm={"reduction_servers": 2}, timeout=240, log_ranks="none")
+    workers = [r["ddp"] for r in runner.run_with_data(df, truth.several, programs, 2, return_all=True)]
+    assert len(workers) == 2  # the servers run no function
+    assert sorted(i for w in workers for step in w["steps"] for i in step) == sorted(list(range(100)) * 2)
+    expected = {k: np.asarray(v, "float64") for k, v in ring["weights"].items()}
+    assert truth.difference(workers[0]["weights"], expected) < 1e-5
     assert_no_rank_left()
 
 

@@ -365,3 +365,16 @@ def plain_model_beside_servers():
 
     init_process_group()
     return context().rank, context().world_size
+
+
+def elastic_beside_servers():
+    """A function under ``elastic.run`` in a run with reduction servers (refused in the rank)."""
+    from sparkml_dist.runner import elastic, init_process_group
+
+    init_process_group()
+
+    @elastic.run
+    def train(state):
+        return "trained"
+
+    return train(elastic.TorchState())

@@ -65,3 +65,9 @@ def test_what_the_servers_do_not_take_is_refused_on_the_driver_naming_it(kwargs,
 def test_return_all_gives_the_workers_results_in_rank_order():
     runner = BarrierRunner(-2, comm={"reduction_servers": 1}, timeout=120, log_ranks="none")
     assert runner.run(ch.plain_model_beside_servers, return_all=True) == [(0, 2), (1, 2)]  # no server's
+
+
+def test_elastic_run_beside_servers_is_refused_in_the_rank_naming_the_fix():
+    runner = BarrierRunner(-2, comm={"reduction_servers": 1}, timeout=120, log_ranks="none")
+    with pytest.raises(WorkerError, match="elastic.run does not form the reduction servers' group again"):
+        runner.run(ch.elastic_beside_servers)

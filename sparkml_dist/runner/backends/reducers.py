@@ -140,10 +140,14 @@ class Server:
             self.error = exc
 
     def _drain(self) -> None:
-        """Each round's sends waited on, in order: a round is served once its sums have gone out."""
+        """Each round's sums sent to one worker after another, starting at a different worker on
+        each server (so a worker's link carries one server's sums at a time, not all at once): a
+        round is served once its sums have gone out."""
         while True:
-            _total, works = self._sends.get()
-            _wait(works)
+            total = self._sends.get()
+            n = self.workers
+            for q in range(n):
+                self.pg.send([total], (self.index + q) % n, SUM).wait()
             self.sent += 1
             self._room.release()
 
@@ -151,7 +155,7 @@ class Server:
         import torch
 
         self.reached()  # the store is joined by the group's first step
-        pg = group(self.rank, self.workers, self.servers)
+        self.pg = pg = group(self.rank, self.workers, self.servers)
         self.formed = True
         n = self.workers
         while True:  # one round a chunk: its sums go out while the next chunks come in
@@ -165,7 +169,7 @@ class Server:
             for p in parts[1:]:
                 total += p  # in rank order: the same sum on every run
             self._room.acquire()
-            self._sends.put((total, [pg.send([total], w, SUM) for w in range(n)]))
+            self._sends.put(total)
             self.served += 1
             self.mid_round = False
 

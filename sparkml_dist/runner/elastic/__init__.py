@@ -54,7 +54,7 @@ import os
 from typing import Callable
 
 from ...errors import ConfigurationError
-from .. import backends, protocol, rank_channel
+from .. import backends, comm_settings, protocol, rank_channel
 from . import membership
 from .state import TorchState
 
@@ -78,6 +78,12 @@ def _entered() -> None:
             f"elastic.run keeps survivors running on backend='torch'; under backend={name!r} a lost "
             "rank restarts the run from its latest checkpoint (max_restarts, checkpoint_dir): "
             "call the function without @elastic.run"
+        )
+    if comm_settings.of_run().get("reduction_servers"):
+        raise ConfigurationError(
+            "elastic.run does not form the reduction servers' group again after a lost rank yet: with "
+            "comm={'reduction_servers': ...} a lost rank restarts the run from its latest checkpoint "
+            "(max_restarts, checkpoint_dir); call the function without @elastic.run, or leave the servers out"
         )
 
 
