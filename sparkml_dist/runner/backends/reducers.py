@@ -95,7 +95,7 @@ class Server:
         self.servers = int(comm_settings.of_run()["reduction_servers"])
         self.mid_round = False  # a round's headers received, its sums not yet posted
         self.sent = 0  # rounds whose sums have all gone out
-        self._sends: "queue.Queue" = queue.Queue()  # each round's sums and their sends, in order
+        self._sends: "queue.Queue" = queue.Queue()  # each round's sum, to send in order
         self._room = threading.Semaphore(IN_FLIGHT)  # rounds whose sums may still be going out
         self.formed = False  # every worker joined the group
         self.served = 0  # buckets summed
@@ -120,7 +120,7 @@ class Server:
         while worker.is_alive() and sums.is_alive() and not os.path.exists(stop):
             time.sleep(POLL_S)
         end = time.monotonic() + collective_timeout().total_seconds()
-        while worker.is_alive() and self.busy and time.monotonic() < end:  # the last sums go out
+        while worker.is_alive() and sums.is_alive() and self.busy and time.monotonic() < end:  # sums go out
             time.sleep(POLL_S / 10)
         if self.error is not None:
             raise self.error
