@@ -11,13 +11,17 @@ worker's namespace: TCP/IP headers and Spark's own traffic included).
 
 - ``ddp``: ``BarrierRunner(4)``, ``comm.ddp(model)``: DDP's 25 MiB buckets, gloo's ring;
 - ``servers<k>``: ``BarrierRunner(4, comm={"reduction_servers": k})``: the same program, each
-  bucket cut into k shards summed on k CPU servers (:mod:`sparkml_dist.runner.backends.reducers`).
+  bucket cut into k shards summed on k CPU servers (:mod:`sparkml_dist.runner.backends.reducers`);
+- ``--compression none,fp16``: each of them also with ``comm={"compression": "fp16"}`` (``ddp-fp16``:
+  DDP's fp16 hook, the ring in half precision; ``servers<k>-fp16``: half-precision shards and sums,
+  added in float32 on the servers).
 
 Contenders interleave, the order alternating each round, on every link in turn. Each host has one
 core of this 2-core machine's, so the 4 workers' compute is slower than on a cluster's hosts: the
 links are what the comparison is about.
 
     python benchmarks/bench_servers.py [--links 1gbit,10gbit] [--servers 2,4] [--steps 20] [--repeats 2]
+        [--compression none,fp16] [--only servers4,servers4-fp16]
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ WORKERS = 4
 def contenders(servers, args):
     from sparkml_dist.runner import BarrierRunner
 
-    def one(k):
-        comm = {"reduction_servers": k} if k else None
+    def one(k, compression):
+        comm = {n: v for n, v in (("reduction_servers", k), ("compression", compression)) if v} or None
         options = dict(log_ranks="none", timeout=1800, collective_timeout=600, comm=comm)
 
         def run():
@@ -49,8 +53,17 @@ def contenders(servers, args):
 
         return run
 
-    chosen = {"ddp": one(0), **{f"servers{k}": one(k) for k in servers}}
-    return {k: v for k, v in chosen.items() if not args.only or k in args.only.split(",")} | {"ddp": one(0)}
+    chosen = {}
+    for compression in _compressions(args):
+        tail = f"-{compression}" if compression else ""
+        chosen[f"ddp{tail}"] = one(0, compression)
+        chosen.update({f"servers{k}{tail}": one(k, compression) for k in servers})
+    kept = {k: v for k, v in chosen.items() if not args.only or k in args.only.split(",")}
+    return kept | {"ddp": one(0, None)}
+
+
+def _compressions(args):
+    return [None if c == "none" else c for c in args.compression.split(",")]
 
 
 def _step_times():
@@ -123,7 +136,7 @@ def report(link, last, servers, args):
     head = ("contender", "samples/s", "vs ddp", "loss", "wire B/sample", "vs ddp", "resent/step")
     head += ("compute/comm s",)
     print("  {:10s} {:>10s} {:>7s} {:>8s} {:>14s} {:>7s} {:>12s} {:>15s}".format(*head))
-    for name in ["ddp"] + [f"servers{k}" for k in servers]:
+    for name in ["ddp"] + [n for n in last if n not in ("ddp", "_measured_gbit")]:
         r = last[name]
         print(
             f"  {name:10s} {r['samples_per_s']:10.1f} {r['samples_per_s'] / base['samples_per_s']:6.2f}x "
@@ -140,6 +153,7 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--compression", default="none", help="none,fp16: each contender with each of them")
     ap.add_argument("--only", default="", help="contenders to run beside ddp (default: all)")
     args = ap.parse_args()
     paths = [HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]

@@ -43,6 +43,7 @@ Example (2 ranks, 4 micro-batches per optimizer step)::
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import Any, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
@@ -215,7 +216,7 @@ def _check(settings: Dict[str, Any], process_group) -> None:
         )
     comm_settings.check_values("comm.ddp", settings)
     backend = dist.get_backend(process_group)
-    if settings["compression"] == "bf16" and backend != "nccl":
+    if settings["compression"] == "bf16" and backend != "nccl" and not comm_reduction.servers_of_run():
         raise ConfigurationError(
             f"comm.ddp: compression='bf16' needs the nccl backend; this process group is {backend!r} "
             "(gloo cannot all-reduce bfloat16): use compression='fp16' or None"
@@ -240,12 +241,12 @@ def _one_bucket(model: torch.nn.Module, bucket_cap_mb: Optional[float]) -> float
 def _servers(compression, process_group) -> int:
     """The run's reduction servers (0: none), refused with what they cannot take."""
     servers = comm_reduction.servers_of_run()
-    if servers and (compression is not None or process_group is not None):
+    if servers and (compression == "powersgd" or process_group is not None):
         raise ConfigurationError(
             "comm.ddp: the run has reduction servers (comm={'reduction_servers': ...}), which sum "
-            "float32 buckets of the whole world: "
-            + ("compression is not taken with them" if compression is not None else
-               "a process_group of some ranks is not taken with them")
+            "the buckets of the whole world: "
+            + ("compression='powersgd' is not taken with them (they take 'fp16' or 'bf16')"
+               if compression == "powersgd" else "a process_group of some ranks is not taken with them")
             + ": leave it out, or the servers"
         )  # fmt: skip
     return servers
@@ -257,7 +258,8 @@ def _register_hook(net: DataParallel, compression, powersgd_rank, powersgd_start
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
     if _servers(compression, process_group):
-        net.register_comm_hook(comm_reduction.Client.of_run(), _counted(net, comm_reduction.hook))
+        hook = functools.partial(comm_reduction.hook, wire=comm_reduction.WIRE[compression])
+        net.register_comm_hook(comm_reduction.Client.of_run(), _counted(net, hook))
     elif compression == "powersgd":
         net._powersgd = powerSGD_hook.PowerSGDState(
             process_group=process_group,

@@ -10,7 +10,9 @@ goes on computing meanwhile (the future DDP waits on completes when the sums are
 
 Each worker sends and receives each gradient byte once (a ring all-reduce: ``2 (np - 1) / np``
 times), and the sums are taken in rank order on the servers: the same as DDP's all-reduce within
-float32 rounding (the truth matrix's row, docs/truth.md).
+float32 rounding (the truth matrix's row, docs/truth.md). With ``compression="fp16"`` or
+``"bf16"`` the shards and sums travel in that dtype (half the bytes again) and the servers add in
+float32.
 
 Example (what ``comm.ddp`` does when the run has reduction servers)::
 
@@ -86,11 +88,13 @@ class Client:
         goes once the last one's bytes are out; the sums of a round come down meanwhile."""
         wire, n, k = self.wire, self.workers, self.servers
         shards = torch.tensor_split(tensor.view(-1), k)
-        chunks = [torch.split(shard, wire.CHUNK) if shard.numel() else () for shard in shards]
+        most = wire.chunk_elements(tensor.dtype)
+        chunks = [torch.split(shard, most) if shard.numel() else () for shard in shards]
         recvs, sums = [], []
         for j, shard in enumerate(chunks):
-            for c in shard:
-                recvs.append(self.pg.send([wire.header(c.numel(), c.dtype)], n + j, wire.HEADER))
+            for i, c in enumerate(shard):
+                head = wire.header(c.numel(), c.dtype, more=i + 1 < len(shard))
+                recvs.append(self.pg.send([head], n + j, wire.HEADER))
                 out = torch.empty_like(c)
                 recvs.append(self.pg.recv([out], n + j, wire.SUM))
                 sums.append((c, out))
@@ -118,11 +122,24 @@ class Client:
                 fut.set_result(tensor)
 
 
-def hook(client: Client, bucket) -> torch.futures.Future:
-    """DDP's communication hook: the bucket's mean over the workers, summed by the servers."""
+# the dtype a bucket's shards and sums travel in, per ``compression``: the servers add in float32
+WIRE = {None: None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def hook(client: Client, bucket, wire: Optional[torch.dtype] = None) -> torch.futures.Future:
+    """DDP's communication hook: the bucket's mean over the workers, summed by the servers; with
+    ``wire`` (a half dtype), each worker's share is rounded to it once, the sum taken in float32
+    and rounded once more on its way back (a half-precision ring rounds at every one of its steps)."""
     tensor = bucket.buffer()
     tensor.div_(client.workers)  # as DDP's all-reduce hook: each worker's share, then the sum
-    return client.submit(tensor)
+    if wire is None or tensor.dtype == wire:
+        return client.submit(tensor)
+
+    def widened(fut: torch.futures.Future) -> torch.Tensor:
+        tensor.copy_(fut.value())
+        return tensor
+
+    return client.submit(tensor.to(wire)).then(widened)
 
 
 def servers_of_run() -> int:

@@ -13,7 +13,9 @@ One vocabulary for DDP and Horovod (the documents' *fusion buffer*, *gradient ac
   ``static_graph``;
 * DDP only: ``reduction_servers=k``, ``k`` CPU processes beside the workers that sum the
   gradients (each worker sends and receives each byte once, not ``2 (np - 1) / np`` times:
-  :mod:`sparkml_dist.runner.backends.reducers`); the job holds ``np + k`` tasks;
+  :mod:`sparkml_dist.runner.backends.reducers`); the job holds ``np + k`` tasks. With
+  ``compression="fp16"`` or ``"bf16"`` (on CPU too) the shards and sums travel in half precision
+  and the servers add in float32;
 * Horovod only: ``cycle_time_ms`` (``HOROVOD_CYCLE_TIME``), ``hierarchical``
   (``HOROVOD_HIERARCHICAL_ALLREDUCE``: Horovod's NCCL path).
 
@@ -145,16 +147,19 @@ def check(
             "leave them out or choose the backend they belong to"
         )
     check_values("comm", comm, spec.compressions, collective_timeout, backend)
-    if comm.get("compression") == "bf16" and not use_gpu:
+    servers = comm.get("reduction_servers")
+    if comm.get("compression") == "bf16" and not use_gpu and not servers:
         raise ConfigurationError(
             "comm: compression='bf16' needs the nccl backend (use_gpu=True); on CPU the ranks use gloo, "
-            "which cannot all-reduce bfloat16: use 'fp16' or None"
+            "which cannot all-reduce bfloat16: use 'fp16' or None (or reduction_servers, which add "
+            "bfloat16 shards in float32)"
         )
-    if comm.get("reduction_servers") and (use_gpu or comm.get("compression")):
+    if servers and (use_gpu or comm.get("compression") == "powersgd"):
         raise ConfigurationError(
-            "comm: reduction_servers sum float32 gradients on CPU servers; "
+            "comm: reduction_servers sum the gradients on CPU servers; "
             + ("use_gpu=True is not taken with them yet (the servers would hold GPUs like the "
-               "workers)" if use_gpu else f"compression={comm['compression']!r} is not taken with them")
+               "workers)" if use_gpu else "compression='powersgd' is not taken with them (its "
+               "factors are all-reduced among the workers; the servers take 'fp16' or 'bf16')")
             + ": leave one of the two out"
         )  # fmt: skip
     if comm.get("hierarchical") and not use_gpu:

@@ -38,7 +38,7 @@ ROWS, EPOCHS, GLOBAL = 100, 2, 16  # 7 steps an epoch, the last one shorter (4 r
 FULL = 20  # a global batch that divides 100: for fixed shapes (pipelines) and accumulate=2
 WORLDS = {1: 1, 2: 2, 4: -4}  # world size -> np: 4 ranks are local processes here (2 slots)
 EXACT = 1e-5
-TOLERANCE = {"fp16": 2e-4, "powersgd": 0.05}  # what docs/runner.md states
+TOLERANCE = {"fp16": 2e-4, "powersgd": 0.05, "servers fp16": 2e-4}  # what docs/runner.md states
 
 
 @pytest.fixture(scope="module")
@@ -190,18 +190,23 @@ def test_jax_and_keras_on_jax_train_what_one_process_trains(spark, table, world)
     _assert_true(pdf, _launch(spark, path, world, rows, backend="jax"))
 
 
+FP16 = {"comm": {"compression": "fp16"}}
+
+
 @pytest.mark.parametrize("how", ["parquet", "exact"])
 @pytest.mark.parametrize("world, servers", [(2, 1), (4, 2)])
 def test_reduction_servers_train_what_one_process_trains(spark, table, how, world, servers):
-    """DDP whose buckets the run's reduction servers sum (comm={"reduction_servers": k}): the rows
-    dealt to the workers only, read in place or through Spark. Local processes: world + servers
+    """DDP whose buckets the run's reduction servers sum (comm={"reduction_servers": k}), in float32
+    and with fp16 shards: the rows dealt to the workers only, read in place or through Spark. Local processes: world + servers
     ranks are more than the pass's 2 slots."""
     pdf, path = table
     df, options = _data(spark, path, how)
     runner = BarrierRunner(
         -world, comm={"reduction_servers": servers}, timeout=240, log_ranks="none", **options
     )
-    programs = _programs(world, [("servers", "torch_ddp", GLOBAL, {})])
-    per_rank = runner.run_with_data(df, truth.several, programs, EPOCHS, return_all=True)
+    rows = [("servers", "torch_ddp", GLOBAL, {}), ("servers fp16", "torch_ddp", GLOBAL, FP16)]
+    per_rank = runner.run_with_data(df, truth.several, _programs(world, rows), EPOCHS, return_all=True)
     assert len(per_rank) == world  # the workers' results: the servers run no function
-    _assert_true(pdf, {"servers": [r["servers"] for r in per_rank]})
+    out = {label: [r[label] for r in per_rank] for label in ("servers", "servers fp16")}
+    _assert_true(pdf, out)
+    assert _fault(pdf, out["servers fp16"]) is not None  # half-precision shards: not exact

@@ -293,7 +293,7 @@ def _wide_net(width=300):
     return torch.nn.Sequential(torch.nn.Linear(FEATURES, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
 
 
-def reduced_by_servers(steps=12, rows=16, bucket_cap_mb=None):
+def reduced_by_servers(steps=12, rows=16, bucket_cap_mb=None, compression=None, width=300):
     """``steps`` SGD steps of ``comm.ddp`` (the run's reduction servers sum the buckets) against
     one process stepping on every rank's rows at once: the largest weight difference, the buckets
     the servers summed and the gradient bytes this worker sent them."""
@@ -304,9 +304,9 @@ def reduced_by_servers(steps=12, rows=16, bucket_cap_mb=None):
 
     init_process_group()
     rank, world = context().rank, context().world_size
-    model, ref = _wide_net(), _wide_net()  # the same weights: one per side
+    model, ref = _wide_net(width), _wide_net(width)  # the same weights: one per side
     options = {} if bucket_cap_mb is None else {"bucket_cap_mb": bucket_cap_mb}
-    net = comm.ddp(model, **options)
+    net = comm.ddp(model, compression=compression, **options)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.05, momentum=0.9)
     for step in range(steps):

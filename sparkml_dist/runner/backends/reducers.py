@@ -6,14 +6,15 @@ them) and ranks ``np .. np+k-1`` the reduction servers, CPU processes that run n
 (:class:`Server`). The worker's side is a DDP communication hook
 (:mod:`sparkml_dist.parallel.comm_reduction`, what ``comm.ddp`` registers): each gradient bucket is
 cut into ``k`` contiguous shards, shard ``j`` goes to server ``j``, which sums the ``np`` workers'
-shards in rank order and sends the sum back to each. A worker sends and receives each gradient
-byte once, where a ring all-reduce sends and receives ``2 (np - 1) / np`` of them; the servers'
-links carry ``np / k`` of a bucket each.
+shards in rank order (half-precision shards in float32) and sends the sum back to each, in the
+shards' dtype. A worker sends and receives each gradient byte once, where a ring all-reduce sends
+and receives ``2 (np - 1) / np`` of them; the servers' links carry ``np / k`` of a bucket each.
 
 Both sides meet in :func:`group`: a gloo process group of ``np + k`` members (the workers first,
 by their torch rank, then the servers) on its own prefix of the run's rendezvous store. A shard
-travels in chunks of at most :data:`CHUNK` elements: per chunk a worker sends its server a header
-(the element count and the dtype's code) then the chunk, and receives the sum. A server serves
+travels in chunks of at most :data:`CHUNK_BYTES` (:func:`chunk_elements`): per chunk a worker
+sends its server a header (the element count and the dtype's code) then the chunk, and receives
+the sum. A server serves
 one chunk a round, in the order the workers send them (DDP launches its buckets in the same order
 on every rank), and receives the next rounds while a round's sums go out (:data:`IN_FLIGHT`
 rounds at most; gloo moves a message once its receiver has posted for it): a link carries
@@ -31,6 +32,7 @@ Example::
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import sys
@@ -45,8 +47,9 @@ PREFIX = "sparkml_dist/reduction_servers/"  # the group's keys in the run's stor
 HEADER, SHARD, SUM = 0, 1, 2  # the tags of a bucket's messages
 DTYPES = ("float32", "float64", "float16", "bfloat16")  # a header's dtype code: the index here
 POLL_S = 0.1  # how often a server looks for its stop file
-CHUNK = 1 << 20  # elements a message holds at most: the next chunks come in while a chunk's sums go out
+CHUNK_BYTES = 4 << 20  # a message holds at most: the next chunks come in while a chunk's sums go out
 IN_FLIGHT = 4  # rounds whose sums may still be going out while the server receives the next
+AHEAD = 2  # rounds of one bucket whose chunks a server awaits at once (gloo sends a chunk once posted for)
 ROLE = "reducer"  # protocol.ROLE_ENV of a server's rank
 
 
@@ -74,10 +77,21 @@ def group(rank: int, workers: int, servers: int):
     return dist.ProcessGroupGloo(dist.PrefixStore(PREFIX, store), rank, workers + servers, timeout)
 
 
-def header(numel: int, dtype):
+def chunk_elements(dtype) -> int:
+    """The elements of ``dtype`` a chunk holds at most (:data:`CHUNK_BYTES` of them: a
+    half-precision chunk holds twice float32's elements, so messages keep their size)."""
     import torch
 
-    return torch.tensor([numel, DTYPES.index(str(dtype).replace("torch.", ""))], dtype=torch.int64)
+    return CHUNK_BYTES // torch.empty(0, dtype=dtype).element_size()
+
+
+def header(numel: int, dtype, more: bool):
+    """A chunk's header: its elements, its dtype's code, and whether the same bucket has another
+    chunk for this server (its header is then already sent: the server posts for it at once)."""
+    import torch
+
+    code = DTYPES.index(str(dtype).replace("torch.", ""))
+    return torch.tensor([numel, code, int(more)], dtype=torch.int64)
 
 
 def _wait(works) -> None:
@@ -152,32 +166,52 @@ class Server:
             self._room.release()
 
     def _loop(self) -> None:
-        import torch
-
         self.reached()  # the store is joined by the group's first step
-        self.pg = pg = group(self.rank, self.workers, self.servers)
+        self.pg = group(self.rank, self.workers, self.servers)
         self.formed = True
-        n = self.workers
+        posted: "collections.deque" = collections.deque()  # rounds whose chunks are awaited
         while True:  # one round a chunk: its sums go out while the next chunks come in
-            heads = [torch.empty(2, dtype=torch.int64) for _ in range(n)]
-            _wait([pg.recv([h], w, HEADER) for w, h in enumerate(heads)])
-            self.mid_round = True
-            numel, code = _agreed(heads, self.index)
-            parts = [torch.empty(numel, dtype=getattr(torch, DTYPES[code])) for _ in range(n)]
-            _wait([pg.recv([p], w, SHARD) for w, p in enumerate(parts)])
-            total = parts[0]
+            if not posted:
+                posted.append(self._post_round())  # waits for the next bucket's headers
+            parts, works, more = posted[0]
+            if more and len(posted) < AHEAD:  # the bucket's next headers are out: post its chunks now
+                posted.append(self._post_round())
+            _wait(works)
+            posted.popleft()
+            total = parts[0].float() if parts[0].element_size() < 4 else parts[0]  # halves: in float32
             for p in parts[1:]:
                 total += p  # in rank order: the same sum on every run
+            total = total.to(parts[0].dtype)
             self._room.acquire()
             self._sends.put(total)
             self.served += 1
-            self.mid_round = False
+            self.mid_round = bool(posted)
+
+    def _post_round(self):
+        """The next round's headers received and a receive posted for each worker's chunk: (the
+        chunks, their receives, whether this server gets another chunk of the same bucket)."""
+        import torch
+
+        n, pg = self.workers, self.pg
+        heads = [torch.empty(3, dtype=torch.int64) for _ in range(n)]
+        _wait([pg.recv([h], w, HEADER) for w, h in enumerate(heads)])
+        self.mid_round = True
+        numel, code, more = _agreed(heads, self.index)
+        parts = [torch.empty(numel, dtype=getattr(torch, DTYPES[code])) for _ in range(n)]
+        return parts, [pg.recv([p], w, SHARD) for w, p in enumerate(parts)], more
+
+
+def _elements(code: int) -> int:
+    import torch
+
+    return chunk_elements(getattr(torch, DTYPES[code]))
 
 
 def _agreed(heads: List, index: int):
     """The chunk's size and dtype, the same from every worker, or an error naming the mismatch."""
-    seen = {(int(h[0]), int(h[1])) for h in heads}
-    if any(not 0 < numel <= CHUNK or not 0 <= code < len(DTYPES) for numel, code in seen):
+    seen = {(int(h[0]), int(h[1]), int(h[2])) for h in heads}
+    if any(not 0 <= code < len(DTYPES) or not 0 < numel <= _elements(code) or more not in (0, 1)
+           for numel, code, more in seen):  # fmt: skip
         raise RuntimeError(f"reduction server {index}: a header that no worker of this run sends: {seen}")
     if len(seen) != 1:
         said = ", ".join(f"worker {w}: {int(h[0])} x {DTYPES[int(h[1])]}" for w, h in enumerate(heads))
