@@ -197,8 +197,8 @@ FP16 = {"comm": {"compression": "fp16"}}
 @pytest.mark.parametrize("world, servers", [(2, 1), (4, 2)])
 def test_reduction_servers_train_what_one_process_trains(spark, table, how, world, servers):
     """DDP whose buckets the run's reduction servers sum (comm={"reduction_servers": k}), in float32
-    and with fp16 shards: the rows dealt to the workers only, read in place or through Spark. Local processes: world + servers
-    ranks are more than the pass's 2 slots."""
+    and with fp16 shards: the rows dealt to the workers only, read in place or through Spark. Local
+    processes: world + servers ranks are more than the pass's 2 slots."""
     pdf, path = table
     df, options = _data(spark, path, how)
     runner = BarrierRunner(
