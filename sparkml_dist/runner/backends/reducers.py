@@ -13,12 +13,13 @@ and receives ``2 (np - 1) / np`` of them; the servers' links carry ``np / k`` of
 Both sides meet in :func:`group`: a gloo process group of ``np + k`` members (the workers first,
 by their torch rank, then the servers) on its own prefix of the run's rendezvous store. A shard
 travels in chunks of at most :data:`CHUNK_BYTES` (:func:`chunk_elements`): per chunk a worker
-sends its server a header (the element count and the dtype's code) then the chunk, and receives
-the sum. A server serves
-one chunk a round, in the order the workers send them (DDP launches its buckets in the same order
-on every rank), and receives the next rounds while a round's sums go out (:data:`IN_FLIGHT`
-rounds at most; gloo moves a message once its receiver has posted for it): a link carries
-chunks up and sums down at once, as the ring's full-duplex steps do.
+sends its server a header (the element count, the dtype's code, whether another chunk of the
+bucket follows) then the chunk, and receives the sum. A server serves one chunk a round, in the
+order the workers send them (DDP launches its buckets in the same order on every rank), and
+receives the next rounds while a round's sums go out (:data:`IN_FLIGHT` rounds at most). Gloo
+moves a message only once its receiver has posted for it, so a server posts for a bucket's next
+chunk while it awaits the current one (:data:`AHEAD`): a link carries chunks up and sums down at
+once, as the ring's full-duplex steps do.
 
 A server ends when its task writes the stop file (the driver's ``FRAME_STOP``, sent once rank 0's
 function is done) and it holds no bucket half-served: by then every worker has sent its last
@@ -208,7 +209,8 @@ def _elements(code: int) -> int:
 
 
 def _agreed(heads: List, index: int):
-    """The chunk's size and dtype, the same from every worker, or an error naming the mismatch."""
+    """The chunk's size, dtype and whether another follows, the same from every worker, or an
+    error naming the mismatch."""
     seen = {(int(h[0]), int(h[1]), int(h[2])) for h in heads}
     if any(not 0 <= code < len(DTYPES) or not 0 < numel <= _elements(code) or more not in (0, 1)
            for numel, code, more in seen):  # fmt: skip
