@@ -355,6 +355,23 @@ def test_ranks_on_the_driver_name_the_root_cause_the_log_channel_was_too_slow_to
     assert info.value.rank == 1 and "injected failure" in str(info.value)
 
 
+def test_a_store_client_whose_store_went_away_is_a_symptom_of_the_rank_that_failed():
+    """A reduction server forming its group when the workers' function raised: its store went
+    away with rank 0, and its error came in first (seen in CI); the workers' error is the cause."""
+    from sparkml_dist.runner.backends.base import COMMON_PEER_LOST
+    from sparkml_dist.runner.protocol import root_cause
+
+    store_gone = (
+        "torch.distributed.DistNetworkError: Failed to recv, got 0 bytes. Connection was likely "
+        "closed. Did the remote server shutdown or crash?"
+    )
+    failures = [
+        {"rank": 2, "failed_at": 1.0, "tail": ["  File reducers.py, line 77, in group", store_gone]},
+        {"rank": 0, "failed_at": 1.2, "tail": ["ValueError: elastic.run does not form the group again"]},
+    ]
+    assert root_cause(failures, COMMON_PEER_LOST)["rank"] == 0
+
+
 def test_root_cause_is_the_failure_not_its_symptoms():
     from sparkml_dist.runner.failures import Monitor as _Monitor
 

@@ -27,6 +27,8 @@ COMMON_PEER_LOST = (
     "Connection closed by peer",
     "Connection reset by peer",
     "Broken pipe",
+    # a TCPStore client whose store went away with the rank (or driver) serving it
+    "Connection was likely closed",
     "NCCL communicator was aborted",
     "ProcessGroupNCCL is aborted",
     # a collective that timed out waiting for a peer (gloo send/recv, NCCL watchdog): the peer is the story
