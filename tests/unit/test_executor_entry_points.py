@@ -117,6 +117,36 @@ def test_fitting_keys_holds_one_group_at_a_time_and_names_a_failed_key(data):
     assert "ValueError" in skipped[(2, 0)].error and "Traceback" in skipped[(2, 0)].error
 
 
+def _keys_of(estimator, on_error="skip"):
+    recipe = _fit_groups.Clone(serialization.dumps(estimator))
+    inputs = _fit_groups.Inputs(features=(FEATURES,), label=LABEL)
+    return _fit_groups.GroupFitSpec(recipe, inputs, ("a", "b", "c"), on_error, what="key")
+
+
+def test_later_keys_skip_only_the_parameter_check_the_first_key_passed(data):
+    """A task checks its estimator's parameters at its first fit only (the copies hold the same):
+    the models are those of a plain fit; bad parameters fail every key, naming the parameter; a
+    NaN in a later key's rows is still refused (the data checks run on every key)."""
+    from sklearn.linear_model import LinearRegression
+
+    X, y = data
+    table = _rows(X, y, np.repeat([0, 1, 2], 40), keys=np.arange(120))
+    fitted = _collected(_fit_task.fit_groups(_batches(table, 30), _keys_of(LinearRegression())))
+    for g in range(3):
+        plain = LinearRegression().fit(X[40 * g : 40 * (g + 1)], y[40 * g : 40 * (g + 1)])
+        assert np.array_equal(fitted[(g, 0)].model.model.coef_, plain.coef_)
+    bad = _keys_of(LinearRegression(fit_intercept="yes"))  # refused by its check, on every key
+    bad = _collected(_fit_task.fit_groups(_batches(table, 30), bad))
+    errors = [r.error or "" for r in bad.values()]
+    assert len(errors) == 3 and all("InvalidParameterError" in e and "fit_intercept" in e for e in errors)
+    X_nan = X.copy()
+    X_nan[100, 2] = np.nan  # key "c": its 21st row
+    with_nan = _rows(X_nan, y, np.repeat([0, 1, 2], 40), keys=np.arange(120))
+    out = _collected(_fit_task.fit_groups(_batches(with_nan, 30), _keys_of(LinearRegression())))
+    assert [r.error is None for r in out.values()] == [True, True, False]
+    assert "Input X contains NaN" in out[(2, 0)].error
+
+
 def test_search_task_runs_its_partitions_units_in_order(data):
     X, y = data
     candidates = [{"max_depth": 1}, {"max_depth": 3}]
