@@ -17,8 +17,9 @@ survivor keeps running, the new rank takes the last in-memory commit from it), i
                                          [--commit-every 25]
 
 ``--kill executor`` runs the same job as 2 barrier tasks on ``local-cluster[2,1,1024]`` and hits
-the executor under the victim rank instead: SIGKILLed (cold and warm restarts) or decommissioned
-(SIGPWR: the ranks hand over at an agreed step), with each loss broken down (:mod:`executor_loss`).
+the executor under the victim rank instead: SIGKILLed (cold and warm restarts; ``in_place``: the
+elastic job with ``executor_loss="replace"``, the survivor keeps running) or decommissioned (SIGPWR:
+the ranks hand over at an agreed step), with each loss broken down (:mod:`executor_loss`).
 A host killed (with ``min_np``) runs through the same restart path and is tested in the
 several-hosts pass, not timed here.
 """
@@ -232,7 +233,7 @@ def main() -> None:
     ap.add_argument(
         "--kinds",
         default=None,
-        help="contenders with failures (rank: elastic,warm,cold; executor: cold,warm,decommission)",
+        help="contenders with failures (rank: elastic,warm,cold; executor: cold,warm,decommission,in_place)",
     )
     ap.add_argument("--kill", choices=("rank", "executor"), default="rank", help="what is lost")
     ap.add_argument("--executors", type=int, default=2, help="--kill executor: local-cluster's executors")
@@ -246,8 +247,8 @@ def main() -> None:
     if args.kill == "executor":
         import executor_loss
 
-        args.kinds = args.kinds or "cold,warm,decommission"
-        return executor_loss.main(args, train)
+        args.kinds = args.kinds or "cold,warm,decommission,in_place"
+        return executor_loss.main(args, train, train_elastic)
     args.kinds = args.kinds or "elastic,warm,cold"
     rows = []
     one_run(200, args.every)  # untimed: the warm pool of this environment is started

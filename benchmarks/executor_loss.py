@@ -10,11 +10,16 @@ that replaced the last victim trains:
   the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
   with ranks started cold or from the warm pools of the executors left;
 * ``decommission``: the executor is sent SIGPWR (a spot reclaim's notice, a scale-down); the driver
-  sees it, the ranks save at one agreed step and the run starts again from that checkpoint.
+  sees it, the ranks save at one agreed step and the run starts again from that checkpoint;
+* ``in_place``: the executor JVM is SIGKILLed under the job of ``train_elastic`` (``elastic.run``,
+  a commit in memory every ``--commit-every`` steps) with ``executor_loss="replace"``: Spark runs
+  only the lost task again, and its new rank joins rank 0, which keeps running.
 
 Each loss is broken down from the driver's console and the steps rank 0 logged: detection (the
-signal to the driver's line about it), the restart (that line to the first step of the next
-attempt: a new executor, processes, rendezvous, checkpoint load) and the steps trained twice.
+signal to the driver's line about it; in place: to the driver's line that Spark started the task
+again, a new executor and its Python side included), the restart (that line to the first step of
+the next attempt: a new executor, processes, rendezvous, checkpoint load; in place: the new rank's
+start, the group formed again, the state from rank 0) and the steps trained twice.
 """
 
 from __future__ import annotations
@@ -77,6 +82,7 @@ def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 
             timeout=3600,
             warm_ranks=kind != "cold",
             log_sink=lambda text: lines.append((time.time(), text)),
+            executor_loss="replace" if kind == "in_place" else "restart",
         )
         t0 = time.time()
         try:
@@ -120,10 +126,15 @@ def hitter(run_dir: str, victim: int, interval: float, sig, stop: threading.Even
         armed_at = time.time()
 
 
+def _about_a_loss(text: str) -> bool:
+    """The driver's line on a loss: an attempt failed or handed over, or a task started again."""
+    return ("attempt" in text and ("failed" in text or "handed over" in text)) or "lost with its" in text
+
+
 def _breakdown(wall: float, steps: int, hits: list, events: list, lines: list) -> dict:
     starts = [e for e in events if "start" in e]
     step_lines = [e for e in events if "step" in e]
-    said = [t for t, text in lines if "attempt" in text and ("failed" in text or "handed over" in text)]
+    said = [t for t, text in lines if _about_a_loss(text)]
     detect = restart = 0.0
     for hit_at, nxt in zip(hits, starts[1:]):
         seen_at = next((t for t in said if t >= hit_at), nxt["t"])
@@ -140,9 +151,11 @@ def _breakdown(wall: float, steps: int, hits: list, events: list, lines: list) -
     }
 
 
-def main(args, train) -> None:
-    """Undisturbed, then each of ``args.kinds`` (cold, warm, decommission) with losses, interleaved.
-    ``train``: bench_failures' job (passed in: defined in the script, it travels by value)."""
+def main(args, train, train_elastic) -> None:
+    """Undisturbed, then each of ``args.kinds`` (cold, warm, decommission, in_place) with losses,
+    interleaved.  ``train`` / ``train_elastic``: bench_failures' jobs (passed in: defined in the
+    script, they travel by value); the undisturbed run is ``train_elastic``'s when ``in_place`` is
+    the only contender (the same steps, commits in memory instead of checkpoints)."""
     from sparkml_dist.session import get_session
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,6 +163,9 @@ def main(args, train) -> None:
         f"local-cluster[{args.executors},1,1024]",
         conf={
             "spark.decommission.enabled": "true",
+            # a SIGKILLed executor counts as its task's failure: a plain task (in_place) is retried
+            # at most maxFailures - 1 times in a job (4 by default), then the job fails and restarts
+            "spark.task.maxFailures": "1000",
             "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
         },
         conf_file=os.path.join(root, "conf", "spark-local.yaml"),
@@ -159,12 +175,16 @@ def main(args, train) -> None:
     try:
         one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
         kinds = tuple(args.kinds.split(","))
+        plain = train_elastic if kinds == ("in_place",) else train
+        commits = args.commit_every or args.every
         for r in range(args.repeats):
-            clean = one_run(train, args.steps, args.every)
+            clean = one_run(plain, args.steps, commits if plain is train_elastic else args.every)
             print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                failed[kind] = one_run(train, args.steps, args.every, clean["wall"] / 10, args.victim, kind)
+                job, every = (train_elastic, commits) if kind == "in_place" else (train, args.every)
+                failed[kind] = one_run(job, args.steps, every, clean["wall"] / 10, args.victim, kind)
+                print(f"round {r} {kind}: {failed[kind]}", flush=True)
         _print(args, clean, failed)
     finally:
         spark.stop()
@@ -180,10 +200,11 @@ def _print(args, clean: dict, failed: dict) -> None:
     for kind, f in failed.items():
         n = max(1, f["losses"])
         how = "SIGPWR (decommissioned)" if kind == "decommission" else "SIGKILL"
+        steps = "the new rank's start and the state from rank 0" if kind == "in_place" else "restart"
         ratio = f["wall"] / clean["wall"]
         print(
             f"  {kind}: {f['losses']} executors {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "
             f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: detection {f['detect_s'] / n:.2f} s, "
-            f"restart to the first step {f['restart_s'] / n:.2f} s, {f['redone'] / n:.0f} steps trained "
+            f"{steps} to the first step {f['restart_s'] / n:.2f} s, {f['redone'] / n:.0f} steps trained "
             f"twice (~{f['redone'] * per_step / n:.2f} s)"
         )

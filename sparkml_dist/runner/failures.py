@@ -24,6 +24,7 @@ FAILURE_GRACE_S = 1.0  # after a first failure report, how long to wait for the 
 # exiting (its atexit handlers, a loaded machine) and its report, the root cause, is on its way
 SYMPTOM_GRACE_S = 5.0
 _EXECUTOR_LOST = re.compile(r"ExecutorLostFailure \(executor (\S+) exited[^)]*\) Reason: ([^\n]*)")
+_TASK_FAILED_TIMES = re.compile(r"Task \S+ in stage \S+ failed (\d+) times")
 _SLOT_ERRORS = (
     "requires more slots than the total number of slots",
     "barrier stage that requires more slots",
@@ -200,6 +201,7 @@ class Monitor:
         finished = sorted(self.finished - self.left)
         if finished:
             message += f" (ranks {finished} had already finished)"
+        lost_host = lost_host or d.get("lost_host")  # a detail of the driver's own (a lost executor)
         if not d or protocol.is_symptom(d, self.backend.peer_lost):
             message += self._silent_hosts()  # only a rank that lost its peers points at a host
             lost_host = lost_host or self._silent_place()
@@ -275,6 +277,9 @@ def translate(exc: BaseException, monitor: Monitor) -> BaseException:
         monitor.wait_for_reports()
     if lost:
         executor, reason = lost.group(1), lost.group(2).strip()
+        times = _TASK_FAILED_TIMES.search(text)  # plain tasks: Spark's retries of one task ran out
+        if times:
+            reason += f"; Spark ran that task {times.group(1)} times, its limit (spark.task.maxFailures)"
         if monitor.failures and not all(
             protocol.is_symptom(f, monitor.backend.peer_lost) for f in monitor.failures
         ):  # a rank failed by itself: its code, not the machine, is the cause

@@ -81,10 +81,17 @@ def _add_failures(monitor: Monitor, errors: List[BaseException]) -> None:
 
 
 def launch_spark(spark, data_df, spec: TaskSpec, monitor: Monitor, deadline: Deadline, profile=None):
-    """``np`` barrier tasks over ``data_df`` (rank r's shard in partition r), or over placeholders."""
+    """``np`` barrier tasks over ``data_df`` (rank r's shard in partition r), or over placeholders
+    (plain tasks with ``executor_loss="replace"``: :mod:`.elastic.executor_loss`)."""
     tasks = spec.world_size // spec.ranks_per_task
+    if not spec.barrier:
+        from .elastic.executor_loss import refuse_spark_rows
+
+        refuse_spark_rows(data_df)
     df = data_df if data_df is not None else spark.range(0, tasks, 1, tasks)
-    out = launch.map_groups(df, _task.barrier_task, spec, barrier=True, catch_errors=False, profile=profile)
+    out = launch.map_groups(
+        df, _task.barrier_task, spec, barrier=spec.barrier, catch_errors=False, profile=profile
+    )
     job = launch.JobTag(spark, f"run-{spec.run_id}")
     done, box, errors = threading.Event(), [], []
 

@@ -62,20 +62,49 @@ class Announces:
     the allGather too (``{"fallback": true}``): the run then goes on as a run of the gang exchange
     does (no live logs when no task reached the driver, the reach error when some did not)."""
 
-    def __init__(self, tasks: int, fallback_s: float = FALLBACK_S) -> None:
+    def __init__(
+        self,
+        tasks: int,
+        fallback_s: float = FALLBACK_S,
+        again: Optional[Callable[[int, int], object]] = None,
+        short: Optional[Callable[[int], None]] = None,
+    ) -> None:
         self.tasks, self.fallback_s = tasks, fallback_s
         self._lock = threading.Lock()
         self._got: Dict[int, Tuple[str, Callable[[dict], None]]] = {}
         self._fell_back = False
+        self._answer: Optional[list] = None  # every task's announcement, once all were in
+        # plain tasks (executor_loss="replace"): a task announced again after the answer is a lost
+        # executor's task started again (``again(task, attempt)``: join the survivors?), and
+        # ``short(n)`` is told, instead of a fallback, when only n announced in time
+        self._again, self._short = again, short
 
     def _fall_back(self) -> None:
         with self._lock:
             if len(self._got) >= self.tasks:
                 return
-            self._fell_back = True
-            sends = [s for _, s in self._got.values()]
+            if self._short is not None:  # no allGather to fall back to: the attempt fails
+                got = len(self._got)
+            else:
+                self._fell_back = True
+                sends = [s for _, s in self._got.values()]
+        if self._short is not None:
+            return self._short(got)
         for reply in sends:
             reply({"type": protocol.FRAME_PEERS, "fallback": True})
+
+    def _announced_again(self, task: int, ranks: str, attempt, send: Callable[[dict], None]) -> None:
+        """A lost executor's task, started again: answered as a replacement when ``again`` agrees
+        (its entry replaced by its new addresses), else left unanswered (the job is cancelled)."""
+        verdict = self._again(task, attempt if isinstance(attempt, int) else -1) if self._again else False
+        if verdict == "over":  # the others finished: the task ends without its ranks
+            return send({"type": protocol.FRAME_PEERS, "over": True})
+        if not verdict:
+            return
+        with self._lock:
+            self._answer[task] = ranks
+            answer = {"type": protocol.FRAME_PEERS, "tasks": list(self._answer), "replaces": True}
+        send(answer)
 
     def add(self, message: dict, send: Optional[Callable[[dict], None]]) -> None:
         task, ranks = message.get("task"), message.get("ranks")
@@ -90,14 +119,18 @@ class Announces:
             if self._fell_back:
                 send({"type": protocol.FRAME_PEERS, "fallback": True})
                 return
-            self._got[task] = (ranks, send)
-            if len(self._got) == 1 and self.tasks > 1:
-                timer = threading.Timer(self.fallback_s, self._fall_back)
-                timer.daemon = True
-                timer.start()
-            if len(self._got) < self.tasks:
-                return
-            answer = {"type": protocol.FRAME_PEERS, "tasks": [self._got[t][0] for t in range(self.tasks)]}
-            sends = [s for _, s in self._got.values()]
+            answered, sends = self._answer is not None, []
+            if not answered:
+                self._got[task] = (ranks, send)  # a task started again before the answer: its latest
+                if len(self._got) == 1 and self.tasks > 1 and self.fallback_s is not None:
+                    timer = threading.Timer(self.fallback_s, self._fall_back)
+                    timer.daemon = True
+                    timer.start()
+                if len(self._got) == self.tasks:
+                    self._answer = [self._got[t][0] for t in range(self.tasks)]
+                    sends = [s for _, s in self._got.values()]
+            answer = {"type": protocol.FRAME_PEERS, "tasks": list(self._answer or [])}
+        if answered:
+            return self._announced_again(task, ranks, message.get("attempt"), send)
         for reply in sends:
             reply(answer)

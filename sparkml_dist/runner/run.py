@@ -27,6 +27,7 @@ from ..errors import WorkerError
 from . import admission, decommission, failures, launchers, peer_exchange, protocol, roles, sizing
 from .data.plan import plan
 from .deadlines import Deadline
+from .elastic import executor_loss
 from .task_spec import TaskSpec
 from .timing import report as timing_report
 
@@ -76,7 +77,8 @@ class Run:
             "with_data": self.data is not None,
         }
         started = time.perf_counter()
-        where = self.launcher.what
+        plain = "Spark tasks (executor_loss='replace')"
+        where = self.launcher.what if r.executor_loss == "restart" else plain
         with (
             tracking.job_run("BarrierRunner", r.mlflow, settings) as self.track,
             progress.phase(f"running {self.world} ranks of {settings['function']} on {where}"),
@@ -186,6 +188,7 @@ class Run:
             # streamed lines: copying them there too would print each line twice
             echo=spark is not None and not _spark_env.local_master(spark),
             roles=r.roles,
+            executor_loss=r.executor_loss,
         )
 
     def _attempt(self, data, data_df, deadline: Deadline):
@@ -210,7 +213,10 @@ class Run:
         ok = False
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
-            spec = replace(spec, exchange=peer_exchange.mode(spark, host))
+            plain = r.executor_loss == "replace"  # plain tasks: their exchange is the driver's
+            spec = replace(spec, exchange="driver" if plain else peer_exchange.mode(spark, host))
+            if plain:
+                monitor.announces = executor_loss.exchange(monitor, r, tasks, self.per_task)
             with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
                 table = self.launcher.launch(r, data_df, spec, monitor, deadline)
             ranks = self._returning() if self.return_all else [0]

@@ -33,6 +33,7 @@ from .. import arg_checks
 from . import admission, backends, comm_settings, launchers, settings, sizing
 from . import roles as roles_
 from .data.sample_order import check_streams
+from .elastic import executor_loss as executor_loss_
 from .run import Run
 
 log = logging.getLogger(__name__)
@@ -165,6 +166,13 @@ class BarrierRunner:
             ``tf.distribute.Server`` until the chief's function returns. A lost worker's work goes
             to the other workers; a lost parameter server fails the run naming it. See
             :mod:`sparkml_dist.runner.roles`.
+        executor_loss: what a lost executor costs. ``"restart"`` (default): the ranks are one
+            Spark barrier stage, which ends when an executor is lost; every rank restarts from the
+            latest checkpoint (``max_restarts``). ``"replace"``: the ranks are plain Spark tasks;
+            Spark runs only the lost executor's task again, and inside
+            :func:`sparkml_dist.runner.elastic.run` its new rank joins the others, which keep their
+            processes (``backend="torch"``, ``max_restarts >= 1``, rows from files, not rank 0's
+            executor; see :mod:`sparkml_dist.runner.elastic.executor_loss`).
     """
 
     def __init__(
@@ -178,7 +186,7 @@ class BarrierRunner:
         max_restarts: int = 0, min_np: Optional[int] = None, checkpoint_dir: Optional[str] = None,
         model_bytes: Optional[int] = None, read_files: bool = True, work_dir: Optional[str] = None,
         staging_dir: Union[str, bool, None] = None, clean_work_dir: bool = False,
-        warm_ranks: bool = True, roles: Optional[dict] = None,
+        warm_ranks: bool = True, roles: Optional[dict] = None, executor_loss: str = "restart",
     ) -> None:  # fmt: skip
         self.backend_spec = spec = backends.get(backend)  # first: what else is checked depends on it
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
@@ -204,6 +212,7 @@ class BarrierRunner:
         self.read_files, self.staging_dir = bool(read_files), admission.check_staging_dir(staging_dir)
         self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
         self.warm_ranks = bool(warm_ranks)
+        self.executor_loss = executor_loss_.check(executor_loss, spec, np, max_restarts, self.roles)
         self.spark, self.seed = spark, 0  # the seed of the shared split that deals a DataFrame's rows
         self.sink = log_sink or (lambda text: sys.stdout.write(text))
 

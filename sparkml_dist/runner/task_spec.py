@@ -47,6 +47,14 @@ class TaskSpec:
     max_restarts: int = 0  # how often a rank lost inside elastic.run is replaced in place (tasks.replace)
     echo: bool = True  # copy rank lines to the task's stderr (not on local masters: that is the console)
     roles: Optional[Roles] = None  # a chief and parameter servers beside the workers (runner.roles)
+    # "restart": one barrier stage, a lost executor ends it; "replace": plain tasks, Spark retries
+    # only a lost executor's tasks and their ranks join the survivors (elastic.executor_loss)
+    executor_loss: str = "restart"
+
+    @property
+    def barrier(self) -> bool:
+        """The ranks' tasks form a barrier stage (else plain tasks: ``executor_loss="replace"``)."""
+        return self.executor_loss != "replace"
 
     def rank_env(self, rank: int, gpus: Optional[List[str]]) -> Dict[str, str]:
         """The environment rank ``rank``'s process starts with (the rendezvous comes later, in its

@@ -142,3 +142,51 @@ def test_a_decommissioned_executor_hands_over_and_no_step_is_trained_twice(spark
     assert torch.equal(out["weight"], reference["weight"]) and torch.equal(out["bias"], reference["bias"])
     print(f"notice at step 6, handed over at step {handed_at}")
     assert_no_rank_left(within=30)
+
+
+def test_an_executor_lost_inside_elastic_run_costs_only_its_own_rank(spark, tmp_path):
+    """``executor_loss="replace"``: rank 1's executor JVM is SIGKILLed at step 5 (its Python side,
+    its warm pool and rank 1 go with it).  Spark runs only that task again, on the executor the
+    worker starts in its place; its new rank joins rank 0, which keeps its process (the same pid,
+    ``main`` started once more in all, not once per rank), no attempt fails, every step's global
+    batch (by id) is one of the ranks' shards, each step once, and the model is what one process
+    computes on those batches.  ~60 s: a new executor, its Python daemon and pool start."""
+    import os
+
+    import numpy as np
+
+    from tests.support import elastic_helpers as eh
+
+    rng = np.random.default_rng(0)
+    rows = [(i, *map(float, rng.normal(size=4))) for i in range(64)]
+    features = {r[0]: r[1:] for r in rows}
+    df = spark.createDataFrame(rows, "id long, x0 double, x1 double, x2 double, x3 double").repartition(3)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    lines = []
+    runner = BarrierRunner(
+        2,
+        timeout=400,
+        max_restarts=1,
+        executor_loss="replace",
+        staging_dir=str(tmp_path / "stage"),
+        log_sink=lines.append,
+    )
+    out = runner.run_with_data(df, eh.main, str(marks), [(1, 5, "executor")], True)
+    text = "".join(lines)
+    print(text[-3000:])
+    seen = out["ranks"][0]["seen"]
+    assert [s for s, _ in seen] == list(range(eh.STEPS))
+    for rank in (0, 1):  # the rows of rank r at step s: its shard's, sorted by id, from s * 8 on
+        shard = sorted({i for _, ids in seen for i in ids[rank]})
+        assert len(shard) == 32, shard
+        for step, ids in seen:
+            assert ids[rank] == [shard[(step * 8 + j) % 32] for j in range(8)], (rank, step)
+    for key, value in eh.one_process(2, features=features, seen=seen).items():
+        assert torch.allclose(out["weights"][key], value, atol=1e-5), key
+    starts = sorted(n for n in os.listdir(marks) if n.startswith("start-"))
+    assert [n.rsplit("-", 1)[0] for n in starts] == ["start-0", "start-1", "start-1"], starts
+    assert out["ranks"][0]["pid"] == int(starts[0].rsplit("-", 1)[1])  # rank 0 kept its process
+    assert "lost with its executor" in text and "rank 1 rejoined at commit 5" in text, text[-2000:]
+    assert "attempt 1 failed" not in text
+    assert_no_rank_left(within=30)

@@ -50,9 +50,11 @@ def one_process(world: int, steps: int = STEPS, features=None, seen=None):
 
 def main(marks: str, kills=(), from_shard: bool = False, settle: float = 0.0):
     """``kills``: (rank, step) pairs; each kills that rank once (SIGKILL) when it reaches the step,
-    ``settle`` seconds after reaching it. ``state.seen``: each committed step's global batch, by id,
-    each rank's rows in rank order (a replicated counter). A process whose function starts with
-    what an optimizer imports already imported (a spare rank) leaves an ``ahead-`` mark."""
+    ``settle`` seconds after reaching it; (rank, step, "executor") kills its executor's JVM instead
+    (the executor's Python side, its warm pool and the rank die with it). ``state.seen``: each
+    committed step's global batch, by id, each rank's rows in rank order (a replicated counter). A
+    process whose function starts with what an optimizer imports already imported (a spare rank)
+    leaves an ``ahead-`` mark."""
     import sys
 
     import torch.distributed as dist
@@ -63,7 +65,7 @@ def main(marks: str, kills=(), from_shard: bool = False, settle: float = 0.0):
         open(os.path.join(marks, f"ahead-{dist.get_rank()}-{os.getpid()}"), "w").close()
     model, opt = _model()
     state = elastic.TorchState(model=model, optimizer=opt, step=0, seen=[])
-    train(state, marks, [tuple(k) for k in kills], from_shard, settle)
+    train(state, marks, {tuple(k[:2]): (k[2:] or ("process",))[0] for k in kills}, from_shard, settle)
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, {"pid": os.getpid(), "seen": state.seen})
     return {"weights": {k: v.detach().clone() for k, v in state.model.state_dict().items()}, "ranks": ranks}
@@ -95,6 +97,11 @@ def train(state, marks, kills, from_shard, settle=0.0):
         if (rank, state.step) in kills and not os.path.exists(mark):
             open(mark, "w").close()
             time.sleep(settle)
+            if kills[(rank, state.step)] == "executor":
+                from tests.support.helpers import kill_my_executor_jvm
+
+                kill_my_executor_jvm()
+                time.sleep(60)  # ended with its task (its pool or keeper kills it): never trains on
             os.kill(os.getpid(), signal.SIGKILL)
         ids, x, y = _shard_rows(state.step) if from_shard else _rows(state.step, rank, world)
         loss = ((ddp(x) - y) ** 2).mean()

@@ -24,6 +24,7 @@ class SparkGang:
 
         self._ctx = BarrierTaskContext.get()
         self.rank = self._ctx.partitionId()
+        self.attempt = self._ctx.attemptNumber()
 
     def allgather(self, message: str) -> List[str]:
         return list(self._ctx.allGather(message))
@@ -34,6 +35,21 @@ class SparkGang:
     def task_id(self) -> int:
         """Spark's id of this task attempt: the driver finds the executor that runs it from it."""
         return self._ctx.taskAttemptId()
+
+
+class PlainSparkGang(SparkGang):
+    """A plain (not barrier) task's context: Spark runs the run's tasks at once when it has the
+    slots (checked before the launch) and retries a task alone when its executor is lost."""
+
+    def __init__(self) -> None:
+        from pyspark import TaskContext
+
+        self._ctx = TaskContext.get()
+        self.rank = self._ctx.partitionId()
+        self.attempt = self._ctx.attemptNumber()
+
+    def allgather(self, message: str) -> List[str]:
+        raise RuntimeError("plain tasks have no allGather: their exchange goes through the driver")
 
 
 class ThreadGang:
@@ -53,6 +69,7 @@ class _ThreadMember:
 
     def __init__(self, gang: ThreadGang, rank: int) -> None:
         self._gang, self.rank = gang, rank
+        self.attempt = 0
 
     def allgather(self, message: str) -> List[str]:
         self._gang._slots[self.rank] = message

@@ -311,7 +311,10 @@ def supervise(
         for m, n in zip(members, rows):
             m.rows = n
         replace.keep_rows(members)
-        for m, (local_rank, message) in zip(members, exchange(members, ports, envs)):
+        starts = exchange(members, ports, envs)
+        if starts is None:  # started again after the others finished (executor_loss="replace")
+            return
+        for m, (local_rank, message) in zip(members, starts):
             m.begin(local_rank, message)
         await_all(members, cancel)
         if spec.workdir.clean and members[0].kept_cwd:
@@ -324,7 +327,7 @@ def supervise(
 
 
 def barrier_task(batches: Iterable[pa.RecordBatch], spec: TaskSpec) -> Iterator[pa.RecordBatch]:
-    """The mapInArrow(barrier=True) function: one task per partition, running its rank(s)."""
-    from .gangs import SparkGang
+    """The mapInArrow function (``barrier=spec.barrier``): one task per partition, running its rank(s)."""
+    from .gangs import PlainSparkGang, SparkGang
 
-    yield from supervise(SparkGang(), batches, spec)
+    yield from supervise(SparkGang() if spec.barrier else PlainSparkGang(), batches, spec)

@@ -1,0 +1,169 @@
+"""A lost executor costs its own ranks: ``BarrierRunner(executor_loss="replace")``.  [driver]
+
+Spark's barrier stage ends as a whole when one of its executors is lost, so every rank starts
+again from the latest checkpoint.  A stage of *plain* tasks does not: Spark runs the lost
+executor's task again (a new attempt, on whatever executor it gives) and leaves the others
+running.  With ``executor_loss="replace"`` the run's tasks are such plain tasks:
+
+* they exchange their addresses through the driver's log channel (no ``allGather`` outside a
+  barrier stage); the driver answers once every task announced, and fails the attempt when not
+  every task did within ``start_timeout`` (plain tasks are not gang-scheduled: the slots are
+  checked before the launch, as for a barrier stage);
+* a task announced again after the answer is a lost executor's task that Spark started again:
+  :meth:`Replacements.again` answers it with the run's peers marked ``"replaces"`` and its ranks
+  start as replacements that join the survivors' next group inside
+  :func:`sparkml_dist.runner.elastic.run` (their state from a live rank, as for a lost process);
+  the survivors never leave their processes;
+* a task started again after another rank finished (its task reported its end: the training is
+  done) is told so and ends without its ranks (``"over"``); with ``return_all`` its result is then
+  missing, which fails the run naming it;
+* it refuses (the attempt fails and the run restarts from its checkpoint, as without this
+  setting) when the run is failing already, when the lost task held rank 0 (whose process serves
+  the run's store: the survivors would have nothing to meet at), and past ``max_restarts``
+  replacements in one attempt.
+
+A rank that raises still fails the run (its task reports it and the driver cancels the job, so
+Spark's retry of that task is cancelled with it): a bug is not a lost executor.  The ranks' rows
+must come from files (a Parquet scan or staged rows: ``read_files``, ``staging_dir``), not
+through a shuffle whose blocks the lost executor held.  Only ``backend="torch"`` keeps survivors
+(Horovod, TensorFlow and JAX keep the checkpoint restart).
+
+Example::
+
+    BarrierRunner(np=4, max_restarts=3, executor_loss="replace").run(main)   # main uses elastic.run
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from ...errors import ConfigurationError
+
+MODES = ("restart", "replace")
+
+
+def check(mode: Any, backend, np_: Any, max_restarts: int, roles) -> str:
+    """``executor_loss``, refused by name where it cannot hold."""
+    if mode not in MODES:
+        raise ConfigurationError(
+            f"executor_loss must be 'restart' (a lost executor ends the barrier stage: every rank "
+            f"restarts from the checkpoint) or 'replace' (only its ranks start again); got {mode!r}"
+        )
+    if mode == "restart":
+        return mode
+    fix = "or leave executor_loss='restart'"
+    if not backend.torch_group:
+        raise ConfigurationError(
+            f"executor_loss='replace' keeps survivors inside elastic.run, on backend='torch' only; "
+            f"backend={backend.name!r} restarts from its checkpoint: {fix}"
+        )
+    if isinstance(np_, int) and np_ < 0:
+        raise ConfigurationError(f"executor_loss='replace' is for Spark tasks (np > 0), np={np_}: {fix}")
+    if max_restarts < 1:
+        raise ConfigurationError(
+            "executor_loss='replace' starts a lost executor's ranks again, at most max_restarts times: "
+            f"set max_restarts >= 1, {fix}"
+        )
+    if roles is not None:
+        raise ConfigurationError(f"executor_loss='replace' does not take roles or reduction servers: {fix}")
+    return mode
+
+
+def refuse_spark_rows(data_df) -> None:
+    """The ranks' rows must not come through Spark's shuffle (a lost executor's blocks go with it,
+    and Spark would then run every unfinished task again, the survivors' included)."""
+    if data_df is not None:
+        raise ConfigurationError(
+            "executor_loss='replace' needs the ranks to read their rows from files: a plain Parquet "
+            "scan, or any DataFrame staged once (read_files=True and a staging_dir every executor "
+            "reaches); these rows would be dealt through Spark's shuffle"
+        )
+
+
+class Replacements:
+    """The driver's decisions on a lost executor's tasks for one attempt (module docstring).
+
+    ``fail(detail)`` records a failure of the attempt (the monitor's ``add_failure``: the driver
+    then cancels the job), ``failing()`` says whether one is recorded, ``say`` shows a line."""
+
+    def __init__(
+        self,
+        ranks_per_task: int,
+        max_restarts: int,
+        fail: Callable[[dict], None],
+        failing: Callable[[], bool],
+        say: Callable[[str], Any],
+        finished: Callable[[], bool] = lambda: False,
+    ) -> None:
+        self.per_task, self.max_restarts = ranks_per_task, max_restarts
+        self._fail, self._failing, self._say, self._finished = fail, failing, say, finished
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def _failure(self, rank: int, message: str, lost: Optional[str] = None) -> None:
+        detail = dict(rank=rank, exit_code=None, phase="run", message=message, tail=[], failed_at=time.time())
+        if lost:  # a lost machine, not a bug: restarts go on however alike two losses look
+            detail["lost_host"] = lost
+        self._fail(detail)
+
+    def again(self, task: int, attempt: int):
+        """Task ``task`` announced again (Spark's attempt ``attempt``, its executor lost): whether
+        its ranks start as replacements (True), the attempt fails (False, said why), or the task
+        ends without them (``"over"``: another rank has finished, so the training is done and no
+        group is left to join)."""
+        ranks = list(range(task * self.per_task, (task + 1) * self.per_task))
+        names = ", ".join(map(str, ranks))
+        if self._failing():
+            return False  # the run is failing already: this retry is cancelled with the job
+        if self._finished():
+            self._say(f"[sparkml_dist] rank {names} lost with its executor after the others finished\n")
+            return "over"
+        if 0 in ranks:
+            self._failure(
+                0,
+                f"the executor of rank 0 was lost (Spark started its task again, attempt {attempt}): "
+                "rank 0's process serves the run's store, so the others cannot meet a new rank 0 "
+                "in place; the run starts again from its checkpoint",
+                lost="the executor of rank 0",
+            )
+            return False
+        with self._lock:
+            self.used += 1
+            used = self.used
+        if used > self.max_restarts:
+            self._failure(
+                ranks[0],
+                f"the executor of rank {names} was lost and max_restarts={self.max_restarts} "
+                "replacements were used in this attempt",
+            )
+            return False
+        self._say(
+            f"[sparkml_dist] rank {names} lost with its executor: Spark started its task again "
+            f"(attempt {attempt}); a new rank {names} joins the others, which keep running "
+            f"({used} of max_restarts={self.max_restarts})\n"
+        )
+        return True
+
+    def short(self, announced: int, tasks: int, start_timeout: float) -> None:
+        """Not every task announced within ``start_timeout``: plain tasks ran in waves."""
+        self._failure(
+            0,
+            f"only {announced} of the run's {tasks} tasks started within start_timeout="
+            f"{start_timeout}s: with executor_loss='replace' they are plain Spark tasks, which the "
+            "cluster must run at once (free slots for all of them); add executors or cores, or "
+            "lower np",
+        )
+
+
+def exchange(monitor, runner, tasks: int, per_task: int):
+    """The driver's side of the address exchange for one attempt of ``executor_loss="replace"``:
+    :class:`~sparkml_dist.runner.peer_exchange.Announces` whose tasks announced again go to a
+    :class:`Replacements`, and whose missing tasks after ``start_timeout`` fail the attempt."""
+    from ..peer_exchange import Announces
+
+    failing, finished = (lambda: monitor.failure is not None), (lambda: bool(monitor.finished))
+    book = Replacements(per_task, runner.max_restarts, monitor.add_failure, failing, runner.sink, finished)
+    start = runner.timeouts.start
+    return Announces(tasks, fallback_s=start, again=book.again, short=lambda n: book.short(n, tasks, start))
