@@ -68,8 +68,10 @@ class Announces:
         fallback_s: float = FALLBACK_S,
         again: Optional[Callable[[int, int], object]] = None,
         short: Optional[Callable[[int], None]] = None,
+        store: Optional[Tuple[str, int]] = None,
     ) -> None:
         self.tasks, self.fallback_s = tasks, fallback_s
+        self._store = {"store": list(store)} if store else {}  # the run's store, when the driver serves it
         self._lock = threading.Lock()
         self._got: Dict[int, Tuple[str, Callable[[dict], None]]] = {}
         self._fell_back = False
@@ -103,7 +105,12 @@ class Announces:
             return
         with self._lock:
             self._answer[task] = ranks
-            answer = {"type": protocol.FRAME_PEERS, "tasks": list(self._answer), "replaces": True}
+            answer = {
+                "type": protocol.FRAME_PEERS,
+                "tasks": list(self._answer),
+                "replaces": True,
+                **self._store,
+            }
         send(answer)
 
     def add(self, message: dict, send: Optional[Callable[[dict], None]]) -> None:
@@ -129,7 +136,7 @@ class Announces:
                 if len(self._got) == self.tasks:
                     self._answer = [self._got[t][0] for t in range(self.tasks)]
                     sends = [s for _, s in self._got.values()]
-            answer = {"type": protocol.FRAME_PEERS, "tasks": list(self._answer or [])}
+            answer = {"type": protocol.FRAME_PEERS, "tasks": list(self._answer or []), **self._store}
         if answered:
             return self._announced_again(task, ranks, message.get("attempt"), send)
         for reply in sends:

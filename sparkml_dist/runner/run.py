@@ -210,13 +210,15 @@ class Run:
             monitor.on_rendezvous, monitor.executor_gone = watch.add, watch.gone
         if r.roles is not None:  # the servers end once rank 0's function has returned
             _stop_servers_with_the_chief(monitor)
-        ok = False
+        ok, store = False, None  # the run's store, when the driver serves it (executor_loss)
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
-            plain = r.executor_loss == "replace"  # plain tasks: their exchange is the driver's
+            plain = r.executor_loss == "replace"  # plain tasks: their exchange and store are the driver's
             spec = replace(spec, exchange="driver" if plain else peer_exchange.mode(spark, host))
             if plain:
-                monitor.announces = executor_loss.exchange(monitor, r, tasks, self.per_task)
+                store = executor_loss.serve_store(host, r.timeouts.collective)
+                found = (host, store.port)
+                monitor.announces = executor_loss.exchange(monitor, r, tasks, self.per_task, found)
             with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
                 table = self.launcher.launch(r, data_df, spec, monitor, deadline)
             ranks = self._returning() if self.return_all else [0]
@@ -233,6 +235,7 @@ class Run:
                 watch.stop()
             quiet.cancel()
             server.close()
+            del store  # its server ends with the object: the ranks have ended
             monitor.end(ok)
             self._report_times(board, ok)
             if server.dropped:  # never silently: how many, whose, and where every line is

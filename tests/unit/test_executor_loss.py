@@ -20,12 +20,13 @@ def _book(max_restarts=1, failing=False):
 def test_a_task_announced_again_after_the_answer_joins_with_its_new_address_marked_replaces():
     book, failures, said = _book()
     got = {0: [], 1: [], "again": []}
-    a = Announces(tasks=2, fallback_s=None, again=book.again)
+    a = Announces(tasks=2, fallback_s=None, again=book.again, store=("10.0.0.1", 4242))
     a.add({"task": 0, "ranks": "[0]"}, got[0].append)
     a.add({"task": 1, "ranks": "[1]"}, got[1].append)
-    assert got[1] == [{"type": protocol.FRAME_PEERS, "tasks": ["[0]", "[1]"]}]
+    store = {"store": ["10.0.0.1", 4242]}  # every answer names the driver's store
+    assert got[1] == [{"type": protocol.FRAME_PEERS, "tasks": ["[0]", "[1]"], **store}]
     a.add({"task": 1, "ranks": "[1 elsewhere]", "attempt": 1}, got["again"].append)
-    again = {"type": protocol.FRAME_PEERS, "tasks": ["[0]", "[1 elsewhere]"], "replaces": True}
+    again = {"type": protocol.FRAME_PEERS, "tasks": ["[0]", "[1 elsewhere]"], "replaces": True, **store}
     assert got["again"] == [again]
     assert got[0] == got[1] and len(got[0]) == 1  # the survivors are told nothing
     assert not failures and "rank 1 lost with its executor" in said[0] and "(attempt 1)" in said[0]
@@ -42,14 +43,13 @@ def test_a_task_started_again_before_the_answer_is_no_replacement():
     assert book.used == 0 and not failures
 
 
-def test_rank_0_past_max_restarts_or_a_failing_run_fail_the_attempt_instead():
+def test_past_max_restarts_or_in_a_failing_run_the_attempt_fails_instead():
     book, failures, _ = _book(max_restarts=1)
     assert book.again(1, 1) is True
     assert book.again(1, 2) is False  # the second replacement of one attempt, max_restarts=1
     assert "max_restarts=1" in failures[-1]["message"] and failures[-1]["rank"] == 1
     book, failures, _ = _book(max_restarts=5)
-    assert book.again(0, 1) is False  # rank 0 serves the run's store
-    assert "rank 0" in failures[0]["message"] and failures[0]["lost_host"]
+    assert book.again(0, 1) is True and not failures  # rank 0 too: the driver serves the store
     book, failures, _ = _book(failing=True)
     assert book.again(1, 1) is False and not failures  # cancelled with the job: nothing more to say
 
@@ -109,3 +109,21 @@ def test_a_task_started_again_after_another_rank_finished_is_told_the_run_is_ove
     a.add({"task": 1, "ranks": "[1 again]", "attempt": 1}, got.append)
     assert got[-1] == {"type": protocol.FRAME_PEERS, "over": True}
     assert book.used == 0 and not failures and "after the others finished" in said[-1]
+
+
+def test_the_drivers_store_serves_clients_and_ends_with_its_object():
+    import datetime
+    import socket
+
+    import torch.distributed as dist
+
+    from sparkml_dist.runner.elastic.executor_loss import serve_store
+
+    store = serve_store("127.0.0.1", 10.0)
+    port = store.port
+    client = dist.TCPStore("127.0.0.1", port, None, False, timeout=datetime.timedelta(seconds=5))
+    client.set("k", "v")
+    assert store.get("k") == b"v"
+    del client, store
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()

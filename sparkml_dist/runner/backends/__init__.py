@@ -86,7 +86,9 @@ class TorchBackend(Backend):
     def prepare(self, rank, world, store_fd):
         import torch.distributed  # noqa: F401 - every rank imports torch while rank 0 starts the store
 
-        return _host_store(world, store_fd) if rank == 0 else None
+        return (
+            _host_store(world, store_fd) if rank == 0 and store_fd is not None else None
+        )  # else the driver's
 
     def join(self, state, rank, message, store_fd, reached):
         import torch.distributed as dist

@@ -17,10 +17,11 @@ running.  With ``executor_loss="replace"`` the run's tasks are such plain tasks:
 * a task started again after another rank finished (its task reported its end: the training is
   done) is told so and ends without its ranks (``"over"``); with ``return_all`` its result is then
   missing, which fails the run naming it;
+* the run's store (the ``TCPStore`` every rank meets at, and the generations of
+  :mod:`.membership`) is served by the driver (:func:`serve_store`), not by rank 0's process, so
+  rank 0's executor is lost like any other (torch must be installed on the driver);
 * it refuses (the attempt fails and the run restarts from its checkpoint, as without this
-  setting) when the run is failing already, when the lost task held rank 0 (whose process serves
-  the run's store: the survivors would have nothing to meet at), and past ``max_restarts``
-  replacements in one attempt.
+  setting) when the run is failing already and past ``max_restarts`` replacements in one attempt.
 
 A rank that raises still fails the run (its task reports it and the driver cancels the job, so
 Spark's retry of that task is cancelled with it): a bug is not a lost executor.  The ranks' rows
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Tuple
 
 from ...errors import ConfigurationError
 
@@ -68,6 +69,13 @@ def check(mode: Any, backend, np_: Any, max_restarts: int, roles) -> str:
         )
     if roles is not None:
         raise ConfigurationError(f"executor_loss='replace' does not take roles or reduction servers: {fix}")
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise ConfigurationError(
+            "executor_loss='replace' serves the run's store from the driver (it outlives every "
+            f"executor), which needs torch installed on the driver: pip install torch, {fix}"
+        )
     return mode
 
 
@@ -120,15 +128,6 @@ class Replacements:
         if self._finished():
             self._say(f"[sparkml_dist] rank {names} lost with its executor after the others finished\n")
             return "over"
-        if 0 in ranks:
-            self._failure(
-                0,
-                f"the executor of rank 0 was lost (Spark started its task again, attempt {attempt}): "
-                "rank 0's process serves the run's store, so the others cannot meet a new rank 0 "
-                "in place; the run starts again from its checkpoint",
-                lost="the executor of rank 0",
-            )
-            return False
         with self._lock:
             self.used += 1
             used = self.used
@@ -157,13 +156,26 @@ class Replacements:
         )
 
 
-def exchange(monitor, runner, tasks: int, per_task: int):
+def serve_store(host: str, timeout_s: float):
+    """The run's ``TCPStore``, served by the driver on ``host`` (a free port: ``store.port``) for
+    one attempt: it outlives every executor, rank 0's included.  Ends when the object is dropped."""
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False, timeout=timeout)
+
+
+def exchange(monitor, runner, tasks: int, per_task: int, store: Tuple[str, int]):
     """The driver's side of the address exchange for one attempt of ``executor_loss="replace"``:
-    :class:`~sparkml_dist.runner.peer_exchange.Announces` whose tasks announced again go to a
-    :class:`Replacements`, and whose missing tasks after ``start_timeout`` fail the attempt."""
+    :class:`~sparkml_dist.runner.peer_exchange.Announces` whose answers name the driver's
+    ``store`` (host, port), whose tasks announced again go to a :class:`Replacements`, and whose
+    missing tasks after ``start_timeout`` fail the attempt."""
     from ..peer_exchange import Announces
 
     failing, finished = (lambda: monitor.failure is not None), (lambda: bool(monitor.finished))
     book = Replacements(per_task, runner.max_restarts, monitor.add_failure, failing, runner.sink, finished)
     start = runner.timeouts.start
-    return Announces(tasks, fallback_s=start, again=book.again, short=lambda n: book.short(n, tasks, start))
+    short = lambda n: book.short(n, tasks, start)  # noqa: E731 - one line, named for the call
+    return Announces(tasks, fallback_s=start, again=book.again, short=short, store=store)

@@ -34,6 +34,7 @@ class DriverReplies:
         self.peers: Optional[List[str]] = None
         self.replaces = False  # a lost executor's task started again: its ranks join the survivors
         self.over = False  # ... after the others finished: nothing left to join, the task ends
+        self.store: Optional[Tuple[str, int]] = None  # the run's store, when the driver serves it
         self.fallback = False  # the driver said: use the gang's allGather (not every task reached it)
         self.ended = threading.Event()
         self.notice_to: List[str] = []  # work directories the driver's decommission notice goes to
@@ -56,6 +57,9 @@ class DriverReplies:
             self.fallback = True
             self.ended.set()
         elif message.get("type") == protocol.FRAME_PEERS and isinstance(tasks, list):
+            store = message.get("store")
+            if isinstance(store, list) and len(store) == 2 and isinstance(store[0], str):
+                self.store = (store[0], int(store[1]))  # the driver serves the run's store
             if all(isinstance(t, str) for t in tasks):
                 self.peers, self.replaces = tasks, message.get("replaces") is True
                 self.ended.set()
@@ -130,6 +134,11 @@ def exchange(members, ports: List[int], envs: List[Dict[str, str]]) -> Optional[
         place = (spec.timeouts.collective, spec.placement.nodes, spec.ranks_per_task)
         env, extra = m.backend.rank_env(m.rank, peers, m.gpus, *place, **roles)
         env.update(shard_env)
+        if members[0].replies.store:  # served by the driver (executor_loss="replace"), not rank 0
+            env["MASTER_ADDR"], env["MASTER_PORT"] = (
+                members[0].replies.store[0],
+                str(members[0].replies.store[1]),
+            )
         if members[0].replies.replaces:  # its init_process_group joins the survivors' next group
             env[protocol.REPLACES_ENV] = str(getattr(m.gang, "attempt", 1))
         starts.append((int(env.get("LOCAL_RANK", "0")), protocol.start_message(env, **extra)))

@@ -111,7 +111,8 @@ class Replacement:
         return (
             code != 0
             and process.seen.get(protocol.EVENT_ELASTIC, {}).get("inside") is True  # not raised out of it
-            and (self.rank != 0 or self.listener is not None)  # a new rank 0 serves the store again
+            # a new rank 0 serves the store again, unless the driver serves it (plain tasks)
+            and (self.rank != 0 or self.listener is not None or not self.spec.barrier)
             and self.replaced < self.spec.max_restarts
             and not cancelled
         )

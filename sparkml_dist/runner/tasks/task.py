@@ -118,7 +118,7 @@ class _RankTask:
         spec, listener, port = self.spec, None, 0
         env = spec.rank_env(self.rank, self.gpus)
         try:
-            if self.rank == 0 or self.backend.every_rank_listens:
+            if (self.rank == 0 and spec.barrier) or self.backend.every_rank_listens:  # plain: the driver's
                 if self.backend.framework_rebinds_port:  # closed, then bound again: no race for it
                     listener = network.reserve_port(self.address)
                 else:
