@@ -25,6 +25,23 @@ def test_the_clock_counts_the_most_explicit_steps_once():
     assert totals["steps"] == 3 and totals["data_s"] == 0.001
 
 
+def test_a_step_abandoned_for_a_lost_peer_counts_neither_it_nor_the_wait_after_it():
+    """Inside elastic.run, the step in flight when a peer was lost and the wait for the group to
+    form again are nobody's step time: the survivor is not named the straggler for them."""
+    import time
+
+    clock = clock_mod.StepClock()
+    clock.begin("hook")
+    clock.begin("hook")  # one step done
+    time.sleep(0.05)
+    clock.abandon()  # the peer was lost mid-step
+    time.sleep(0.05)  # the group forms again
+    clock.begin("hook")
+    clock.begin("hook")  # one more step
+    totals = clock.totals()
+    assert totals["steps"] == 2 and totals["step_s"] < 0.05, totals
+
+
 def test_a_malformed_summary_is_dropped_and_a_slow_rank_is_named_once():
     said = []
     board = Board(2, said.append, {0: "h0", 1: "h1"})

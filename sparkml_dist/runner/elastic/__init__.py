@@ -15,8 +15,10 @@ rank (rank 0 included) without a restart of the run:
 
 Rank 0's process serves the run's store: a new rank 0 serves a new one on the same socket, and the
 others connect to it again. Losing an executor (Spark's barrier stage) restarts the run from the
-latest checkpoint (``max_restarts``, ``checkpoint_dir``), as without ``elastic.run``; so does a
-rank that raises (a bug is not a lost rank). Horovod, TensorFlow and JAX runs keep checkpoint
+latest checkpoint (``max_restarts``, ``checkpoint_dir``), as without ``elastic.run``, unless the
+run has ``executor_loss="replace"`` (plain tasks: only the lost executor's ranks start again, and
+the driver serves the store, :mod:`.executor_loss`); a rank that raises restarts the run either
+way (a bug is not a lost rank). Horovod, TensorFlow and JAX runs keep checkpoint
 restarts.
 
 Example::
@@ -55,6 +57,7 @@ from typing import Callable
 
 from ...errors import ConfigurationError
 from .. import backends, comm_settings, protocol, rank_channel
+from ..timing.clock import CLOCK
 from . import membership
 from .state import TorchState
 
@@ -138,6 +141,7 @@ def _survive(func: Callable, state: TorchState, args: tuple, kwargs: dict):
         except Exception as exc:
             if not lost_peer(exc):
                 raise
+            CLOCK.abandon()  # the wait for the new group is nobody's step time
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
             if member.rank == 0:
                 _say(f"[sparkml_dist] a rank was lost ({first}): the others wait for its replacement")

@@ -11,7 +11,8 @@ registers too (its ``init_process_group`` is this module's). A generation is for
 under that generation's prefix of the same store, so no key of an older group is read again. A rank
 that finds the generation already formed without it (a later loss) waits for the next one.
 
-Rank 0's process serves the store. When it is lost, its task starts a rank 0 that serves a new,
+Rank 0's process serves the store (with ``executor_loss="replace"`` the driver does, and a lost
+rank 0 is replaced as any other rank). When it is lost, its task starts a rank 0 that serves a new,
 empty store on the same socket; each survivor's store calls then fail, it connects again (the
 connection waits in the socket's backlog until the new store serves it), finds another store's id
 under :data:`ID_KEY`, and starts over at generation 0 of the new store with the new rank 0.

@@ -81,6 +81,12 @@ class StepClock:
             if self._take(source):
                 self._began = None
 
+    def abandon(self) -> None:
+        """The open step did not complete (a peer was lost inside ``elastic.run``): neither it nor
+        the wait for the group to form again counts as a step's time (it is no straggler's)."""
+        with self._lock:
+            self._began = None
+
     def _take(self, source: str) -> bool:
         """(under the lock) Whether ``source``'s boundaries count; a more explicit one takes over,
         its first boundary starting afresh (what the others counted stays)."""
