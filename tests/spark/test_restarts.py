@@ -195,3 +195,29 @@ def test_executors_lost_inside_elastic_run_cost_only_their_own_ranks(spark, tmp_
     assert "rank 0 rejoined at commit 3" in text and "rank 1 rejoined at commit 7" in text, text[-2000:]
     assert "attempt 1 failed" not in text
     assert_no_rank_left(within=30)
+
+
+def test_a_rank_that_raises_under_executor_loss_replace_fails_the_run_without_spark_retries(spark, tmp_path):
+    """Plain tasks are retried by Spark (``spark.task.maxFailures``), but a rank that raises is a
+    bug, not a lost executor: the driver cancels the job at its report, so each attempt of the run
+    starts the function once per rank (the run's restart, ``max_restarts=1``, is the only second
+    start), and the error names rank 1 and its ValueError in both attempts."""
+    import os
+
+    from tests.support import elastic_helpers as eh
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    lines = []
+    with pytest.raises(WorkerError) as caught:
+        BarrierRunner(2, timeout=300, max_restarts=1, executor_loss="replace", log_sink=lines.append).run(
+            eh.raises_inside, str(marks)
+        )
+    text = str(caught.value)
+    assert caught.value.rank == 1 and "ValueError: injected bug at step 3" in caught.value.worker_traceback
+    for attempt in (1, 2):
+        assert f"attempt {attempt}: rank 1 exited with code 1 [ValueError: injected bug at step 3]" in text
+    ran = sorted(n.rsplit("-", 1)[0] for n in os.listdir(marks))
+    assert ran == ["ran-0", "ran-0", "ran-1", "ran-1"], ran  # one start per rank and attempt
+    assert not any("lost with its executor" in ln for ln in lines)
+    assert_no_rank_left(within=30)

@@ -174,3 +174,28 @@ def uneven_counters():
         return state.step
 
     return train(state)
+
+
+def raises_inside(marks: str, failing: int = 1, at: int = 3):
+    """Rank ``failing`` raises a ValueError at step ``at`` inside ``elastic.run`` (a bug, not a
+    lost rank); each process leaves a ``ran-<rank>-<pid>`` mark as it starts."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    open(os.path.join(marks, f"ran-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    model, opt = _model()
+    state = elastic.TorchState(model=model, optimizer=opt, step=0)
+
+    @elastic.run
+    def steps(state):
+        while state.step < STEPS:
+            if dist.get_rank() == failing and state.step == at:
+                raise ValueError(f"injected bug at step {state.step}")
+            t = torch.ones(1)
+            dist.all_reduce(t)
+            state.step += 1
+            state.commit()
+
+    steps(state)
+    return state.step
