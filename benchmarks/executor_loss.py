@@ -193,7 +193,7 @@ def main(args, train, train_elastic) -> None:
 def _print(args, clean: dict, failed: dict) -> None:
     per_step = clean["wall"] / args.steps
     print(
-        f"\n{args.steps} steps on local-cluster[{args.executors},1,1024] (2 barrier tasks), a checkpoint "
+        f"\n{args.steps} steps on local-cluster[{args.executors},1,1024] (2 tasks), a checkpoint "
         f"every {args.every}; the executor under rank {args.victim} hit {clean['wall'] / 10:.1f} s after "
         "each start of that rank (a tenth of the undisturbed run):"
     )
@@ -201,10 +201,11 @@ def _print(args, clean: dict, failed: dict) -> None:
         n = max(1, f["losses"])
         how = "SIGPWR (decommissioned)" if kind == "decommission" else "SIGKILL"
         steps = "the new rank's start and the state from rank 0" if kind == "in_place" else "restart"
+        seen = "the lost task running again (Spark)" if kind == "in_place" else "detection"
         ratio = f["wall"] / clean["wall"]
         print(
             f"  {kind}: {f['losses']} executors {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "
-            f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: detection {f['detect_s'] / n:.2f} s, "
+            f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: {seen} {f['detect_s'] / n:.2f} s, "
             f"{steps} to the first step {f['restart_s'] / n:.2f} s, {f['redone'] / n:.0f} steps trained "
             f"twice (~{f['redone'] * per_step / n:.2f} s)"
         )
