@@ -9,7 +9,10 @@ later runs exchange through the driver instead (``TaskSpec.exchange == "driver"`
 sends one ``FRAME_ANNOUNCE`` and :class:`Announces` answers every task with ``FRAME_PEERS`` (all
 the announcements, in task order) as soon as the last one arrives.  A task of such a run that
 cannot reach the driver uses the allGather, and the others are told to join it
-(:data:`FALLBACK_S`); the task side is :mod:`sparkml_dist.runner.tasks.exchange`.
+(:data:`FALLBACK_S`); the task side is :mod:`sparkml_dist.runner.tasks.exchange`.  A run of plain
+tasks (``executor_loss="replace"``) always exchanges here: its answers name the driver's store,
+a task announced again after the answer is a lost executor's task that Spark started again
+(:mod:`sparkml_dist.runner.elastic.executor_loss` decides), and no fallback exists.
 
 Example::
 

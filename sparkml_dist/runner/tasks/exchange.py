@@ -59,7 +59,8 @@ class DriverReplies:
         elif message.get("type") == protocol.FRAME_PEERS and isinstance(tasks, list):
             store = message.get("store")
             if isinstance(store, list) and len(store) == 2 and isinstance(store[0], str):
-                self.store = (store[0], int(store[1]))  # the driver serves the run's store
+                if isinstance(store[1], int) and 0 < store[1] < 65536:
+                    self.store = (store[0], store[1])  # the driver serves the run's store
             if all(isinstance(t, str) for t in tasks):
                 self.peers, self.replaces = tasks, message.get("replaces") is True
                 self.ended.set()
