@@ -84,6 +84,8 @@ FLAGS = (
     Flag("--warm-ranks", "warm_ranks", "optional", True, "--no-warm-ranks: every rank a new interpreter"),
     Flag("--roles", "roles", "pairs", None, "ROLE=COUNT with --backend tensorflow: parameter servers (and "
          "the chief) beside the --np workers, the script on the chief (ps=2; repeat it)"),
+    Flag("--executor-loss", "executor_loss", str, "restart", "what a lost executor costs: restart (every "
+         "rank, from the checkpoint) or replace (only its ranks, inside elastic.run)"),
 )  # fmt: skip
 NOT_FLAGS = {"spark": "--master (the command's session)", "log_sink": "the console"}
 DATA_FLAGS = (

@@ -212,7 +212,8 @@ class BarrierRunner:
         self.read_files, self.staging_dir = bool(read_files), admission.check_staging_dir(staging_dir)
         self.allow_unencrypted, self.allow_unauthenticated = allow_unencrypted, allow_unauthenticated
         self.warm_ranks = bool(warm_ranks)
-        self.executor_loss = executor_loss_.check(executor_loss, spec, np, max_restarts, self.roles)
+        local = launchers.local_processes(np)
+        self.executor_loss = executor_loss_.check(executor_loss, spec, local, max_restarts, self.roles)
         self.spark, self.seed = spark, 0  # the seed of the shared split that deals a DataFrame's rows
         self.sink = log_sink or (lambda text: sys.stdout.write(text))
 

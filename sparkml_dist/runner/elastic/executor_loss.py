@@ -45,8 +45,9 @@ from ...errors import ConfigurationError
 MODES = ("restart", "replace")
 
 
-def check(mode: Any, backend, np_: Any, max_restarts: int, roles) -> str:
-    """``executor_loss``, refused by name where it cannot hold."""
+def check(mode: Any, backend, local: bool, max_restarts: int, roles) -> str:
+    """``executor_loss``, refused by name where it cannot hold (``local``: the ranks are local
+    processes, ``np < 0``)."""
     if mode not in MODES:
         raise ConfigurationError(
             f"executor_loss must be 'restart' (a lost executor ends the barrier stage: every rank "
@@ -60,8 +61,8 @@ def check(mode: Any, backend, np_: Any, max_restarts: int, roles) -> str:
             f"executor_loss='replace' keeps survivors inside elastic.run, on backend='torch' only; "
             f"backend={backend.name!r} restarts from its checkpoint: {fix}"
         )
-    if isinstance(np_, int) and np_ < 0:
-        raise ConfigurationError(f"executor_loss='replace' is for Spark tasks (np > 0), np={np_}: {fix}")
+    if local:
+        raise ConfigurationError(f"executor_loss='replace' is for Spark tasks (np > 0), not np < 0: {fix}")
     if max_restarts < 1:
         raise ConfigurationError(
             "executor_loss='replace' starts a lost executor's ranks again, at most max_restarts times: "
