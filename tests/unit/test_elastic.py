@@ -139,7 +139,9 @@ def test_a_state_crosses_with_any_dtype_large_counters_and_tuples_kept():
     assert got["losses"] == (10**6, 0.5, 0.5)
     assert got["pair"] == (1, "x")
     assert got["nested"] == {3: (1.5, [1]), "__sd_t": "a text key that looks like a tag"}
-    assert got["seconds"] < 2.0 and got["grown_mib"] < 150, got
+    # the time is a guard against the old way (4-6 s), with room for a loaded machine (2.2 s seen in a
+    # CI-like run); the memory is the firmer witness
+    assert got["seconds"] < 3.5 and got["grown_mib"] < 150, got
 
 
 def test_counters_only_some_ranks_hold_are_refused_by_name():
