@@ -13,7 +13,9 @@ that replaced the last victim trains:
   sees it, the ranks save at one agreed step and the run starts again from that checkpoint;
 * ``in_place``: the executor JVM is SIGKILLed under the job of ``train_elastic`` (``elastic.run``,
   a commit in memory every ``--commit-every`` steps) with ``executor_loss="replace"``: Spark runs
-  only the lost task again, and its new rank joins rank 0, which keeps running.
+  only the lost task again, and its new rank joins rank 0, which keeps running;
+* ``decommission_in_place``: the same job sent SIGPWR: the rank leaves at its next commit, Spark
+  runs its task again elsewhere, and its new rank joins rank 0 at that commit.
 
 Each loss is broken down from the driver's console and the steps rank 0 logged: detection (the
 signal to the driver's line about it; in place: to the driver's line that Spark started the task
@@ -70,7 +72,7 @@ def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 
     with tempfile.TemporaryDirectory(prefix="bench-executor-loss-") as run_dir:
         hits: list = []
         stop = threading.Event()
-        sig = signal.SIGPWR if kind == "decommission" else signal.SIGKILL
+        sig = signal.SIGPWR if kind.startswith("decommission") else signal.SIGKILL
         if interval > 0:
             args = (run_dir, victim, interval, sig, stop, hits)
             threading.Thread(target=hitter, args=args, daemon=True).start()
@@ -82,7 +84,7 @@ def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 
             timeout=3600,
             warm_ranks=kind != "cold",
             log_sink=lambda text: lines.append((time.time(), text)),
-            executor_loss="replace" if kind == "in_place" else "restart",
+            executor_loss="replace" if kind.endswith("in_place") else "restart",
         )
         t0 = time.time()
         try:
@@ -128,7 +130,8 @@ def hitter(run_dir: str, victim: int, interval: float, sig, stop: threading.Even
 
 def _about_a_loss(text: str) -> bool:
     """The driver's line on a loss: an attempt failed or handed over, or a task started again."""
-    return ("attempt" in text and ("failed" in text or "handed over" in text)) or "lost with its" in text
+    lost = "lost with its" in text or "left its decommissioned" in text  # in place: its task runs again
+    return ("attempt" in text and ("failed" in text or "handed over" in text)) or lost
 
 
 def _breakdown(wall: float, steps: int, hits: list, events: list, lines: list) -> dict:
@@ -175,14 +178,14 @@ def main(args, train, train_elastic) -> None:
     try:
         one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
         kinds = tuple(args.kinds.split(","))
-        plain = train_elastic if kinds == ("in_place",) else train
+        plain = train_elastic if all(k.endswith("in_place") for k in kinds) else train
         commits = args.commit_every or args.every
         for r in range(args.repeats):
             clean = one_run(plain, args.steps, commits if plain is train_elastic else args.every)
             print(f"round {r} undisturbed: {clean['wall']:.1f} s, {clean['trained']} steps", flush=True)
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
-                job, every = (train_elastic, commits) if kind == "in_place" else (train, args.every)
+                job, every = (train_elastic, commits) if kind.endswith("in_place") else (train, args.every)
                 failed[kind] = one_run(job, args.steps, every, clean["wall"] / 10, args.victim, kind)
                 print(f"round {r} {kind}: {failed[kind]}", flush=True)
         _print(args, clean, failed)
@@ -199,9 +202,10 @@ def _print(args, clean: dict, failed: dict) -> None:
     )
     for kind, f in failed.items():
         n = max(1, f["losses"])
-        how = "SIGPWR (decommissioned)" if kind == "decommission" else "SIGKILL"
-        steps = "the new rank's start and the state from rank 0" if kind == "in_place" else "restart"
-        seen = "the lost task running again (Spark)" if kind == "in_place" else "detection"
+        how = "SIGPWR (decommissioned)" if kind.startswith("decommission") else "SIGKILL"
+        place = kind.endswith("in_place")
+        steps = "the new rank's start and the state from rank 0" if place else "restart"
+        seen = "the lost task running again (Spark)" if place else "detection"
         ratio = f["wall"] / clean["wall"]
         print(
             f"  {kind}: {f['losses']} executors {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "

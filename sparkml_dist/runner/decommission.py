@@ -18,6 +18,13 @@ has no scheduler to ask) with ``spark.decommission.enabled``, a ``checkpoint_dir
 ``max_restarts >= 1``; otherwise a decommissioned executor is a lost one when it goes (a restart
 from the latest checkpoint).
 
+**In place** (:func:`in_place`: ``executor_loss="replace"``, with ``spark.decommission.enabled``
+on a classic session): nothing restarts.  The watch tells the tasks of the ranks on each
+decommissioned executor (once per executor, for the whole attempt); those ranks leave at their next
+``elastic.run`` commit (:meth:`~sparkml_dist.runner.elastic.TorchState.commit`), their tasks end so
+that Spark runs them again on an executor that stays, and the new ranks join the others, which go
+back to that same commit: no completed step is trained again (:mod:`.elastic.executor_loss`).
+
 Example (what the console shows)::
 
     [sparkml_dist] executor 1 on 10.0.0.12 (ranks 1) is being decommissioned: the ranks save at
@@ -61,6 +68,16 @@ def armed(spark, runner) -> bool:
         return False
     if not getattr(runner.backend_spec, "torch_group", False):
         return False
+    return _enabled(spark)
+
+
+def in_place(spark, runner) -> bool:
+    """A decommissioned executor's ranks leave at their next commit and start again elsewhere,
+    the others keep running (see the module docstring)."""
+    return runner.executor_loss == "replace" and classic(spark) and _enabled(spark)
+
+
+def _enabled(spark) -> bool:
     return str(spark.conf.get("spark.decommission.enabled", "false")).strip().lower() == "true"
 
 
@@ -69,7 +86,9 @@ class Watch:
     whether one has gone (:meth:`gone`), and with ``notices`` the decommission watch (see the
     module docstring)."""
 
-    def __init__(self, spark, say: Callable[[str], Any], notices: bool = True) -> None:
+    def __init__(
+        self, spark, say: Callable[[str], Any], notices: bool = True, in_place: bool = False
+    ) -> None:
         sc = spark.sparkContext._jsc.sc()
         self._scheduler, self._backend = sc.taskScheduler(), sc.schedulerBackend()
         self._say = say
@@ -77,8 +96,11 @@ class Watch:
         self._tasks: Dict[int, int] = {}  # rank -> Spark task id
         self._hosts: Dict[int, str] = {}
         self._executors: Dict[int, str] = {}  # rank -> executor id
-        self._send: Optional[Callable[[dict], None]] = None  # rank 0's task's reply channel
+        self._send: Dict[int, Callable[[dict], None]] = {}  # rank -> its task's reply channel
         self.notice: Optional[str] = None  # the decommissioned executor, once seen
+        self.in_place = in_place  # tell the executor's own ranks, and go on watching the others
+        self.told: Dict[str, list] = {}  # executor -> its ranks, told of its decommission
+        self._leaving: set = set()  # in place: ranks told to leave, not yet started again
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="sparkml_dist-decommission", daemon=True)
         if notices:
@@ -90,13 +112,25 @@ class Watch:
         if not isinstance(rank, int) or not isinstance(task, int) or isinstance(task, bool):
             return
         with self._lock:
+            if self._tasks.get(rank) != task:  # a rank started again in another task: its executor anew
+                self._executors.pop(rank, None)
             self._tasks[rank] = task
             self._hosts[rank] = str(msg.get("host", "?"))
-            if rank == 0:
-                self._send = send
+            if send is not None and (rank == 0 or self.in_place):
+                self._send[rank] = send
+
+    def left(self, ranks) -> bool:
+        """``ranks`` left their decommissioned executor on its notice (in place); True once per
+        notice (their task started again: a later loss of theirs is a loss)."""
+        with self._lock:
+            if not self.in_place or not set(ranks) <= self._leaving:
+                return False
+            self._leaving -= set(ranks)
+            return True
 
     def noticed(self) -> bool:
-        return self.notice is not None
+        """A notice ended this attempt's ranks (a checkpoint handover; not one handled in place)."""
+        return self.notice is not None and not self.in_place
 
     def gone(self, ranks) -> bool:
         """Whether the executor of one of ``ranks`` has left Spark (lost, or leaving): the driver
@@ -143,20 +177,29 @@ class Watch:
             if executor is not None:
                 by_executor.setdefault(executor, []).append(rank)
         for executor, ranks in sorted(by_executor.items()):
+            if executor in self.told:
+                continue
             if self._scheduler.getExecutorDecommissionState(executor).isDefined():
                 self._tell(executor, sorted(ranks))
-                return True
+                return not self.in_place  # in place: the other executors are watched on
         return False
 
     def _tell(self, executor: str, ranks: list) -> None:
         self.notice = executor
         host = self._hosts.get(ranks[0], "?")
+        names = ", ".join(map(str, ranks))
+        then = (
+            "its ranks leave at their next commit and Spark starts them again on another executor; the "
+            "others keep running"
+            if self.in_place
+            else "the ranks save at their next agreed step and start again on the executors that stay"
+        )
         self._say(
-            f"[sparkml_dist] executor {executor} on {host} (ranks {', '.join(map(str, ranks))}) is being "
-            "decommissioned: the ranks save at their next agreed step and start again on the executors "
-            "that stay\n"
+            f"[sparkml_dist] executor {executor} on {host} (ranks {names}) is being decommissioned: {then}\n"
         )
         with self._lock:
-            send = self._send
-        if send is not None:
+            self.told[executor] = ranks
+            self._leaving |= set(ranks)
+            sends = [self._send.get(r) for r in (ranks if self.in_place else [0])]
+        for send in {id(s): s for s in sends if s is not None}.values():  # a task of several ranks: once
             send({"type": protocol.FRAME_NOTICE, "executor": executor, "host": host})

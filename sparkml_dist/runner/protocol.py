@@ -51,6 +51,7 @@ REPLACES_ENV = "SPARKML_DIST_REPLACES"  # "n": this rank replaces one lost insid
 SPARE_ENV = "SPARKML_DIST_SPARE"  # "1": a rank started ahead, to take a lost rank's place (tasks.replace)
 HANDOVER_ENV = "SPARKML_DIST_HANDOVER"  # "1": a decommission notice makes the ranks save and hand over
 NOTICE_FILE = "decommission"  # written into rank 0's work directory when the driver sends FRAME_NOTICE
+LEAVE_ENV = "SPARKML_DIST_LEAVE_ON_NOTICE"  # "1" (executor_loss="replace"): a noticed rank leaves at a commit
 ROLE_ENV = "SPARKML_DIST_ROLE"  # with roles (runner.roles): "chief", "worker", "ps" or "reducer"
 STOP_FILE = "stop"  # written into a server rank's work directory when the driver sends FRAME_STOP
 
@@ -82,6 +83,8 @@ EVENT_EXIT = "exit"  # {"code"}: the function called sys.exit(code)
 EVENT_RAISED = "raised"  # the function raised: the rank leaves with code 1 (after its atexit handlers)
 EVENT_METRICS = "metrics"  # {"step", "metrics"}: context().log_metrics on rank 0
 EVENT_ELASTIC = "elastic"  # {"inside"}: the function entered elastic.run (true) or left it (false)
+EVENT_OVER = "over"  # a new rank found the training over (another rank returned): it ends, no result
+EVENT_LEAVE = "leave"  # {"commits"}: the rank leaves its decommissioned executor (elastic.run's commit)
 EVENT_TIMING = "timing"  # {"steps", "step_s", "data_s", "comm_s", "final"}: the rank's step clock so far
 STUCK_MARK = "stuck collective: "  # a log line naming who is in a stuck collective (stall_watch)
 WORKDIR_MARK = "working directory on "  # a task's kept directory; the driver shows one line per path
@@ -96,7 +99,7 @@ FRAME_TIMING = "timing"  # {"rank", "host", "steps", "step_s", "data_s", "comm_s
 FRAME_FAILED = "failed"  # {"rank", "exit_code", "phase", "message", "tail", "failed_at"}
 FRAME_ANNOUNCE = "announce"  # {"task", "ranks": its announce()s as a JSON list} (exchange "driver")
 FRAME_PEERS = "peers"  # driver -> task: {"tasks": every task's "ranks", in task order}
-FRAME_NOTICE = "notice"  # driver -> rank 0's task: {"executor", "host"}: an executor is decommissioned
+FRAME_NOTICE = "notice"  # driver -> rank 0's task ("replace": the noticed ranks'): {"executor", "host"}
 FRAME_STOP = "stop"  # driver -> a server's task (runner.roles): rank 0's function returned, the servers end
 
 FAILURE_MARKER = "SPARKML_DIST_RANK_FAILURE:"
@@ -203,6 +206,11 @@ class RankFailure(RuntimeError):
     def __init__(self, detail: dict) -> None:
         self.detail = detail
         super().__init__(f"{detail['message']} {FAILURE_MARKER}{json.dumps(detail)}")
+
+
+class LeftOnNotice(RuntimeError):
+    """Raised by a task whose ranks left their decommissioned executor at a commit
+    (``executor_loss="replace"``): no failure of the run, Spark runs the task again elsewhere."""
 
 
 def parse_failure(text: str) -> Optional[dict]:

@@ -61,7 +61,8 @@ class Run:
         self.attempt = 0
         self.track: Any = tracking.NullRun()  # rank 0's metrics land there
         spark = self.spark if isinstance(self.launcher, launchers.SparkLauncher) else None
-        self.handover = decommission.armed(spark, runner)  # a decommission notice: save and go on
+        self.in_place = decommission.in_place(spark, runner)  # a notice: its ranks leave, the others go on
+        self.handover = decommission.armed(spark, runner) and not self.in_place  # ... or: save and go on
         self.handovers = 0  # attempts ended by one (not counted against max_restarts)
 
     def execute(self):
@@ -161,6 +162,8 @@ class Run:
             checkpoint = ((CHECKPOINT_DIR_ENV, d if "://" in d else os.path.abspath(d)),)
             if self.handover:
                 checkpoint += ((protocol.HANDOVER_ENV, "1"),)
+        if self.in_place:
+            checkpoint += ((protocol.LEAVE_ENV, "1"),)
         env = replace(r.env, tracking=tracking.rank_env(self.track), checkpoint=checkpoint)
         return TaskSpec(
             run_id=run_id,
@@ -205,7 +208,9 @@ class Run:
         server = listen(secret, monitor.on_message, host, replies=True, expected=tasks)
         spark = self.spark if isinstance(self.launcher, launchers.SparkLauncher) else None
         quiet = _QuietChannel(server, r, self.launcher, self.world // self.per_task)
-        watch = decommission.Watch(spark, r.sink, self.handover) if decommission.classic(spark) else None
+        watch = None
+        if decommission.classic(spark):  # which executor runs each rank, and whether it is leaving
+            watch = decommission.Watch(spark, r.sink, self.handover or self.in_place, self.in_place)
         if watch is not None:  # which executor runs each rank: a lost one is known at once
             monitor.on_rendezvous, monitor.executor_gone = watch.add, watch.gone
         if r.roles is not None:  # the servers end once rank 0's function has returned
@@ -218,7 +223,8 @@ class Run:
             if plain:
                 store = executor_loss.serve_store(host, r.timeouts.collective)
                 found = (host, store.port)
-                monitor.announces = executor_loss.exchange(monitor, r, tasks, self.per_task, found)
+                left = watch.left if watch is not None else (lambda ranks: False)
+                monitor.announces = executor_loss.exchange(monitor, r, tasks, self.per_task, found, left)
             with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
                 table = self.launcher.launch(r, data_df, spec, monitor, deadline)
             ranks = self._returning() if self.return_all else [0]

@@ -144,15 +144,11 @@ def test_a_decommissioned_executor_hands_over_and_no_step_is_trained_twice(spark
     assert_no_rank_left(within=30)
 
 
-def test_executors_lost_inside_elastic_run_cost_only_their_own_ranks(spark, tmp_path):
-    """``executor_loss="replace"``: rank 0's executor JVM is SIGKILLed at step 3, then rank 1's at
-    step 7 (its Python side, its warm pool and its rank go with it).  Spark runs only the lost
-    task again each time, on the executor the worker starts in its place; the new rank joins the
-    other, which keeps its process (``main`` started 4 times in all: twice per rank, never a
-    restart of everyone; the run's store is the driver's, so rank 0's loss is one like any
-    other), no attempt fails, every step's global batch (by id) is one of the ranks' shards, each
-    step once, and the model is what one process computes on those batches.  ~75 s: two new
-    executors, their Python daemons and pools start."""
+def _replaced_run(spark, tmp_path, kills):
+    """``elastic_helpers.main`` over 64 staged rows (32 a rank, 8 a step), ``executor_loss="replace"``
+    and ``kills``; checks that every step's global batch (by id) is one of the ranks' shards, each
+    step once, and the model what one process computes on those batches; (what the console said,
+    the ranks' start marks as "start-<rank>", the pids that started)."""
     import os
 
     import numpy as np
@@ -174,7 +170,6 @@ def test_executors_lost_inside_elastic_run_cost_only_their_own_ranks(spark, tmp_
         staging_dir=str(tmp_path / "stage"),
         log_sink=lines.append,
     )
-    kills = [(0, 3, "executor"), (1, 7, "executor")]
     out = runner.run_with_data(df, eh.main, str(marks), kills, True)
     text = "".join(lines)
     print(text[-3000:])
@@ -187,13 +182,49 @@ def test_executors_lost_inside_elastic_run_cost_only_their_own_ranks(spark, tmp_
             assert ids[rank] == [shard[(step * 8 + j) % 32] for j in range(8)], (rank, step)
     for key, value in eh.one_process(2, features=features, seen=seen).items():
         assert torch.allclose(out["weights"][key], value, atol=1e-5), key
-    starts = sorted(n.rsplit("-", 1)[0] for n in os.listdir(marks) if n.startswith("start-"))
-    assert starts == ["start-0", "start-0", "start-1", "start-1"], starts  # each loss: its own rank
-    pids = {int(n.rsplit("-", 1)[1]) for n in os.listdir(marks) if n.startswith("start-")}
+    names = os.listdir(marks)
+    starts = sorted(n.rsplit("-", 1)[0] for n in names if n.startswith("start-"))
+    pids = {int(n.rsplit("-", 1)[1]) for n in names if n.startswith("start-")}
     assert {r["pid"] for r in out["ranks"]} <= pids  # the ranks that finished are ones that started
+    assert "attempt 1 failed" not in text
+    return text, starts, marks
+
+
+def test_executors_lost_inside_elastic_run_cost_only_their_own_ranks(spark, tmp_path):
+    """``executor_loss="replace"``: rank 0's executor JVM is SIGKILLed at step 3, then rank 1's at
+    step 7 (its Python side, its warm pool and its rank go with it).  Spark runs only the lost
+    task again each time, on the executor the worker starts in its place; the new rank joins the
+    other, which keeps its process (``main`` started 4 times in all: twice per rank, never a
+    restart of everyone; the run's store is the driver's, so rank 0's loss is one like any
+    other), no attempt fails, every step's global batch (by id) is one of the ranks' shards, each
+    step once, and the model is what one process computes on those batches.  ~75 s: two new
+    executors, their Python daemons and pools start."""
+    text, starts, _ = _replaced_run(spark, tmp_path, [(0, 3, "executor"), (1, 7, "executor")])
+    assert starts == ["start-0", "start-0", "start-1", "start-1"], starts  # each loss: its own rank
     assert text.count("lost with its executor") == 2, text[-2000:]
     assert "rank 0 rejoined at commit 3" in text and "rank 1 rejoined at commit 7" in text, text[-2000:]
-    assert "attempt 1 failed" not in text
+    assert_no_rank_left(within=30)
+
+
+def test_a_decommissioned_executor_hands_its_ranks_over_in_place_and_no_step_is_redone(spark, tmp_path):
+    """``executor_loss="replace"`` with ``spark.decommission.enabled``: rank 0's executor is
+    decommissioned (SIGPWR) at step 3 and rank 0 trains on.  The driver's watch tells its task;
+    rank 0 leaves at its next commit, Spark runs its task again on the executor the worker starts,
+    and the new rank 0 joins rank 1, which kept its process and went back to that same commit:
+    each rank completed every step exactly once (none redone), the handover used none of
+    max_restarts, and the model is what one process computes on the same global batches.  ~50 s:
+    a new executor, its Python daemon and pool start."""
+    import re
+
+    text, starts, marks = _replaced_run(spark, tmp_path, [(0, 3, "decommission")])
+    assert starts == ["start-0", "start-0", "start-1"], starts  # rank 1 kept its process
+    for rank in (0, 1):
+        done = [int(s) for s in (marks / f"done-{rank}").read_text().split()]
+        assert done == list(range(12)), (rank, done)  # every step once, in order: none redone
+    assert "is being decommissioned" in text and "rank 0 left its decommissioned executor" in text, text
+    left = re.search(r"rank 0 leaves at commit (\d+)", text)
+    assert left and f"rank 0 rejoined at commit {left.group(1)}" in text, text[-2000:]
+    assert 3 < int(left.group(1)) < 12 and "lost with its executor" not in text
     assert_no_rank_left(within=30)
 
 

@@ -6,6 +6,7 @@ import signal
 from sparkml_dist.runner import elastic
 
 STEPS, ROWS, WIDTH = 12, 8, 4
+_NOTICED = []  # the step this rank's executor was decommissioned at
 
 
 def _rows(step: int, rank: int, world: int):
@@ -51,7 +52,10 @@ def one_process(world: int, steps: int = STEPS, features=None, seen=None):
 def main(marks: str, kills=(), from_shard: bool = False, settle: float = 0.0):
     """``kills``: (rank, step) pairs; each kills that rank once (SIGKILL) when it reaches the step,
     ``settle`` seconds after reaching it; (rank, step, "executor") kills its executor's JVM instead
-    (the executor's Python side, its warm pool and the rank die with it). ``state.seen``: each
+    (the executor's Python side, its warm pool and the rank die with it); (rank, step,
+    "decommission") sends that JVM SIGPWR (Spark decommissions it) and the rank trains on, its
+    steps 0.5 s long from then on (the driver's watch asks twice a second). Every step a rank
+    completes is appended to ``done-<rank>`` (a step redone shows twice). ``state.seen``: each
     committed step's global batch, by id, each rank's rows in rank order (a replicated counter). A
     process whose function starts with what an optimizer imports already imported (a spare rank)
     leaves an ``ahead-`` mark."""
@@ -97,12 +101,18 @@ def train(state, marks, kills, from_shard, settle=0.0):
         if (rank, state.step) in kills and not os.path.exists(mark):
             open(mark, "w").close()
             time.sleep(settle)
-            if kills[(rank, state.step)] == "executor":
-                from tests.support.helpers import kill_my_executor_jvm
+            from tests.support.helpers import kill_my_executor_jvm
 
+            if kills[(rank, state.step)] == "decommission":
+                kill_my_executor_jvm(signal.SIGPWR)
+                _NOTICED.append(state.step)
+            elif kills[(rank, state.step)] == "executor":
                 kill_my_executor_jvm()
                 time.sleep(60)  # ended with its task (its pool or keeper kills it): never trains on
-            os.kill(os.getpid(), signal.SIGKILL)
+            if not _NOTICED:
+                os.kill(os.getpid(), signal.SIGKILL)
+        if _NOTICED:
+            time.sleep(0.5)
         ids, x, y = _shard_rows(state.step) if from_shard else _rows(state.step, rank, world)
         loss = ((ddp(x) - y) ** 2).mean()
         state.optimizer.zero_grad()
@@ -111,6 +121,8 @@ def train(state, marks, kills, from_shard, settle=0.0):
         every = [torch.zeros(ROWS, dtype=torch.int64) for _ in range(world)]
         dist.all_gather(every, torch.tensor(ids, dtype=torch.int64))  # the step's global batch, by id
         state.seen = state.seen + [[state.step, [[int(i) for i in t] for t in every]]]
+        with open(os.path.join(marks, f"done-{rank}"), "a") as fh:
+            fh.write(f"{state.step}\n")
         state.step += 1
         state.commit()
 
@@ -199,3 +211,32 @@ def raises_inside(marks: str, failing: int = 1, at: int = 3):
 
     steps(state)
     return state.step
+
+
+def lost_after_the_last_step(marks: str, linger: float = 8.0):
+    """:func:`train`'s steps with no loss on the way; then, still inside ``elastic.run``, rank 1's
+    first process dies (SIGKILL, 2 s after the last step: its spare exists) while rank 0 takes
+    ``linger`` seconds more before returning. Rank 0's weights and steps."""
+    import time
+
+    import torch.distributed as dist
+
+    open(os.path.join(marks, f"start-{os.environ['RANK']}-{os.getpid()}"), "w").close()
+    dist.init_process_group("gloo")  # the new rank 1 never returns from it: the training is over
+    model, opt = _model()
+    state = elastic.TorchState(model=model, optimizer=opt, step=0, seen=[])
+
+    @elastic.run
+    def steps_then_loss(state):
+        train.__wrapped__(state, marks, {}, False)  # the steps, inside this elastic.run
+        mark = os.path.join(marks, "lost-after-the-end")
+        if dist.get_rank() == 1 and not os.path.exists(mark):
+            open(mark, "w").close()
+            time.sleep(2.0)
+            os.kill(os.getpid(), signal.SIGKILL)
+        if dist.get_rank() == 0:
+            time.sleep(linger)
+        return state.step
+
+    steps = steps_then_loss(state)
+    return {"weights": {k: v.detach().clone() for k, v in state.model.state_dict().items()}, "steps": steps}

@@ -84,6 +84,26 @@ def test_a_lost_rank_0_is_replaced_too_and_serves_the_store_again(tmp_path):
     assert out["ranks"][1]["pid"] == starts[1][0]
 
 
+def test_a_rank_lost_after_the_last_step_is_replaced_by_one_that_ends_once_the_others_return(tmp_path):
+    """Rank 1 dies after the last step's collective, still inside elastic.run, and its task starts
+    a new rank 1, which waits for a group the others will never form again: when rank 0's function
+    returns, the new rank sees the training is over and ends, and the run returns rank 0's result
+    (before, it waited collective_timeout and failed the run although every step was trained)."""
+    lines = []
+    runner = BarrierRunner(-2, timeout=180, max_restarts=1, log_sink=lines.append)
+    out = runner.run(eh.lost_after_the_last_step, str(tmp_path))
+    text = "".join(lines)
+    assert out["steps"] == eh.STEPS
+    for name, value in eh.one_process(2).items():
+        assert torch.allclose(out["weights"][name], value, atol=TOL), name
+    assert "rank 1 was killed by signal 9 (SIGKILL) inside elastic.run: a new rank 1" in text, text
+    assert "rank 1 ends without training: the other ranks finished the training before it joined" in text
+    starts = _starts(tmp_path)
+    assert len(starts[0]) == 1 and len(starts[1]) == 2, starts
+    assert "fresh rendezvous" not in text and "failed" not in text
+    assert_no_rank_left()
+
+
 def test_a_state_crosses_as_json_and_tensors_with_its_key_types(tmp_path):
     import torch.distributed as dist
 

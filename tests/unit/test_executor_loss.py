@@ -54,6 +54,23 @@ def test_past_max_restarts_or_in_a_failing_run_the_attempt_fails_instead():
     assert book.again(1, 1) is False and not failures  # cancelled with the job: nothing more to say
 
 
+def test_ranks_that_left_a_decommissioned_executor_start_again_without_using_a_restart():
+    """The decommission watch told rank 1 to leave (its executor is going): its task, run again
+    by Spark, joins the others and costs none of max_restarts; its next loss is a loss again."""
+    failures, said, leaving = [], [], {1}
+
+    def left(ranks):
+        gone = set(ranks) <= leaving
+        leaving.difference_update(ranks)
+        return gone
+
+    book = Replacements(1, 1, failures.append, lambda: bool(failures), said.append, left=left)
+    assert book.again(1, 1) is True and book.used == 0
+    assert "rank 1 left its decommissioned executor" in said[-1] and "(attempt 1)" in said[-1]
+    assert book.again(1, 2) is True and book.used == 1 and "lost with its executor" in said[-1]
+    assert book.again(1, 3) is False and "max_restarts=1" in failures[-1]["message"]
+
+
 def test_not_every_plain_task_in_within_start_timeout_fails_the_attempt_naming_the_slots():
     book, failures, _ = _book()
     got = []

@@ -21,7 +21,12 @@ running.  With ``executor_loss="replace"`` the run's tasks are such plain tasks:
   :mod:`.membership`) is served by the driver (:func:`serve_store`), not by rank 0's process, so
   rank 0's executor is lost like any other (torch must be installed on the driver);
 * it refuses (the attempt fails and the run restarts from its checkpoint, as without this
-  setting) when the run is failing already and past ``max_restarts`` replacements in one attempt.
+  setting) when the run is failing already and past ``max_restarts`` replacements in one attempt;
+* a decommissioned executor (``spark.decommission.enabled``) is not waited for: the driver's
+  watch (:mod:`sparkml_dist.runner.decommission`) tells its ranks, which leave at their next
+  commit (:meth:`~sparkml_dist.runner.elastic.TorchState.commit`); their tasks end, Spark runs them
+  again on an executor that stays, and the others go back to that commit: no completed step is
+  trained again, and the handover is not counted against ``max_restarts``.
 
 A rank that raises still fails the run (its task reports it and the driver cancels the job, so
 Spark's retry of that task is cancelled with it): a bug is not a lost executor.  The ranks' rows
@@ -105,9 +110,11 @@ class Replacements:
         failing: Callable[[], bool],
         say: Callable[[str], Any],
         finished: Callable[[], bool] = lambda: False,
+        left: Callable[[list], bool] = lambda ranks: False,
     ) -> None:
         self.per_task, self.max_restarts = ranks_per_task, max_restarts
         self._fail, self._failing, self._say, self._finished = fail, failing, say, finished
+        self._left = left  # the ranks left a decommissioned executor on its notice (not a loss)
         self.used = 0
         self._lock = threading.Lock()
 
@@ -129,6 +136,12 @@ class Replacements:
         if self._finished():
             self._say(f"[sparkml_dist] rank {names} lost with its executor after the others finished\n")
             return "over"
+        if self._left(ranks):  # handed over at a commit: not counted against max_restarts
+            self._say(
+                f"[sparkml_dist] rank {names} left its decommissioned executor: Spark started its task "
+                f"again (attempt {attempt}) on another executor; a new rank {names} joins the others\n"
+            )
+            return True
         with self._lock:
             self.used += 1
             used = self.used
@@ -168,15 +181,18 @@ def serve_store(host: str, timeout_s: float):
     return dist.TCPStore(host, 0, None, is_master=True, wait_for_workers=False, timeout=timeout)
 
 
-def exchange(monitor, runner, tasks: int, per_task: int, store: Tuple[str, int]):
+def exchange(monitor, runner, tasks: int, per_task: int, store: Tuple[str, int], left=lambda ranks: False):
     """The driver's side of the address exchange for one attempt of ``executor_loss="replace"``:
     :class:`~sparkml_dist.runner.peer_exchange.Announces` whose answers name the driver's
-    ``store`` (host, port), whose tasks announced again go to a :class:`Replacements`, and whose
-    missing tasks after ``start_timeout`` fail the attempt."""
+    ``store`` (host, port), whose tasks announced again go to a :class:`Replacements` (``left``:
+    whether ranks left a decommissioned executor on its notice), and whose missing tasks after
+    ``start_timeout`` fail the attempt."""
     from ..peer_exchange import Announces
 
     failing, finished = (lambda: monitor.failure is not None), (lambda: bool(monitor.finished))
-    book = Replacements(per_task, runner.max_restarts, monitor.add_failure, failing, runner.sink, finished)
+    book = Replacements(
+        per_task, runner.max_restarts, monitor.add_failure, failing, runner.sink, finished, left
+    )
     start = runner.timeouts.start
     short = lambda n: book.short(n, tasks, start)  # noqa: E731 - one line, named for the call
     return Announces(tasks, fallback_s=start, again=book.again, short=short, store=store)

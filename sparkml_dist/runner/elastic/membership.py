@@ -30,6 +30,7 @@ from .. import backends, protocol
 PREFIX = "sparkml_dist/elastic"
 GEN_KEY = f"{PREFIX}/gen"
 ID_KEY = f"{PREFIX}/store"  # set once per store: a rank that finds another id knows rank 0 was replaced
+DONE_KEY = f"{PREFIX}/done"  # set by a rank whose function returned: the training is over
 POLL_S = 0.05
 
 _CURRENT: Optional["Membership"] = None
@@ -127,7 +128,22 @@ class Membership:
             time.sleep(POLL_S)
         return True
 
+    def done(self) -> None:
+        """This rank's function returned (not only an ``elastic.run`` inside it: a function may
+        hold several): a rank still waiting for a generation (one started in place of a rank lost
+        after the last collective) has nothing left to join."""
+        try:
+            self.store.set(DONE_KEY, "1")
+        except Exception:  # the store went with its host: a waiting rank times out as before
+            pass
+
     def _check(self, end: float, generation: int) -> None:
+        if self.store.check([DONE_KEY]):  # the others trained to the end and returned
+            _end_here(
+                f"[sparkml_dist] rank {self.rank} ends without training: the other ranks finished "
+                "the training before it joined",
+                protocol.EVENT_OVER,
+            )
         if time.monotonic() > end:
             joined = self.store.add(f"{PREFIX}/g{generation}/n", 0)
             raise errors.WorkerError(
@@ -163,6 +179,41 @@ def join_on_init() -> None:
     dist.init_process_group = init_process_group
 
 
+def function_returned() -> None:
+    """Called by the rank process once the run's function returned (see :meth:`Membership.done`)."""
+    if _CURRENT is not None:
+        _CURRENT.done()
+
+
 def replaces() -> bool:
     """This rank process was started in place of one lost inside ``elastic.run``."""
     return bool(os.environ.get(protocol.REPLACES_ENV))
+
+
+def leave_if_noticed(commits: int) -> None:
+    """At a commit: when the driver said this rank's executor is being decommissioned (its notice
+    in the rank's work directory; ``executor_loss="replace"``), say so, tell the task and leave the
+    process.  Its task then ends for Spark to run it again on an executor that stays, and the others
+    go back to this same commit when they find the rank gone: no completed step is redone."""
+    if os.environ.get(protocol.LEAVE_ENV) != "1":
+        return
+    workdir = os.environ.get(protocol.WORKDIR_ENV, "")
+    if not workdir or not os.path.exists(os.path.join(workdir, protocol.NOTICE_FILE)):
+        return
+    rank = _CURRENT.rank if _CURRENT is not None else os.environ.get("RANK", "?")
+    said = f"[sparkml_dist] rank {rank} leaves at commit {commits}: its executor is being decommissioned"
+    _end_here(said, protocol.EVENT_LEAVE, commits=commits)
+
+
+def _end_here(said: str, event: str, **fields) -> None:
+    """Say ``said``, tell the task ``event`` and end this rank's process now (the task ends
+    without failing the run).  To its peers, as a lost process: their next collective fails."""
+    import sys
+
+    from .. import rank_channel
+
+    rank_channel.send_log(said)
+    rank_channel.send(event, **fields)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

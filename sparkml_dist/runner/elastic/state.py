@@ -241,9 +241,13 @@ class TorchState:
         self.commits = int(payload["commits"])
 
     def commit(self) -> None:
-        """Keep this state as the one a loss goes back to (every rank commits at the same steps)."""
+        """Keep this state as the one a loss goes back to (every rank commits at the same steps).
+        A rank whose executor is being decommissioned leaves here (``executor_loss="replace"``)."""
+        from .membership import leave_if_noticed
+
         self.commits += 1
         self._saved = self._snapshot()
+        leave_if_noticed(self.commits)
 
     def restore(self) -> None:
         """Go back to the last commit."""

@@ -93,6 +93,7 @@ def main() -> int:
     timing.install()  # each step's data wait, compute and communication, whatever the framework
     result = fn(*args, **kwargs) if serve is None else serve(workdir)
     CLOCK.final(timing.last_landed())
+    _the_function_returned()
     _finish_checkpoints()
     if want_result:
         blob = serialization.dumps(result)
@@ -104,6 +105,14 @@ def main() -> int:
     backend.finish(state)  # rank 0's store stays until its peers are done with it
     del state
     return 0
+
+
+def _the_function_returned() -> None:
+    """Inside ``elastic.run`` runs: a rank still joining the group (started in place of one lost
+    after the last collective) then ends, with nothing left to train."""
+    module = sys.modules.get("sparkml_dist.runner.elastic.membership")
+    if module is not None:
+        module.function_returned()
 
 
 def _finish_checkpoints() -> None:

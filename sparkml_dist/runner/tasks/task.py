@@ -68,7 +68,10 @@ class _RankTask:
         self.local_rank = 0  # set when the ranks have exchanged addresses
         self.driver_error: Optional[str] = None  # why the driver's log channel could not be reached
         self.replies = DriverReplies()
-        if self.rank == 0:  # the rank that decides the step the ranks hand over at
+        self.over = False  # its rank, started in place of a lost one, found the training over
+        # the rank that decides the step the ranks hand over at; with executor_loss="replace", each
+        # rank the driver tells (it leaves at its next commit, the others go on)
+        if self.rank == 0 or spec.executor_loss == "replace":
             self.replies.notice_to.append(self.workdir)
         self.replies.stop_to.append(self.workdir)  # with roles: a server's end (runner.roles)
         self.name = spec.roles.label(self.rank) if spec.roles is not None else f"rank {self.rank}"
@@ -226,6 +229,15 @@ class _RankTask:
         code = self.process.wait_exit(self.cancel)
         while code is not None and self.replacement.replaceable(self.process, code, self.cancelled()):
             code = self._replaced(code)  # lost inside elastic.run: the others go on
+        if protocol.EVENT_LEAVE in self.process.seen:  # left its decommissioned executor at a commit
+            raise protocol.LeftOnNotice(
+                f"{self.name} left its decommissioned executor at commit "
+                f"{self.process.seen[protocol.EVENT_LEAVE].get('commits')}: Spark runs this task again "
+                "on another executor, where a new rank joins the others"
+            )
+        if protocol.EVENT_OVER in self.process.seen:  # a new rank, joining after the others finished
+            self.over = True
+            return
         roles = self.spec.roles
         # a lost worker's work goes to the others; its task waits for the driver's stop (needs the channel)
         if code and roles is not None and roles.survives(self.rank) and self.client and not self.cancelled():
@@ -268,6 +280,8 @@ class _RankTask:
 
     def result(self) -> Iterator[pa.RecordBatch]:
         """The result as chunk rows (rank 0, or every rank with ``return_all``)."""
+        if self.over:  # a new rank that found the training over: no result (rank 0's is then missing)
+            return
         if self._returns:
             path = os.path.join(self.workdir, protocol.RESULT_FILE)
             size = os.path.getsize(path)
