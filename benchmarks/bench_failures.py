@@ -19,7 +19,8 @@ survivor keeps running, the new rank takes the last in-memory commit from it), i
 ``--kill executor`` runs the same job as 2 barrier tasks on ``local-cluster[2,1,1024]`` and hits
 the executor under the victim rank instead: SIGKILLed (cold and warm restarts; ``in_place``: the
 elastic job with ``executor_loss="replace"``, the survivor keeps running) or decommissioned (SIGPWR:
-the ranks hand over at an agreed step), with each loss broken down (:mod:`executor_loss`).
+the ranks hand over at an agreed step; ``decommission_in_place``: the elastic job's rank leaves at
+its next commit and only it starts again), with each loss broken down (:mod:`executor_loss`).
 A host killed (with ``min_np``) runs through the same restart path and is tested in the
 several-hosts pass, not timed here.
 """
@@ -233,7 +234,8 @@ def main() -> None:
     ap.add_argument(
         "--kinds",
         default=None,
-        help="contenders with failures (rank: elastic,warm,cold; executor: cold,warm,decommission,in_place)",
+        help="contenders with failures (rank: elastic,warm,cold; "
+        "executor: cold,warm,decommission,in_place,decommission_in_place)",
     )
     ap.add_argument("--kill", choices=("rank", "executor"), default="rank", help="what is lost")
     ap.add_argument("--executors", type=int, default=2, help="--kill executor: local-cluster's executors")
