@@ -27,7 +27,7 @@ back to that same commit: no completed step is trained again (:mod:`.elastic.exe
 
 Example (what the console shows)::
 
-    [sparkml_dist] executor 1 on 10.0.0.12 (ranks 1) is being decommissioned: the ranks save at
+    [sparkml_dist] executor 1 on 10.0.0.12 (rank 1) is being decommissioned: the ranks save at
     their next agreed step and start again on the executors that stay
 """
 
@@ -187,16 +187,14 @@ class Watch:
     def _tell(self, executor: str, ranks: list) -> None:
         self.notice = executor
         host = self._hosts.get(ranks[0], "?")
-        names = ", ".join(map(str, ranks))
+        names = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
         then = (
             "its ranks leave at their next commit and Spark starts them again on another executor; the "
             "others keep running"
             if self.in_place
             else "the ranks save at their next agreed step and start again on the executors that stay"
         )
-        self._say(
-            f"[sparkml_dist] executor {executor} on {host} (ranks {names}) is being decommissioned: {then}\n"
-        )
+        self._say(f"[sparkml_dist] executor {executor} on {host} ({names}) is being decommissioned: {then}\n")
         with self._lock:
             self.told[executor] = ranks
             self._leaving |= set(ranks)
