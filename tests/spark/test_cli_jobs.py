@@ -110,7 +110,7 @@ def test_tune_job_runs_the_example_function_shipped_by_value(spark, tmp_path):
     report = run_tune_job(spark, *_job(tmp_path, job))
     assert report["trials"] == 4 and report["states"] == {"complete": 4}
     assert set(report["best_params"]) == {"lr", "hidden", "epochs"} and report["best_value"] < 2.3
-    trials = pd.read_csv(tmp_path / "trials.csv")
+    trials = pd.read_csv(tmp_path / "trials.csv", float_precision="round_trip")  # read back exactly
     assert (trials["steps"] == 3).all() and trials["value"].min() == report["best_value"]
 
 

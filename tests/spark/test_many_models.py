@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from pyspark.sql import functions as F
+from sklearn.dummy import DummyRegressor
 from sklearn.linear_model import LinearRegression
 
 from sparkml_dist import WorkerError
@@ -36,27 +37,31 @@ def rows_seen(data, key):
 
 @masters("local")  # the engine's own logic: the same on every master
 def test_100000_keys_fit_as_references_to_blocks(spark):
-    """The issue's scale, once: 100,000 keys (two rows a key keep the fit cheap, so what is timed
-    is the engine's per-key path) held as references to a few blocks, no model decoded."""
+    """The issue's scale, once: 100,000 keys held as references to a few blocks, no model decoded.
+    Two rows a key and scikit-learn's cheapest real fit (DummyRegressor: 0.4 ms a key here, against
+    1.5 ms for LinearRegression's input checks and solver) keep what is timed the engine's per-key
+    path; every model still goes through its safe format."""
     model = GroupedTrainer(
-        estimator=LinearRegression(), groupCol="k", featuresCols=["x1", "x2"], labelCol="y"
+        estimator=DummyRegressor(), groupCol="k", featuresCols=["x1", "x2"], labelCol="y"
     ).fit(_keyed(spark, KEYS, 2, 7))
     assert len(model.keys) == KEYS and model.keys[:3] == [0, 1, 2] and not model.failedGroups
     held = model._models
     assert len(held.blocks) < KEYS / 100 and not held._cache  # references: no model decoded yet
     assert held.rows.sum() == 2 * KEYS and held.keys.type == "int64"
-    assert np.array_equal(held.model(KEYS - 1).coef_.shape, (2,))
+    last = _keyed(spark, KEYS, 2, 1).where(F.col("k") == KEYS - 1).toPandas()  # its two rows
+    assert held.model(KEYS - 1).predict(last[["x1", "x2"]].to_numpy()) == pytest.approx([last.y.mean()] * 2)
 
 
 @masters("local")
 def test_many_keys_train_the_same_models_on_1_and_7_partitions(spark):
     """Partitioning does not change a key's model, for both trainers: 20,000 keys (20 blocks of
-    models: what 100,000 would show, at a fifth of the time)."""
+    models: what 100,000 would show, at a fifth of the time). The function's models are the rows
+    it saw, in order; the trainer's are DummyRegressor's (the cheapest real fit: the key's mean)."""
     keys, fits = 20_000, {}
     for parts in (1, 7):
         df = _keyed(spark, keys, 2, parts)
         model = GroupedTrainer(
-            estimator=LinearRegression(), groupCol="k", featuresCols=["x1", "x2"], labelCol="y"
+            estimator=DummyRegressor(), groupCol="k", featuresCols=["x1", "x2"], labelCol="y"
         ).fit(df)
         assert len(model._models.blocks) > 10
         per_group = train_per_group(df, rows_seen, group_col="k", features_cols=["x1", "x2"], label_col="y")
@@ -64,7 +69,7 @@ def test_many_keys_train_the_same_models_on_1_and_7_partitions(spark):
         fits[parts] = (model, per_group)
     (one, one_pg), (seven, seven_pg) = fits[1], fits[7]
     for i in range(0, keys, 197):  # every 197th key: decoded from the blocks, compared exactly
-        assert np.array_equal(one._models.model(i).coef_, seven._models.model(i).coef_)
+        assert np.array_equal(one._models.model(i).constant_, seven._models.model(i).constant_)
         assert one_pg.members[i].model == seven_pg.members[i].model
     assert one_pg[123].model["y"] == seven_pg[123].model["y"] and len(one_pg[123].model["y"]) == 2
 

@@ -127,9 +127,11 @@ def test_timeout_bounds_the_whole_run_restarts_included(tmp_path):
 
     t = time.time()
     with pytest.raises(RunTimeoutError):
-        BarrierRunner(-2, timeout=8, max_restarts=100).run(h.fail_differently, str(tmp_path / "n"))
-    assert time.time() - t < 20
-    assert int((tmp_path / "n").read_text()) < 100  # it stopped on the clock, not on the count
+        BarrierRunner(-2, timeout=12, max_restarts=100).run(h.fail_differently, str(tmp_path / "n"))
+    assert time.time() - t < 25
+    # it stopped on the clock, not on the count (on a loaded host, even before a rank's first attempt)
+    attempts = int((tmp_path / "n").read_text()) if (tmp_path / "n").exists() else 0
+    assert attempts < 100
 
 
 @pytest.mark.parametrize("which", ["LATEST", "step"])
