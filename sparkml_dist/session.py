@@ -95,6 +95,10 @@ def shipped(archive: str) -> dict:
 
 
 SECRET_FILES = ("pip.conf", "pip.ini", ".env", ".netrc")  # left out of a shipped environment
+# pyspark's JVM side, left out too: the executors' JVMs are the cluster's own Spark, and their Python
+# workers import only pyspark's Python part (the jars are ~460 MB of a ~2 GB archive); ``work/`` is
+# a local-cluster's scratch (each executor's copy of an earlier archive, unpacked: GBs)
+JVM_SIDE = ("lib/python*/site-packages/pyspark/jars/*", "lib/python*/site-packages/pyspark/work/*")
 LARGE_BYTES = 2 << 30  # an archive past this is said to be large (every executor copies it)
 
 
@@ -110,7 +114,8 @@ def pack_environment(output: Optional[str] = None, prefix: Optional[str] = None)
     user's regular file.  Files that may hold credentials (``pip.conf``, ``pip.ini``, ``.env``,
     ``.netrc``: a private index's token, say) are left out, and a warning names them; an
     environment with editable installs is refused, naming them; an archive over 2 GiB is said to
-    be large."""
+    be large.  pyspark's jars are left out (:data:`JVM_SIDE`): an executor runs the cluster's own
+    Spark and needs only the Python part."""
     import logging
 
     log = logging.getLogger(__name__)
@@ -184,7 +189,7 @@ def _pack(packer, prefix: str, directory: str, name: str, secrets: list) -> int:
             format="tar.gz",
             compress_level=1,
             force=True,
-            filters=[("exclude", rel) for rel in secrets] or None,
+            filters=[("exclude", pattern) for pattern in (*JVM_SIDE, *secrets)],
         )
         os.replace(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
         return os.stat(name, dir_fd=fd).st_size

@@ -1,6 +1,6 @@
 """The environment shipped to the executors (``get_session(ship_environment=True)``): packed where
-only this user can write, named after its full path, without the files that hold credentials; an
-editable install refused by name."""
+only this user can write, named after its full path, without the files that hold credentials or
+pyspark's JVM side; an editable install refused by name."""
 
 import logging
 import os
@@ -38,6 +38,12 @@ def test_two_projects_dot_venv_pack_to_two_archives_in_a_private_directory(tmp_p
     (tmp_path / "project_a" / ".venv" / "pip.conf").write_text("[global]\nindex-url = https://u:token@x/\n")
     site = next((tmp_path / "project_a" / ".venv" / "lib").glob("python*")) / "site-packages"
     (site / ".env").write_text("AWS_SECRET_ACCESS_KEY=x\n")
+    for part in ("pyspark/jars", "pyspark/work/app-1/0", "pyspark/sql"):  # the JVM side, a cluster's scratch
+        (site / part).mkdir(parents=True)
+    (site / "pyspark" / "__init__.py").write_text("")
+    (site / "pyspark" / "sql" / "__init__.py").write_text("")
+    (site / "pyspark" / "jars" / "spark-core.jar").write_bytes(b"PK")
+    (site / "pyspark" / "work" / "app-1" / "0" / "environment.tar.gz").write_bytes(b"x")
     with caplog.at_level(logging.WARNING, logger="sparkml_dist.session"):
         archive_a = session_mod.pack_environment(prefix=a)
     archive_b = session_mod.pack_environment(prefix=b)
@@ -49,6 +55,8 @@ def test_two_projects_dot_venv_pack_to_two_archives_in_a_private_directory(tmp_p
         names = tar.getnames()
     assert "bin/python" in names or any(n.endswith("/python") for n in names)
     assert not any(os.path.basename(n) in ("pip.conf", ".env") for n in names), names
+    shipped_pyspark = sorted(n.split("site-packages/", 1)[1] for n in names if "/pyspark/" in n)
+    assert shipped_pyspark == ["pyspark/__init__.py", "pyspark/sql/__init__.py"], shipped_pyspark  # no jars
     said = caplog.text
     assert "pip.conf" in said and ".env" in said and "credentials" in said
     assert not [f for f in os.listdir(directory) if f.endswith(".tmp")]  # written, then moved
