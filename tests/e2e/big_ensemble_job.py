@@ -7,6 +7,7 @@ import json
 import sys
 
 import numpy as np
+import pandas as pd
 from sklearn.tree import DecisionTreeClassifier
 
 from sparkml_dist.ensemble import BaggingClassificationModel, BaggingClassifier
@@ -21,7 +22,7 @@ spark.sparkContext.setLogLevel("ERROR")
 rng = np.random.default_rng(0)
 X = rng.normal(size=(40_000, 8))
 y = rng.integers(0, 2, size=40_000).astype(float)  # noise: unpruned trees grow large
-df = spark.createDataFrame([(x.tolist(), float(t)) for x, t in zip(X, y)], ["features", "label"])
+df = spark.createDataFrame(pd.DataFrame({"features": list(X), "label": y}))  # through Arrow
 params = dict(estimator=DecisionTreeClassifier(), numModels=4, seed=1)
 result = {}
 try:
