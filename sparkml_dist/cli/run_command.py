@@ -86,6 +86,8 @@ FLAGS = (
          "the chief) beside the --np workers, the script on the chief (ps=2; repeat it)"),
     Flag("--executor-loss", "executor_loss", str, "restart", "what a lost executor costs: restart (every "
          "rank, from the checkpoint) or replace (only its ranks, inside elastic.run)"),
+    Flag("--resize-wait", "resize_wait", float, 30.0, "with --executor-loss replace and --min-np: "
+         "seconds the others wait for a lost executor's ranks before going on without them"),
 )  # fmt: skip
 NOT_FLAGS = {"spark": "--master (the command's session)", "log_sink": "the console"}
 DATA_FLAGS = (

@@ -32,7 +32,8 @@ Lifecycle of one rank:
 from __future__ import annotations
 
 import json
-from typing import Dict, List, Optional, Sequence
+import os
+from typing import Dict, List, Optional, Sequence, Tuple
 
 # ---------------------------------------------------------------- rank process environment
 WORKDIR_ENV = "SPARKML_DIST_WORKDIR"
@@ -52,6 +53,7 @@ SPARE_ENV = "SPARKML_DIST_SPARE"  # "1": a rank started ahead, to take a lost ra
 HANDOVER_ENV = "SPARKML_DIST_HANDOVER"  # "1": a decommission notice makes the ranks save and hand over
 NOTICE_FILE = "decommission"  # written into rank 0's work directory when the driver sends FRAME_NOTICE
 LEAVE_ENV = "SPARKML_DIST_LEAVE_ON_NOTICE"  # "1" (executor_loss="replace"): a noticed rank leaves at a commit
+RESIZE_ENV = "SPARKML_DIST_RESIZE"  # "min_np:seconds" (executor_loss="replace", min_np): in-place resizes
 ROLE_ENV = "SPARKML_DIST_ROLE"  # with roles (runner.roles): "chief", "worker", "ps" or "reducer"
 STOP_FILE = "stop"  # written into a server rank's work directory when the driver sends FRAME_STOP
 
@@ -245,3 +247,13 @@ def root_cause(failures: Sequence[dict], peer_lost: Sequence[str]) -> dict:
             f.get("failed_at", float("inf")),
         ),
     )
+
+
+def resize_settings() -> Tuple[Optional[int], float]:
+    """``(min_np, resize_wait)`` in a rank of a run whose world may shrink and grow in place, else
+    ``(None, 0.0)`` (:data:`RESIZE_ENV`: ``"min_np:seconds"``)."""
+    value = os.environ.get(RESIZE_ENV, "")
+    if not value:
+        return None, 0.0
+    min_np, wait = value.split(":")
+    return int(min_np), float(wait)

@@ -50,6 +50,8 @@ class Run:
     ):
         self.launcher = launchers.choose(runner.np, df, runner.spark)
         self.data = plan(df, runner, replicas, streams, self.launcher.local)  # refusals by name
+        if df is not None:
+            executor_loss.check_resizable_data(runner, streams, replicas)
         self.runner, self.return_all = runner, return_all
         self.main = main
         self.spark = self.launcher.spark
@@ -164,6 +166,7 @@ class Run:
                 checkpoint += ((protocol.HANDOVER_ENV, "1"),)
         if self.in_place:
             checkpoint += ((protocol.LEAVE_ENV, "1"),)
+        checkpoint += executor_loss.resize_env(r)  # min_np in place: the ranks' wait and floor
         env = replace(r.env, tracking=tracking.rank_env(self.track), checkpoint=checkpoint)
         return TaskSpec(
             run_id=run_id,

@@ -172,7 +172,12 @@ class BarrierRunner:
             Spark runs only the lost executor's task again, and inside
             :func:`sparkml_dist.runner.elastic.run` its new rank joins the others, which keep their
             processes (``backend="torch"``, ``max_restarts >= 1``, rows from files, not rank 0's
-            executor; see :mod:`sparkml_dist.runner.elastic.executor_loss`).
+            executor; see :mod:`sparkml_dist.runner.elastic.executor_loss`). With ``min_np`` too,
+            the world shrinks and grows in place: when a lost executor's ranks are not back within
+            ``resize_wait``, the others go on as a smaller group (at least ``min_np`` ranks), and
+            the ranks that come back later join at the next commit.
+        resize_wait: with ``executor_loss="replace"`` and ``min_np``: the seconds the survivors
+            wait for a lost executor's ranks before they go on without them (default 30).
     """
 
     def __init__(
@@ -187,6 +192,7 @@ class BarrierRunner:
         model_bytes: Optional[int] = None, read_files: bool = True, work_dir: Optional[str] = None,
         staging_dir: Union[str, bool, None] = None, clean_work_dir: bool = False,
         warm_ranks: bool = True, roles: Optional[dict] = None, executor_loss: str = "restart",
+        resize_wait: float = 30.0,
     ) -> None:  # fmt: skip
         self.backend_spec = spec = backends.get(backend)  # first: what else is checked depends on it
         np = _resolved_np(np, spark, use_gpu, gpus_per_rank)
@@ -214,6 +220,7 @@ class BarrierRunner:
         self.warm_ranks = bool(warm_ranks)
         local = launchers.local_processes(np)
         self.executor_loss = executor_loss_.check(executor_loss, spec, local, max_restarts, self.roles)
+        self.resize_wait = executor_loss_.check_resize_wait(resize_wait)
         self.spark, self.seed = spark, 0  # the seed of the shared split that deals a DataFrame's rows
         self.sink = log_sink or (lambda text: sys.stdout.write(text))
 

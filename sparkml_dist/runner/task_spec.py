@@ -56,6 +56,11 @@ class TaskSpec:
         """The ranks' tasks form a barrier stage (else plain tasks: ``executor_loss="replace"``)."""
         return self.executor_loss != "replace"
 
+    @property
+    def resizes(self) -> bool:
+        """The world may shrink and grow in place (``executor_loss="replace"`` with ``min_np``)."""
+        return any(name == protocol.RESIZE_ENV for name, _ in self.env.items())
+
     def rank_env(self, rank: int, gpus: Optional[List[str]]) -> Dict[str, str]:
         """The environment rank ``rank``'s process starts with (the rendezvous comes later, in its
         start message): this process's, without Spark's secrets, plus the run's settings."""

@@ -3,6 +3,7 @@ executor mid-training is survived with max_restarts and the exact result; withou
 clear error within a bounded time with no rank process left.  Runs in the standalone pass
 (``make test-standalone``, part of ``make test``)."""
 
+import os
 import time
 
 import pytest
@@ -251,4 +252,66 @@ def test_a_rank_that_raises_under_executor_loss_replace_fails_the_run_without_sp
     ran = sorted(n.rsplit("-", 1)[0] for n in os.listdir(marks))
     assert ran == ["ran-0", "ran-0", "ran-1", "ran-1"], ran  # one start per rank and attempt
     assert not any("lost with its executor" in ln for ln in lines)
+    assert_no_rank_left(within=30)
+
+
+def test_with_min_np_the_world_shrinks_in_place_and_grows_back_dealing_the_rows_again(spark, tmp_path):
+    """``executor_loss="replace"``, ``min_np=1``, ``resize_wait=3``, the rows from the runner's
+    loader over a Parquet scan (``streams=2``, ``global_batch_size=8``, the loader kept in the
+    ``TorchState``): rank 1's executor JVM is SIGKILLed at step 3.  Rank 0 keeps its process:
+    after 3 s without rank 1 it trains on alone (a generation of 1 rank), reading both streams
+    from the next unseen batch on; when the worker's new executor runs rank 1's task again, the
+    new rank 1 registers and joins at rank 0's next commit, and each reads its own stream again.
+    Each step is trained once (counted in rank 0's own file), every step's global batch (by id) is
+    the one an undisturbed run trains at that step, every complete epoch trains each of the 64 rows
+    once, and the model is what one process computes on those batches.  ~70 s: a new executor,
+    its Python daemon and pool start while rank 0 trains; the reference run on local processes."""
+    import numpy as np
+
+    from tests.support import elastic_helpers as eh
+
+    rng = np.random.default_rng(0)
+    rows = [(i, *map(float, rng.normal(size=4))) for i in range(64)]
+    features = {r[0]: r[1:] for r in rows}
+    path = str(tmp_path / "rows.parquet")
+    schema = "id long, x0 double, x1 double, x2 double, x3 double"
+    spark.createDataFrame(rows, schema).coalesce(1).write.parquet(path)
+    df = spark.read.parquet(path)
+    marks, again = tmp_path / "marks", tmp_path / "reference"
+    marks.mkdir()
+    again.mkdir()
+    lines = []
+    out = BarrierRunner(
+        2,
+        timeout=400,
+        max_restarts=2,
+        min_np=1,
+        resize_wait=3,
+        executor_loss="replace",
+        log_sink=lines.append,
+    ).run_with_data(df, eh.resizing_loader, str(marks), 3, streams=2)
+    text = "".join(lines)
+    print(text[-3000:])
+    first, seen, sizes = (out["ranks"][0][k] for k in ("pid", "seen", "sizes"))
+    shrunk = [i for i, n in enumerate(sizes) if n == 1]
+    assert sizes[:3] == [2, 2, 2] and shrunk and shrunk[0] == 3 and sizes[-1] == 2, sizes
+    assert shrunk == list(range(3, shrunk[-1] + 1))  # one stretch alone, then whole again
+    starts = sorted(n for n in os.listdir(marks) if n.startswith("start-"))
+    assert [n.rsplit("-", 1)[0] for n in starts] == ["start-0", "start-1", "start-1"], starts
+    assert f"start-0-{first}" in starts  # rank 0 kept its process through both resizes
+    done = (marks / f"done-{first}").read_text().split()
+    assert [int(s) for s in done] == list(range(len(seen))), done  # every step once on rank 0
+    assert "1 of 2 ranks (min_np=1)" in text and "(grown back)" in text, text[-2000:]
+    assert f"rank 1 rejoined at commit {shrunk[-1] + 1}" in text and "attempt 1 failed" not in text
+    reference = BarrierRunner(-2, timeout=200, max_restarts=1).run_with_data(
+        df, eh.resizing_loader, str(again), -1, len(seen), streams=2
+    )
+    assert [sorted(sum(ids, [])) for _, ids in seen] == [
+        sorted(sum(ids, [])) for _, ids in reference["ranks"][0]["seen"]
+    ]  # the same global batch at every step, whatever the world trained it
+    for epoch in range(len(seen) // 8):  # 8 steps of 8 rows an epoch
+        ids = sorted(i for _, step in seen[epoch * 8 : epoch * 8 + 8] for r in step for i in r)
+        assert ids == list(range(64)), epoch
+    for key, value in eh.one_process(2, steps=len(seen), features=features, seen=seen).items():
+        assert torch.allclose(out["weights"][key], value, atol=1e-5), key
     assert_no_rank_left(within=30)

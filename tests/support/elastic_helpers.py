@@ -127,6 +127,66 @@ def train(state, marks, kills, from_shard, settle=0.0):
         state.commit()
 
 
+def resizing_loader(marks: str, kill_step: int, least: int = STEPS, step_s: float = 0.25, most: int = 400):
+    """``executor_loss="replace"`` with ``min_np=1``: rank 1's executor JVM is SIGKILLed when it
+    reaches step ``kill_step`` (-1: never, a reference run); rank 0 goes on alone once
+    ``resize_wait`` passed, and the steps go on (``step_s`` each) past ``least`` until the world is
+    whole again (at most ``most``).  The rows come from the runner's loader
+    (``global_batch_size=8``) kept in the state: a world that changes deals the streams again and
+    goes on at the next unseen batch.  ``state.sizes``: each committed step's world size;
+    ``state.seen``: its global batch by id; ``done-<pid>``: the steps each process completed."""
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import shard
+
+    dist.init_process_group("gloo")
+    open(os.path.join(marks, f"start-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    model, opt = _model()
+    loader = shard().dataloader(global_batch_size=ROWS, columns=["id", "x0", "x1", "x2", "x3"], seed=1)
+    state = elastic.TorchState(model=model, optimizer=opt, loader=loader, step=0, seen=[], sizes=[])
+    _train_from_loader(state, marks, kill_step, least, step_s, most)
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, {"pid": os.getpid(), "seen": state.seen, "sizes": state.sizes})
+    weights = {k: v.detach().clone() for k, v in state.model.state_dict().items()}
+    return {"weights": weights, "ranks": ranks}
+
+
+@elastic.run
+def _train_from_loader(state, marks, kill_step, least, step_s, most):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    ddp = torch.nn.parallel.DistributedDataParallel(state.model)
+    going = lambda: (state.step < least or 1 in state.sizes[-1:]) and state.step < most  # noqa: E731
+    while going():
+        for ids, *columns in state.loader:  # from the position of the last commit
+            if rank == 1 and state.step == kill_step and not os.path.exists(os.path.join(marks, "killed")):
+                open(os.path.join(marks, "killed"), "w").close()
+                from tests.support.helpers import kill_my_executor_jvm
+
+                kill_my_executor_jvm()
+                time.sleep(60)
+            time.sleep(step_s)
+            x = torch.stack(columns, 1).float()
+            loss = ((ddp(x) - x.sum(1, keepdim=True) - 0.5) ** 2).mean()
+            state.optimizer.zero_grad()
+            loss.backward()
+            state.optimizer.step()
+            every = [torch.zeros(len(ids), dtype=torch.int64) for _ in range(world)]
+            dist.all_gather(every, ids.to(torch.int64))
+            state.seen = state.seen + [[state.step, [[int(i) for i in t] for t in every]]]
+            state.sizes = state.sizes + [world]
+            with open(os.path.join(marks, f"done-{os.getpid()}"), "a") as fh:
+                fh.write(f"{state.step}\n")
+            state.step += 1
+            state.commit()
+            if not going():
+                break
+
+
 def state_crossing(n_floats: int = 10**6):
     """Rank 0's state broadcast to rank 1 (which holds other values) the way ``elastic.run`` sends
     it to a new rank: dtypes gloo lacks, a large list counter, tuples; what rank 1 got, and the

@@ -87,6 +87,8 @@ def test_not_every_plain_task_in_within_start_timeout_fails_the_attempt_naming_t
         (dict(executor_loss="sometimes"), "executor_loss must be 'restart'"),
         (dict(executor_loss="replace"), "set max_restarts >= 1"),
         (dict(executor_loss="replace", max_restarts=1, backend="horovod"), "backend='torch' only"),
+        (dict(executor_loss="replace", max_restarts=1, min_np=1, resize_wait=0), "resize_wait must be"),
+        (dict(executor_loss="replace", max_restarts=1, resize_wait="30s"), "resize_wait must be"),
     ],
 )
 def test_executor_loss_refused_by_name_where_it_cannot_hold(kwargs, named):
@@ -144,3 +146,17 @@ def test_the_drivers_store_serves_clients_and_ends_with_its_object():
     del client, store
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
+
+
+def test_a_world_that_may_shrink_in_place_needs_streams_every_size_shares():
+    """``min_np=2`` of ``np=4``: 3 ranks cannot share 4 streams; the error names the fix (12)."""
+    from sparkml_dist.runner.data.resize import check_streams
+    from sparkml_dist.runner.elastic.executor_loss import check_resizable_data
+
+    with pytest.raises(ConfigurationError, match=r"streams=4, which a world of 3 ranks.*streams=12\)"):
+        check_streams(4, min_np=2, world=4)
+    check_streams(12, min_np=2, world=4)
+    runner = BarrierRunner(2, max_restarts=1, min_np=1, executor_loss="replace")
+    with pytest.raises(ConfigurationError, match="replicas"):
+        check_resizable_data(runner, None, 2)
+    check_resizable_data(runner, None, None)  # 2 streams: worlds of 1 and 2 share them

@@ -353,3 +353,53 @@ def test_parquet_streams_read_each_row_group_forward_once_per_epoch_in_the_same_
     assert per_world[1] == per_world[2]
     first = per_world[1][0]
     assert first != sorted(first) or first[-1] - first[0] > 40  # shuffled, not the files' order
+
+
+def _resizable(tables, world, rank):
+    """Rank ``rank`` of ``world``'s shard, able to re-deal itself as a world that changes in place does."""
+    sizes = [t.num_rows for t in tables]
+
+    def reopen(streams):
+        return TableSource({c: tables[c] for c in streams}, chunk_rows=7)
+
+    return Shard(
+        None, source=reopen(rank_streams(rank, world, len(tables))), sizes=sizes, data_rank=rank,
+        data_world=world, reopen=reopen,
+    )  # fmt: skip
+
+
+def test_a_world_that_shrinks_and_grows_back_in_place_trains_the_same_global_batches():
+    """Two ranks train 3 steps; rank 1 is lost and rank 0 goes on alone from the position of its
+    last step (its loader re-dealt: every stream, the whole global batch), 2 steps; then a world of
+    two again from there (a new rank 1 given rank 0's position, as elastic.run's state sync does).
+    Every step's global batch is the one a fixed world trains, and the epoch gives every row once."""
+    tables = _streams([13, 12, 12, 12])
+    fixed = _steps(2, tables, 8)
+    two = [_resizable(tables, 2, r) for r in (0, 1)]
+    loaders = [s.dataloader(global_batch_size=8, columns=["id"], seed=3, window_rows=10) for s in two]
+    its = [iter(lo) for lo in loaders]
+    steps = [sorted(next(its[0])[0].tolist() + next(its[1])[0].tolist()) for _ in range(3)]
+    two[0].redeal(0, 1)  # rank 1 lost: rank 0 of a world of one
+    assert two[0].streams == [0, 1, 2, 3] and loaders[0].batch_size == 8
+    loaders[0].load_state_dict(loaders[0].state_dict())  # the state's restore to its last commit
+    it = iter(loaders[0])  # elastic.run calls the function again: a new iter() from the position
+    steps += [sorted(next(it)[0].tolist()) for _ in range(2)]
+    position = loaders[0].state_dict()
+    two[0].redeal(0, 2)
+    joiner = _resizable(tables, 2, 1).dataloader(global_batch_size=8, columns=["id"], seed=3, window_rows=10)
+    joiner.load_state_dict(position)
+    loaders[0].load_state_dict(position)  # the state's restore at the regrow
+    rest = zip(loaders[0], joiner)
+    steps += [sorted(a[0].tolist() + b[0].tolist()) for a, b in rest]
+    assert steps == fixed and len(steps) == 7
+    assert sorted(set(sum(steps, []))) == list(range(49))
+
+
+def test_a_global_batch_that_a_smaller_world_cannot_share_is_refused_when_the_loader_is_made(monkeypatch):
+    from sparkml_dist.runner import protocol
+
+    monkeypatch.setenv(protocol.RESIZE_ENV, "2:30")
+    shard = _resizable(_streams([12, 12, 12, 12]), 4, 0)
+    with pytest.raises(ConfigurationError, match=r"global_batch_size=8 .* world of 3 ranks.*e\.g\. 12"):
+        shard.dataloader(global_batch_size=8, columns=["id"])
+    assert shard.dataloader(global_batch_size=24, columns=["id"]).batch_size == 6

@@ -125,16 +125,16 @@ def _feed(members: list, batches: Iterable[pa.RecordBatch]) -> Tuple[List[Dict[s
             for m in members
         ]
         if isinstance(data, ParquetSlices):
+            slices = [[[s.uri, s.row_group, s.start, s.stop] for s in part] for part in data.split.parts]
             for w in where:
-                parts = data.split.parts
                 w.update(
                     kind="parquet",
                     columns=list(data.split.columns),
                     schema=data.split.schema,
-                    parts={
-                        c: [[s.uri, s.row_group, s.start, s.stop] for s in parts[c]] for c in w["streams"]
-                    },
+                    parts={c: slices[c] for c in w["streams"]},
                 )
+                if spec.resizes:  # a world that changes in place deals every stream again: all named
+                    w["every_part"] = dict(enumerate(slices))
         else:
             _spill(members, where, batches)
         for i, (m, w, env) in enumerate(zip(members, where, envs)):

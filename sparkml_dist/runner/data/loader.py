@@ -29,9 +29,10 @@ from typing import Callable, Dict, Iterator, List, Optional, Sequence
 
 import numpy as np
 
-from ... import feature_arrays
+from ... import arg_checks, feature_arrays
 from ...errors import ConfigurationError
 from ..timing.clock import CLOCK
+from .resize import check_global_batch
 from .sample_order import Plan, StreamOrder
 
 _live: "weakref.WeakSet[ShardLoader]" = weakref.WeakSet()
@@ -152,6 +153,7 @@ class ShardLoader:
             raise ConfigurationError(
                 f"global_batch_size={global_batch} must be a multiple of the {data_world} data ranks"
             )
+        check_global_batch(global_batch, data_world)
         self.plan = Plan(self.sizes, global_batch, opt["drop_last"], opt.get("pad_last", False))
         self.batch_size = global_batch // data_world
         self.shuffle, self.seed = bool(opt["shuffle"]), int(opt["seed"])
@@ -171,6 +173,18 @@ class ShardLoader:
 
     def __len__(self) -> int:
         return self.plan.steps
+
+    def redeal(self, source, data_rank: int, data_world: int) -> None:
+        """Read ``source`` (data rank ``data_rank`` of ``data_world``'s streams) from the next
+        ``iter()`` on, at the same position: the global batch and the sample order stay, each
+        rank's batch is ``global_batch / data_world`` rows (a world that changed in place)."""
+        if self.plan.global_batch % data_world:
+            raise ConfigurationError(
+                f"global_batch_size={self.plan.global_batch} cannot be shared by the {data_world} ranks "
+                "the world changed to: use a global batch that every world size from min_np to np divides"
+            )
+        self.source, self.rank = source, data_rank
+        self.batch_size = self.plan.global_batch // data_world
 
     def set_epoch(self, epoch: int) -> None:
         """Start epoch ``epoch`` at the next ``iter()`` (as DistributedSampler's); the epoch a
@@ -301,6 +315,26 @@ def _to_device(batch, device, pin: bool):
     if isinstance(batch, dict):
         return {k: _to_device(v, device, pin) for k, v in batch.items()}
     return batch
+
+
+def redeal_loaders(old, new, data_rank: int, data_world: int) -> None:
+    """Every live loader that read ``old`` (a source) reads ``new`` from its position on, as data
+    rank ``data_rank`` of ``data_world`` (see :meth:`ShardLoader.redeal`)."""
+    for loader in list(_live):
+        if loader.source is old:
+            loader.redeal(new, data_rank, data_world)
+
+
+def check_options(batch_size, global_batch_size, window_rows, read_ahead, num_workers) -> None:
+    """A loader's options, refused by name (``Shard.dataloader``)."""
+    if (batch_size is None) == (global_batch_size is None):
+        raise ConfigurationError("dataloader(): give batch_size (per rank) or global_batch_size, not both")
+    arg_checks.integer(
+        "batch_size" if batch_size else "global_batch_size", batch_size or global_batch_size, 1
+    )
+    arg_checks.integer("window_rows", window_rows, 1)
+    arg_checks.integer("read_ahead", read_ahead, 0)
+    arg_checks.integer("num_workers", num_workers, 0)
 
 
 def positions() -> List[dict]:

@@ -30,12 +30,12 @@ from typing import Callable, Iterator, List, Optional, Sequence, Union
 import numpy as np
 import pyarrow as pa
 
-from ... import arg_checks, feature_arrays
+from ... import feature_arrays
 from ...errors import ConfigurationError
 from ..protocol import SHARD_ENV
-from .loader import ShardLoader
+from .loader import ShardLoader, check_options, redeal_loaders
 from .sample_order import rank_streams
-from .sources import TableSource, open_manifest
+from .sources import TableSource, open_manifest, reopener
 
 Columns = Optional[Union[str, Sequence[str]]]
 WINDOW_ROWS = 16384  # rows a stream's window holds by default: the shuffle's reach and its memory
@@ -92,10 +92,25 @@ class Shard:
         self.sizes: List[int] = [int(n) for n in where["sizes"]]
         self.data_rank, self.data_world = int(where["data_rank"]), int(where["data_world"])
         self.rank = int(where.get("rank", self.data_rank))
+        self._reopen = where.get("reopen")  # a world that changes in place: any streams' source
+        self._deal()
+
+    def _deal(self) -> None:
         self.shard_sizes = [
             sum(self.sizes[c] for c in rank_streams(r, self.data_world, len(self.sizes)))
             for r in range(self.data_world)
         ]
+
+    def redeal(self, rank: int, world: int) -> None:
+        """The world changed in place (``elastic.run`` with ``min_np``): this rank now holds the
+        streams of rank ``rank`` of ``world``, and every loader made from the shard reads them
+        from its position on (the global batch stays; each rank's share of it changes)."""
+        if self._reopen is None or (rank, world) == (self.data_rank, self.data_world):
+            return
+        old, self._source = self._source, self._reopen(rank_streams(rank, world, len(self.sizes)))
+        self.data_rank, self.data_world, self.rank = rank, world, rank
+        self._deal()
+        redeal_loaders(old, self._source, rank, world)
 
     @property
     def num_rows(self) -> int:
@@ -236,7 +251,7 @@ class Shard:
         ``device`` (e.g. ``context().device``): each batch is copied there without blocking the
         host; ``pin_memory=True`` stages GPU-bound batches in page-locked memory first.
         """
-        _check_loader_args(batch_size, global_batch_size, window_rows, read_ahead, num_workers)
+        check_options(batch_size, global_batch_size, window_rows, read_ahead, num_workers)
         self._check_not_empty()
         names = self._names(columns)
         if transform is None:
@@ -294,17 +309,6 @@ def _torch_device(device):
     return torch.device(device)
 
 
-def _check_loader_args(batch_size, global_batch_size, window_rows, read_ahead, num_workers) -> None:
-    if (batch_size is None) == (global_batch_size is None):
-        raise ConfigurationError("dataloader(): give batch_size (per rank) or global_batch_size, not both")
-    arg_checks.integer(
-        "batch_size" if batch_size else "global_batch_size", batch_size or global_batch_size, 1
-    )
-    arg_checks.integer("window_rows", window_rows, 1)
-    arg_checks.integer("read_ahead", read_ahead, 0)
-    arg_checks.integer("num_workers", num_workers, 0)
-
-
 _SHARD: Optional[Shard] = None
 
 
@@ -324,7 +328,15 @@ def load_from_env(unlink: bool = True) -> None:
         data_rank=int(where["data_rank"]),
         data_world=int(where["data_world"]),
         rank=int(os.environ.get("RANK", "0")),
+        reopen=reopener(path),
     )
+
+
+def redeal(rank: int, world: int) -> None:
+    """The world changed in place: this rank's shard and loaders hold rank ``rank`` of
+    ``world``'s streams from now on (nothing when the run has no data)."""
+    if _SHARD is not None:
+        _SHARD.redeal(rank, world)
 
 
 def shard() -> Shard:

@@ -173,8 +173,25 @@ def open_manifest(path: str, unlink: bool = True) -> Tuple[object, List[int]]:
         if unlink:
             os.unlink(m["file"])
     elif m["kind"] == "parquet":
-        schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(m["schema"])))
-        source = ParquetSource(m["columns"], schema, {int(c): p for c, p in m["parts"].items()})
+        source = _parquet(m, {int(c): p for c, p in m["parts"].items()})
     else:
         raise ConfigurationError(f"unknown shard source {m['kind']!r} in {path}")
     return source, sizes
+
+
+def _parquet(m: dict, parts: Dict[int, list]) -> "ParquetSource":
+    schema = pa.ipc.read_schema(pa.py_buffer(base64.b64decode(m["schema"])))
+    return ParquetSource(m["columns"], schema, parts)
+
+
+def reopener(path: str):
+    """For a rank of a world that changes in place: ``open(streams)`` gives a source of any of the
+    run's streams (the manifest names every stream's Parquet slices), or None when the manifest
+    names only this rank's (a fixed world)."""
+    with open(path) as fh:
+        m = json.load(fh)
+    every = m.get("every_part")
+    if not every:
+        return None
+    every = {int(c): p for c, p in every.items()}
+    return lambda streams: _parquet(m, {c: every[c] for c in streams})

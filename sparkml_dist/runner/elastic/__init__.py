@@ -17,9 +17,12 @@ Rank 0's process serves the run's store: a new rank 0 serves a new one on the sa
 others connect to it again. Losing an executor (Spark's barrier stage) restarts the run from the
 latest checkpoint (``max_restarts``, ``checkpoint_dir``), as without ``elastic.run``, unless the
 run has ``executor_loss="replace"`` (plain tasks: only the lost executor's ranks start again, and
-the driver serves the store, :mod:`.executor_loss`); a rank that raises restarts the run either
-way (a bug is not a lost rank). Horovod, TensorFlow and JAX runs keep checkpoint
-restarts.
+the driver serves the store, :mod:`.executor_loss`); with ``min_np`` too, the world shrinks and
+grows in place: the others go on as a smaller group when the lost ranks are not back within
+``resize_wait``, and let them in at a commit when they come (:mod:`.membership`); the runner's
+``shard()`` and loaders deal the rows to each new size (:mod:`sparkml_dist.runner.data.resize`).
+A rank that raises restarts the run either way (a bug is not a lost rank). Horovod, TensorFlow and
+JAX runs keep checkpoint restarts.
 
 Example::
 
@@ -57,6 +60,7 @@ from typing import Callable
 
 from ...errors import ConfigurationError
 from .. import backends, comm_settings, protocol, rank_channel
+from ..data.shard import redeal as redeal_rows
 from ..timing.clock import CLOCK
 from . import membership
 from .state import TorchState
@@ -130,25 +134,62 @@ def _survive(func: Callable, state: TorchState, args: tuple, kwargs: dict):
     fresh = membership.replaces() and member.generation >= 0  # a new rank, its state not yet sent
     while True:
         try:
+            if member.min_np:  # a world that changed in place: the rows dealt to its ranks again
+                redeal_rows(member.rank, member.world)
             root, commits = state.sync(fresh=fresh)
             if fresh:
+                was = f" (started as rank {member.origin})" if member.rank != member.origin else ""
                 _say(
-                    f"[sparkml_dist] rank {member.rank} rejoined at commit {commits} "
-                    f"{state.counters()}, its state from rank {root} (generation {member.generation})"
+                    f"[sparkml_dist] rank {member.rank}{was} rejoined at commit {commits} "
+                    f"{_brief(state.counters())}, its state from rank {root} (generation {member.generation})"
                 )
             fresh = False
             return func(state, *args, **kwargs)
         except Exception as exc:
-            if not lost_peer(exc):
+            regrow = isinstance(exc, membership.Regrow)
+            if not (regrow or lost_peer(exc)):
                 raise
             CLOCK.abandon()  # the wait for the new group is nobody's step time
-            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
-            if member.rank == 0:
-                _say(f"[sparkml_dist] a rank was lost ({first}): the others wait for its replacement")
+            _before(member, exc, regrow)
+            before = member.world
             generation = member.reform()
             state.restore()
             if member.rank == 0:
-                _say(
-                    f"[sparkml_dist] generation {generation}: {member.world} ranks again, "
-                    f"back to commit {state.commits} {state.counters()}"
-                )
+                _say(_formed(member, generation, before, state))
+
+
+def _brief(counters: dict) -> str:
+    """The counters as a console line shows them: a long list or dict by its length only."""
+    parts = []
+    for name, value in counters.items():
+        long = isinstance(value, (list, dict, tuple)) and len(value) > 6
+        parts.append(f"{name!r}: " + (f"<{type(value).__name__} of {len(value)}>" if long else repr(value)))
+    return "{" + ", ".join(parts) + "}"
+
+
+def _before(member: membership.Membership, exc: BaseException, regrow: bool) -> None:
+    """Rank 0's line before the group forms again: a lost rank, or ranks coming back."""
+    if member.rank != 0:
+        return
+    if regrow:
+        _say(f"[sparkml_dist] lost ranks came back: the next generation takes them in ({exc})")
+        return
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    wait = f" (up to resize_wait={member.wait:.0f}s, then on with min_np={member.min_np} or more)"
+    _say(
+        f"[sparkml_dist] a rank was lost ({first}): the others wait for its replacement"
+        + (wait if member.min_np else "")
+    )
+
+
+def _formed(member: membership.Membership, generation: int, before: int, state: TorchState) -> str:
+    """Rank 0's line once a generation formed: its size (fewer or more ranks than before, with
+    ``min_np``) and the commit every rank went back to."""
+    back = f"back to commit {state.commits} {_brief(state.counters())}"
+    if member.world < member.full:
+        return (
+            f"[sparkml_dist] generation {generation}: {member.world} of {member.full} ranks "
+            f"(min_np={member.min_np}), the run goes on without the lost ranks, {back}"
+        )
+    grown = " (grown back)" if member.world > before else " again"
+    return f"[sparkml_dist] generation {generation}: {member.world} ranks{grown}, {back}"

@@ -20,6 +20,11 @@ running.  With ``executor_loss="replace"`` the run's tasks are such plain tasks:
 * the run's store (the ``TCPStore`` every rank meets at, and the generations of
   :mod:`.membership`) is served by the driver (:func:`serve_store`), not by rank 0's process, so
   rank 0's executor is lost like any other (torch must be installed on the driver);
+* with ``min_np`` the survivors do not wait for the lost task's ranks past ``resize_wait``: they
+  go on as a smaller group and take the new ranks in at a commit once Spark runs the task again
+  (:mod:`.membership`; the ranks get :data:`~sparkml_dist.runner.protocol.RESIZE_ENV`,
+  :func:`resize_env`); every size from ``min_np`` to ``np`` must share the streams
+  (:func:`check_resizable_data`);
 * it refuses (the attempt fails and the run restarts from its checkpoint, as without this
   setting) when the run is failing already and past ``max_restarts`` replacements in one attempt;
 * a decommissioned executor (``spark.decommission.enabled``) is not waited for: the driver's
@@ -83,6 +88,43 @@ def check(mode: Any, backend, local: bool, max_restarts: int, roles) -> str:
             f"executor), which needs torch installed on the driver: pip install torch, {fix}"
         )
     return mode
+
+
+def check_resize_wait(seconds: Any) -> float:
+    """``resize_wait``: the seconds (> 0) the survivors of a run that resizes in place
+    (``executor_loss="replace"`` with ``min_np``) wait for a lost executor's ranks."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:
+        raise ConfigurationError(
+            f"resize_wait must be a number of seconds > 0 (how long the others wait for a lost "
+            f"executor's ranks before going on with fewer, min_np or more); got {seconds!r}"
+        )
+    return float(seconds)
+
+
+def resize_env(runner) -> tuple:
+    """The ranks' setting of an in-place resize (``executor_loss="replace"`` with ``min_np``):
+    ``((RESIZE_ENV, "min_np:resize_wait"),)``, or none."""
+    from .. import protocol
+
+    if runner.executor_loss != "replace" or not runner.min_np:
+        return ()
+    return ((protocol.RESIZE_ENV, f"{runner.min_np}:{runner.resize_wait}"),)
+
+
+def check_resizable_data(runner, streams, replicas) -> None:
+    """A world that shrinks and grows in place deals the streams again to each size it takes
+    (``min_np`` to ``np``): each must divide the number of streams, and ``replicas`` (ranks that
+    read the same rows) is refused."""
+    if runner.executor_loss != "replace" or not runner.min_np:
+        return
+    if replicas is not None:
+        raise ConfigurationError(
+            "run_with_data(replicas=...) is not taken with executor_loss='replace' and min_np (a world "
+            "that shrinks in place deals the streams to single ranks): leave replicas or min_np out"
+        )
+    from ..data.resize import check_streams
+
+    check_streams(streams or runner.world_size, runner.min_np, runner.world_size)
 
 
 def refuse_spark_rows(data_df) -> None:

@@ -10,6 +10,18 @@ registers too (its ``init_process_group`` is this module's). A generation is for
 ``WORLD_SIZE`` ranks registered for it: each then joins a process group whose rendezvous keys lie
 under that generation's prefix of the same store, so no key of an older group is read again. A rank
 that finds the generation already formed without it (a later loss) waits for the next one.
+Generation 0 is never formed by registering (it is the function's own group): a rank that
+registers there waits for the next one.
+
+**A world that shrinks and grows in place** (``executor_loss="replace"`` with ``min_np``:
+:data:`~sparkml_dist.runner.protocol.RESIZE_ENV`): a generation is also formed by fewer ranks,
+``min_np`` or more, once the first of them has waited ``resize_wait`` seconds for the rest; the
+first to decide fixes its size in the store (``compare_set``), and the first that many to register
+are its members, ranked in the order of the ranks their tasks started them as (so a whole world
+has every rank at its own number again). ``RANK`` and ``WORLD_SIZE`` change with it. A rank that
+registers beyond a formed generation's members (a lost executor's rank that came back) is seen at
+the members' next commit: rank 0 reads the store and tells the others (one small broadcast a
+commit), and all of them form the next generation with it (:class:`Regrow`).
 
 Rank 0's process serves the store (with ``executor_loss="replace"`` the driver does, and a lost
 rank 0 is replaced as any other rank). When it is lost, its task starts a rank 0 that serves a new,
@@ -22,7 +34,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from ... import errors
 from .. import backends, protocol
@@ -41,6 +53,8 @@ class Membership:
 
     def __init__(self, replaces: bool) -> None:
         self.rank, self.world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        self.origin, self.full = self.rank, self.world  # the rank its task started, the run's world
+        self.min_np, self.wait = protocol.resize_settings()  # (None, 0.0): every generation is the full world
         self.timeout = backends.collective_timeout()
         self.store_id = self._connect()
         self.generation = -1 if replaces else 0  # a new rank was in none yet
@@ -72,7 +86,7 @@ class Membership:
                     raise
                 time.sleep(0.2)
         if store_id != self.store_id:  # a new store: its generations start again, with this rank
-            self.store_id, self.generation = store_id, -1
+            self.store_id, self.generation = store_id, 0  # (as a member of its 0: it moves on to 1)
 
     def _read(self) -> int:
         return int(self.store.add(GEN_KEY, 0))
@@ -95,7 +109,9 @@ class Membership:
         """Register for the next generation, wait until it is whole, join its process group."""
         import torch.distributed as dist
 
-        generation = self._next_generation()
+        generation, members = self._next_generation()
+        self.rank, self.world = members.index(self.origin), len(members)
+        os.environ["RANK"], os.environ["WORLD_SIZE"] = str(self.rank), str(self.world)
         dist.init_process_group(
             torch_backend,
             store=dist.PrefixStore(f"{PREFIX}/g{generation}/pg", self.store),
@@ -106,27 +122,59 @@ class Membership:
         self.generation, self.torch_backend = generation, str(dist.get_backend())
         return generation
 
-    def _next_generation(self) -> int:
+    def _next_generation(self) -> Tuple[int, List[int]]:
+        """(the generation this rank joins, its members' original ranks in order: a member's rank
+        in it is its place there)."""
         end = time.monotonic() + self.timeout.total_seconds()
         while True:
             generation = self._read()
             if generation > self.generation:
-                joined = self.store.add(f"{PREFIX}/g{generation}/n", 1)
-                if joined <= self.world and self._whole(generation, end):
-                    return generation
+                ticket = self.store.add(f"{PREFIX}/g{generation}/n", 1)
+                self.store.set(f"{PREFIX}/g{generation}/o{ticket}", str(self.origin))
+                size = self._size(generation, end)
+                if size is not None and ticket <= size:  # one of the first `size` to register: in
+                    origins = [self.store.get(f"{PREFIX}/g{generation}/o{t}") for t in range(1, size + 1)]
+                    return generation, sorted(int(o) for o in origins)
             while self._read() == generation:  # formed without this rank, or not moved yet
                 self._check(end, generation)
                 time.sleep(POLL_S)
 
-    def _whole(self, generation: int, end: float) -> bool:
-        """True once every rank registered for ``generation``; False if the run moved past it."""
-        key = f"{PREFIX}/g{generation}/n"
-        while self.store.add(key, 0) < self.world:
+    def _size(self, generation: int, end: float) -> Optional[int]:
+        """How many ranks ``generation`` has (the first to register are its members): the run's
+        whole world once all registered; with ``min_np``, the ranks registered after waiting
+        ``resize_wait`` seconds for the rest, if at least ``min_np``.  The first rank to decide
+        fixes it for all (``compare_set``).  None if the run moved past the generation."""
+        if generation == 0:  # formed by the function's own init_process_group: a registrant waits
+            return 0
+        key, fixed = f"{PREFIX}/g{generation}/n", f"{PREFIX}/g{generation}/size"
+        since = time.monotonic()
+        while not self.store.check([fixed]):
+            joined = int(self.store.add(key, 0))
+            waited = time.monotonic() - since >= self.wait
+            if joined >= self.full or (self.min_np and joined >= self.min_np and waited):
+                self.store.compare_set(fixed, "", str(min(joined, self.full)))
+                break
             if self._read() != generation:
-                return False
+                return None
             self._check(end, generation)
             time.sleep(POLL_S)
-        return True
+        return int(self.store.get(fixed))
+
+    def joiners(self) -> bool:
+        """At a commit of a run that resizes (``min_np``): whether ranks registered beyond the
+        current generation's members (a lost executor's ranks that came back), as rank 0 sees the
+        store: every rank gets its answer, so all of them form the next, larger generation at
+        the same commit."""
+        import torch
+        import torch.distributed as dist
+
+        waiting = 0
+        if self.rank == 0:  # generation 0 had no registrants: anyone registered there is a joiner
+            members = self.world if self.generation > 0 else 0
+            waiting = int(int(self.store.add(f"{PREFIX}/g{self.generation}/n", 0)) > members)
+        flag = torch.tensor([waiting], dtype=torch.int64, device=device())
+        dist.broadcast(flag, 0)
+        return bool(flag.item())
 
     def done(self) -> None:
         """This rank's function returned (not only an ``elastic.run`` inside it: a function may
@@ -152,6 +200,33 @@ class Membership:
                 f"({min(joined, self.world)} of {self.world} came): the lost rank was not replaced "
                 "(its task ran out of max_restarts, or its executor is gone)"
             )
+
+
+class Regrow(Exception):
+    """Raised at a commit when ranks wait to join a run that went on with fewer (``min_np``):
+    :func:`sparkml_dist.runner.elastic.run` forms the next generation with them, from that commit."""
+
+
+def device():
+    """Where this rank's small collectives go: its GPU under NCCL, else the CPU."""
+    import torch
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+
+
+def at_commit(commits: int) -> None:
+    """A commit: a rank whose executor is being decommissioned leaves here
+    (:func:`leave_if_noticed`); in a run that resizes, ranks waiting to join make every rank
+    raise :class:`Regrow` (the same answer on every rank: rank 0's)."""
+    leave_if_noticed(commits)
+    member = _CURRENT
+    if member is None or member.min_np is None or member.generation < 0:
+        return
+    import torch.distributed as dist
+
+    if dist.is_initialized() and member.joiners():
+        raise Regrow(f"ranks wait to join at commit {commits}")
 
 
 def current() -> Membership:

@@ -194,10 +194,21 @@ def _same_names(names: List[str], device) -> None:
     )
 
 
+def _keeps_state(value: Any) -> bool:
+    """An object the state keeps through its ``state_dict()`` / ``load_state_dict()`` (a
+    :class:`~sparkml_dist.runner.data.loader.ShardLoader`'s position, an LR scheduler)."""
+    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
+
+
 class TorchState:
     """A model, its optimizer and counters (``epoch=0, batch=0``, any JSON values) that survive a
     lost rank: :meth:`commit` keeps a copy in memory, :meth:`restore` goes back to it, :meth:`sync`
     gives every rank a live rank's copy (``elastic.run`` calls the last two).
+
+    Other objects with ``state_dict()`` and ``load_state_dict()`` are kept the same way:
+    ``TorchState(model=m, optimizer=o, loader=shard().dataloader(global_batch_size=64))`` goes
+    back to the loader's position of the last commit after a loss (the next ``iter(loader)``
+    continues at the next unseen batch), and a new rank gets that position too.
 
     Counters are attributes: ``state.epoch += 1``. Pass the plain module, not a
     ``DistributedDataParallel``: wrap it inside the ``elastic.run`` function, which runs again in
@@ -213,10 +224,14 @@ class TorchState:
                 "(model.module) and wrap it inside the @elastic.run function, which runs again in "
                 "every new process group (a DDP built before a rank was lost holds the old group)"
             )
+        handlers = {n: v for n, v in counters.items() if _keeps_state(v)}
+        counters = {n: v for n, v in counters.items() if n not in handlers}
         for name, value in counters.items():
             _flatten(value, [], f"counter {name!r}")  # refused now, not at the first loss
+        for name, value in handlers.items():
+            _flatten(value.state_dict(), [], f"{name}.state_dict()")
         self.__dict__.update(model=model, optimizer=optimizer, commits=0, _names=list(counters))
-        self.__dict__.update(counters)
+        self.__dict__.update(counters, _handlers=handlers, **handlers)
         self._saved = self._snapshot()
 
     def _snapshot(self) -> dict:
@@ -229,6 +244,7 @@ class TorchState:
             "model": self.model.state_dict() if self.model is not None else {},
             "optimizer": self.optimizer.state_dict() if self.optimizer is not None else {},
             "counters": {n: getattr(self, n) for n in self._names},
+            "handlers": {n: h.state_dict() for n, h in self._handlers.items()},
             "commits": self.commits,
         }
 
@@ -238,16 +254,19 @@ class TorchState:
         if self.optimizer is not None:
             self.optimizer.load_state_dict(payload["optimizer"])
         self.__dict__.update(payload["counters"])
+        for name, handler in self._handlers.items():
+            handler.load_state_dict(payload["handlers"][name])
         self.commits = int(payload["commits"])
 
     def commit(self) -> None:
         """Keep this state as the one a loss goes back to (every rank commits at the same steps).
-        A rank whose executor is being decommissioned leaves here (``executor_loss="replace"``)."""
-        from .membership import leave_if_noticed
+        A rank whose executor is being decommissioned leaves here (``executor_loss="replace"``);
+        with ``min_np``, ranks waiting to join are let in here (the function is called again)."""
+        from .membership import at_commit
 
         self.commits += 1
         self._saved = self._snapshot()
-        leave_if_noticed(self.commits)
+        at_commit(self.commits)
 
     def restore(self) -> None:
         """Go back to the last commit."""
@@ -261,8 +280,10 @@ class TorchState:
         import torch
         import torch.distributed as dist
 
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
-        _same_names(self._names, device)
+        from .membership import device as rank_device
+
+        device = rank_device()
+        _same_names(self._names + [f"{n} (state_dict)" for n in self._handlers], device)
         mine = torch.tensor([-1 if fresh else self.commits], dtype=torch.int64, device=device)
         every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
         dist.all_gather(every, mine)
