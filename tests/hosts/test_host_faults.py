@@ -214,6 +214,56 @@ def test_elastic_restart_goes_on_with_the_ranks_left_and_equals_a_resumed_two_ra
     assert_no_rank_left(within=30)
 
 
+def test_a_host_lost_with_min_np_goes_on_in_place_and_grows_back_when_it_returns(spark, hosts, tmp_path):
+    """``executor_loss="replace"``, ``np=4``, ``min_np=2``: host2 (two ranks) is killed at step 5.
+    The two ranks on host1 keep their processes: after ``resize_wait`` they go on as a world of 2
+    (the console names host2 as where the lost ranks ran); once host2's worker is started again,
+    Spark runs the two lost tasks there, their new ranks join at a commit and the world is 4 again.
+    Every step's global batch is the same 64 rows whatever the world, so the weights are one
+    process's on them.  ~90 s: host2's worker, executor and ranks start again while host1 trains."""
+    import re
+
+    import torch
+
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    kw = {
+        "np": 4,
+        "min_np": 2,
+        "max_restarts": 4,
+        "executor_loss": "replace",
+        "resize_wait": 5,
+        "timeout": 400,
+        "collective_timeout": 60,
+        "work_dir": str(tmp_path),
+    }
+    run = Background(kw, hh.train_in_place, marks=str(marks), least=30, pause=0.2)
+    run.wait_for("step 5 ")
+    hosts.kill_host("host2")
+    run.wait_for("2 of 4 ranks (min_np=2)", timeout=120)
+    alone = _last_step(run)
+    hosts.start_worker("host2")
+    run.join(300)
+    assert run.error is None, run.error
+    text = "".join(run.lines)
+    print(text[-3000:])
+    sizes = run.out["sizes"]
+    assert sizes[:5] == [4] * 5 and 2 in sizes and sizes[-1] == 4, sizes
+    lost = re.findall(r"rank (\d) \(on ([\d.]+)\) lost with its executor", text)
+    assert len(lost) == 2 and {h for _, h in lost} == {hosts["host2"].address}, lost  # host2 named
+    rejoined = re.findall(r"rank (\d) rejoined at commit (\d+)", text)
+    assert sorted(r for r, _ in rejoined) == sorted(r for r, _ in lost), rejoined
+    assert len({c for _, c in rejoined}) == 1 and int(rejoined[0][1]) > alone, (rejoined, alone)
+    starts = [n.split("-")[1:] for n in os.listdir(marks)]
+    kept = {int(pid) for rank, pid in starts if sum(r == rank for r, _ in starts) == 1}
+    assert len(kept) == 2 and kept <= set(run.out["pids"]), (starts, run.out["pids"])  # host1's ranks
+    weight, bias = hh.one_process(len(sizes))
+    assert torch.allclose(run.out["weight"], weight, atol=1e-5) and torch.allclose(
+        run.out["bias"], bias, atol=1e-5
+    )
+    assert_no_rank_left(within=30)
+
+
 def test_a_run_short_of_slots_asks_a_growing_cluster_and_starts_once_it_grew(spark, hosts, tmp_path):
     """An "autoscaler" that starts host2's worker only once the driver has tasks waiting (as
     Databricks' does): the run asks for its slots, the worker comes, the run starts."""

@@ -98,3 +98,76 @@ def mark_started(folder):
     os.makedirs(folder, exist_ok=True)
     open(os.path.join(folder, f"rank{os.environ['RANK']}"), "w").close()
     return True
+
+
+def _global_batch(step: int):
+    """Step ``step``'s 64 rows (the same whatever the world size: each rank takes its slice)."""
+    import torch
+
+    g = torch.Generator().manual_seed(step)
+    X = torch.randn(64, 4, generator=g)
+    return X, X @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]])
+
+
+def one_process(steps: int):
+    """What one process computes on :func:`_global_batch`'s batches for ``steps`` steps."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        X, y = _global_batch(step)
+        opt.zero_grad()
+        (((model(X) - y) ** 2).sum() / 64).backward()
+        opt.step()
+    return model.weight.detach().clone(), model.bias.detach().clone()
+
+
+def train_in_place(marks, least=30, pause=0.2, most=900):
+    """Inside ``elastic.run`` (``executor_loss="replace"``, ``min_np``): :func:`_global_batch`'s
+    rows, each rank its slice, until step ``least`` and, once the world shrank, until it is whole
+    again (at most ``most`` steps).  Rank 0 prints ``step N world W``; each process leaves a
+    ``start-<rank>-<pid>`` mark.  Returns the weights, each committed step's world size and the
+    last generation's pids."""
+    import torch
+    import torch.distributed as dist
+
+    from sparkml_dist.runner import elastic, init_process_group
+
+    init_process_group()
+    open(os.path.join(marks, f"start-{dist.get_rank()}-{os.getpid()}"), "w").close()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    state = elastic.TorchState(model=model, optimizer=opt, step=0, sizes=[])
+    _steps_in_place(state, least, pause, most)
+    pids = [None] * dist.get_world_size()
+    dist.all_gather_object(pids, os.getpid())
+    return {"weight": model.weight.detach(), "bias": model.bias.detach(), "sizes": state.sizes, "pids": pids}
+
+
+def _in_place(state, least, pause, most):
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    while (state.step < least or state.sizes[-1] < state.sizes[0]) and state.step < most:
+        X, y = _global_batch(state.step)
+        mine = slice(rank * 64 // world, (rank + 1) * 64 // world)
+        state.optimizer.zero_grad()
+        (((state.model(X[mine]) - y[mine]) ** 2).sum() / 64).backward()
+        for p in state.model.parameters():
+            dist.all_reduce(p.grad)
+        state.optimizer.step()
+        if rank == 0:
+            print(f"step {state.step} world {world}", flush=True)
+        state.sizes = state.sizes + [world]
+        state.step += 1
+        state.commit()
+        time.sleep(pause)
+
+
+def _steps_in_place(state, least, pause, most):
+    from sparkml_dist.runner import elastic
+
+    return elastic.run(_in_place)(state, least, pause, most)

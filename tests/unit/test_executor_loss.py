@@ -160,3 +160,11 @@ def test_a_world_that_may_shrink_in_place_needs_streams_every_size_shares():
     with pytest.raises(ConfigurationError, match="replicas"):
         check_resizable_data(runner, None, 2)
     check_resizable_data(runner, None, None)  # 2 streams: worlds of 1 and 2 share them
+
+
+def test_the_console_names_the_host_a_lost_executors_ranks_ran_on():
+    book, failures, said = _book()
+    book.hosts.update({0: "10.0.0.2", 1: "10.0.0.3"})  # what the ranks announced at the rendezvous
+    assert book.again(1, 1) is True and not failures
+    assert said[-1].startswith("[sparkml_dist] rank 1 (on 10.0.0.3) lost with its executor"), said
+    assert "a new rank 1 joins the others" in said[-1]

@@ -153,8 +153,10 @@ class Replacements:
         say: Callable[[str], Any],
         finished: Callable[[], bool] = lambda: False,
         left: Callable[[list], bool] = lambda ranks: False,
+        hosts: Optional[dict] = None,
     ) -> None:
         self.per_task, self.max_restarts = ranks_per_task, max_restarts
+        self.hosts = hosts if hosts is not None else {}  # rank -> the address it announced
         self._fail, self._failing, self._say, self._finished = fail, failing, say, finished
         self._left = left  # the ranks left a decommissioned executor on its notice (not a loss)
         self.used = 0
@@ -173,10 +175,12 @@ class Replacements:
         group is left to join)."""
         ranks = list(range(task * self.per_task, (task + 1) * self.per_task))
         names = ", ".join(map(str, ranks))
+        hosts = sorted({self.hosts[r] for r in ranks if r in self.hosts})  # where the lost ones ran
+        lost = names + (f" (on {', '.join(hosts)})" if hosts else "")
         if self._failing():
             return False  # the run is failing already: this retry is cancelled with the job
         if self._finished():
-            self._say(f"[sparkml_dist] rank {names} lost with its executor after the others finished\n")
+            self._say(f"[sparkml_dist] rank {lost} lost with its executor after the others finished\n")
             return "over"
         if self._left(ranks):  # handed over at a commit: not counted against max_restarts
             self._say(
@@ -195,7 +199,7 @@ class Replacements:
             )
             return False
         self._say(
-            f"[sparkml_dist] rank {names} lost with its executor: Spark started its task again "
+            f"[sparkml_dist] rank {lost} lost with its executor: Spark started its task again "
             f"(attempt {attempt}); a new rank {names} joins the others, which keep running "
             f"({used} of max_restarts={self.max_restarts})\n"
         )
@@ -233,7 +237,14 @@ def exchange(monitor, runner, tasks: int, per_task: int, store: Tuple[str, int],
 
     failing, finished = (lambda: monitor.failure is not None), (lambda: bool(monitor.finished))
     book = Replacements(
-        per_task, runner.max_restarts, monitor.add_failure, failing, runner.sink, finished, left
+        per_task,
+        runner.max_restarts,
+        monitor.add_failure,
+        failing,
+        runner.sink,
+        finished,
+        left,
+        monitor.hosts,
     )
     start = runner.timeouts.start
     short = lambda n: book.short(n, tasks, start)  # noqa: E731 - one line, named for the call
