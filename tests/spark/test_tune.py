@@ -103,11 +103,14 @@ def test_the_metric_returned_reported_or_missing(spark):
 
 
 def test_timeout_stops_running_trials_cleanly(spark):
-    r = run(th.until_stopped, {"x": [1, 2, 3, 4]}, sampler="grid", max_trials=4, max_concurrent=2, timeout=3)
+    """The trials report until told to stop. How many steps they reach before the timeout depends on how
+    fast a loaded machine starts their tasks (one step was seen on a busy CI machine), so the test asks only
+    that each was running (reported) when the timeout stopped it, and that the tuning ended soon after."""
+    r = run(th.until_stopped, {"x": [1, 2, 3, 4]}, sampler="grid", max_trials=4, max_concurrent=2, timeout=4)
     states = r.trials["state"].tolist()
     assert states.count("stopped") == 2 and len(states) == 2, r.trials  # the others never started
-    assert (r.trials["stop_reason"] == "timeout=3s").all()
-    assert (r.trials["steps"] > 10).all() and r.wall_seconds < 20
+    assert (r.trials["stop_reason"] == "timeout=4s").all()
+    assert (r.trials["steps"] >= 1).all() and r.wall_seconds < 20, r.trials
 
 
 def test_a_trial_may_run_local_ranks_but_not_a_barrier_job(spark):
