@@ -235,7 +235,7 @@ def main() -> None:
         "--kinds",
         default=None,
         help="contenders with failures (rank: elastic,warm,cold; "
-        "executor: cold,warm,decommission,in_place,decommission_in_place)",
+        "executor: cold,warm,decommission,in_place,cold_spares_in_place,decommission_in_place)",
     )
     ap.add_argument("--kill", choices=("rank", "executor"), default="rank", help="what is lost")
     ap.add_argument("--executors", type=int, default=2, help="--kill executor: local-cluster's executors")

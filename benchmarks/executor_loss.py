@@ -14,6 +14,9 @@ that replaced the last victim trains:
 * ``in_place``: the executor JVM is SIGKILLed under the job of ``train_elastic`` (``elastic.run``,
   a commit in memory every ``--commit-every`` steps) with ``executor_loss="replace"``: Spark runs
   only the lost task again, and its new rank joins rank 0, which keeps running;
+* ``cold_spares_in_place``: ``in_place`` without the driver's warm jobs on the free slots
+  (``SPARKML_DIST_WARM_SPARES=0``, :mod:`sparkml_dist.runner.tasks.spares`): the lost task's new
+  executor starts its Python side and its pool (the torch import) only when the task comes;
 * ``decommission_in_place``: the same job sent SIGPWR: the rank leaves at its next commit, Spark
   runs its task again elsewhere, and its new rank joins rank 0 at that commit.
 
@@ -87,10 +90,12 @@ def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 
             executor_loss="replace" if kind.endswith("in_place") else "restart",
         )
         t0 = time.time()
+        os.environ["SPARKML_DIST_WARM_SPARES"] = "0" if kind.startswith("cold_spares") else "1"
         try:
             runner.run(train, steps, every, run_dir)
         finally:
             stop.set()
+            os.environ.pop("SPARKML_DIST_WARM_SPARES")
         wall = time.time() - t0
         events = [json.loads(line) for line in open(os.path.join(run_dir, "steps.jsonl"))]
     return _breakdown(wall, steps, hits, events, lines)

@@ -84,6 +84,11 @@ class Announces:
         # ``short(n)`` is told, instead of a fallback, when only n announced in time
         self._again, self._short = again, short
 
+    @property
+    def answered(self) -> bool:
+        """Every task has announced (and was answered): the attempt's tasks hold their slots."""
+        return self._answer is not None
+
     def _fall_back(self) -> None:
         with self._lock:
             if len(self._got) >= self.tasks:

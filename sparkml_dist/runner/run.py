@@ -29,6 +29,7 @@ from .data.plan import plan
 from .deadlines import Deadline
 from .elastic import executor_loss
 from .task_spec import TaskSpec
+from .tasks.spares import Spares
 from .timing import report as timing_report
 
 log = logging.getLogger(__name__)
@@ -135,17 +136,11 @@ class Run:
                     raise
                 if stop:
                     raise failures.final_error(tries, stop) from exc
-                cause = failures.cause(exc)
-                log.warning(
-                    "run attempt %d failed (%s); restart %d of %d",
-                    len(tries),
-                    cause,
-                    len(tries),
-                    r.max_restarts,
-                )
+                cause, n = failures.cause(exc), len(tries)
+                log.warning("run attempt %d failed (%s); restart %d of %d", n, cause, n, r.max_restarts)
                 r.sink(
-                    f"[sparkml_dist] attempt {len(tries)} failed: {cause}; restarting "
-                    f"({len(tries)} of {r.max_restarts}) with a fresh rendezvous\n"
+                    f"[sparkml_dist] attempt {n} failed: {cause}; restarting "
+                    f"({n} of {r.max_restarts}) with a fresh rendezvous\n"
                 )
 
     def _shards(self, deadline: Deadline):
@@ -218,7 +213,7 @@ class Run:
             monitor.on_rendezvous, monitor.executor_gone = watch.add, watch.gone
         if r.roles is not None:  # the servers end once rank 0's function has returned
             _stop_servers_with_the_chief(monitor)
-        ok, store = False, None  # the run's store, when the driver serves it (executor_loss)
+        ok, store, spares = False, None, None  # the run's store and warm spares (executor_loss)
         try:
             spec = self._task_spec(uuid.uuid4().hex[:12], (host, server.port), secret, data)
             plain = r.executor_loss == "replace"  # plain tasks: their exchange and store are the driver's
@@ -228,6 +223,7 @@ class Run:
                 found = (host, store.port)
                 left = watch.left if watch is not None else (lambda ranks: False)
                 monitor.announces = executor_loss.exchange(monitor, r, tasks, self.per_task, found, left)
+                spares = Spares.start(spark, spec, tasks, ready=lambda: monitor.announces.answered)
             with _spark_env.quiet_task_failures(self.spark):  # ours to report: see failures.Monitor
                 table = self.launcher.launch(r, data_df, spec, monitor, deadline)
             ranks = self._returning() if self.return_all else [0]
@@ -240,8 +236,9 @@ class Run:
                 raise decommission.HandOver(watch.notice) from exc
             raise
         finally:
-            if watch is not None:
-                watch.stop()
+            for stopping in (watch, spares):
+                if stopping is not None:
+                    stopping.stop()
             quiet.cancel()
             server.close()
             del store  # its server ends with the object: the ranks have ended

@@ -300,3 +300,17 @@ def lost_after_the_last_step(marks: str, linger: float = 8.0):
 
     steps = steps_then_loss(state)
     return {"weights": {k: v.detach().clone() for k, v in state.model.state_dict().items()}, "steps": steps}
+
+
+def my_pool_started(before: float, wait_s: float = 0.0) -> dict:
+    """A rank's pool (its parent: the pool that forked it): whether it is one, and whether it was
+    started before ``before`` (a time.time()); the rank then waits ``wait_s`` seconds."""
+    import time
+
+    import psutil
+
+    from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
+
+    parent = psutil.Process().parent()
+    time.sleep(wait_s)
+    return {"pool": POOL_MARK in " ".join(parent.cmdline()), "earlier": parent.create_time() < before}
