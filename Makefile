@@ -75,8 +75,8 @@ test-unit: $(HVD_STAMP)
 
 # pytest-xdist workers, each with its own local[2] session and its own suite id for the leak checks:
 # most of these tests wait on processes starting, so three share the 2 cores better than two
-# (1,853 s with two -> 1,539 s with three here; four: 2,074 s against 1,827-1,873 s with three on
-# 2026-12-07, the two cores saturated: docs/tests.md); LOCAL_XDIST=0 runs them serially. The other
+# (1,853 s with two -> 1,539 s with three here; four: 2,074 s against 1,988 s with three the same
+# day, 2026-12-07, the two cores saturated: docs/tests.md); LOCAL_XDIST=0 runs them serially. The other
 # passes run two workers (XDIST).
 XDIST ?= 2
 LOCAL_XDIST ?= 3
