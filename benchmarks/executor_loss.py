@@ -3,8 +3,9 @@
 On ``local-cluster[N,1,1024]`` (``--executors N`` JVMs, one slot each, 2 by default: a lost executor's
 replacement has to start first; 3: a spare one takes its place at once; ``spark.decommission.enabled``),
 the job of :mod:`bench_failures` (its ``train``) runs as 2 barrier tasks, undisturbed, then with the
-executor under rank ``--victim`` hit every tenth of the undisturbed run's length, once the rank
-that replaced the last victim trains:
+executor under rank ``--victim`` hit at each tenth of the run's steps (9 losses: when rank 0 first
+logs step ``steps * k / 10``, ``k`` = 1..9, once the rank that replaced the last victim runs; every
+contender loses as many executors, however fast it trains):
 
 * ``cold`` / ``warm``: the executor JVM is SIGKILLed (a node failure); the barrier stage ends and
   the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
@@ -65,7 +66,9 @@ def executor_of(rank_pid: int):
     return None
 
 
-def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 1, kind: str = "warm"):
+def one_run(
+    train, steps: int, every: int, hits: int = 0, victim: int = 1, kind: str = "warm", host: bool = False
+):
     import json
     import tempfile
 
@@ -73,11 +76,12 @@ def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 
 
     lines = []
     with tempfile.TemporaryDirectory(prefix="bench-executor-loss-") as run_dir:
-        hits: list = []
+        struck: list = []
         stop = threading.Event()
         sig = signal.SIGPWR if kind.startswith("decommission") else signal.SIGKILL
-        if interval > 0:
-            args = (run_dir, victim, interval, sig, stop, hits)
+        if hits > 0:
+            marks = [steps * k // (hits + 1) for k in range(1, hits + 1)]
+            args = (run_dir, victim, marks, sig, stop, struck, host)
             threading.Thread(target=hitter, args=args, daemon=True).start()
         runner = BarrierRunner(
             2,
@@ -98,39 +102,54 @@ def one_run(train, steps: int, every: int, interval: float = 0.0, victim: int = 
             os.environ.pop("SPARKML_DIST_WARM_SPARES")
         wall = time.time() - t0
         events = [json.loads(line) for line in open(os.path.join(run_dir, "steps.jsonl"))]
-    return _breakdown(wall, steps, hits, events, lines)
+    return _breakdown(wall, steps, struck, events, lines)
 
 
-def hitter(run_dir: str, victim: int, interval: float, sig, stop: threading.Event, hits: list) -> None:
-    """Signal the executor under rank ``victim`` ``interval`` s after each start of that rank
-    (the first run's, then each replacement's: read from the pid file the rank writes)."""
-    seen, armed_at = set(), time.time()
-    while not stop.wait(0.05):
+def _last_step(run_dir: str) -> int:
+    """The last step rank 0 logged (``steps.jsonl``'s last whole line), -1 before any."""
+    import json
+
+    try:
+        with open(os.path.join(run_dir, "steps.jsonl"), "rb") as fh:
+            fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4096))
+            tail = fh.read().split(b"\n")[-2::-1]
+    except OSError:
+        return -1
+    for line in tail:
+        try:
+            return int(json.loads(line).get("step", -1))
+        except ValueError:
+            continue
+    return -1
+
+
+def hitter(
+    run_dir: str, victim: int, marks: list, sig, stop: threading.Event, hits: list, host: bool = False
+) -> None:
+    """Signal the executor under rank ``victim`` once rank 0 first logs each step of ``marks`` (a
+    mark passed while the victim's replacement was starting is struck as soon as it runs: the
+    pid file the rank writes names a process not struck before); ``host``: SIGKILL its worker JVM
+    first (a lost machine: no executor is started in its place)."""
+    seen: set = set()
+    marks = list(marks)
+    while marks and not stop.wait(0.05):
+        if _last_step(run_dir) < marks[0]:
+            continue
         try:
             pid = int(open(os.path.join(run_dir, f"pid-{victim}")).read())
+            jvm = None if pid in seen else executor_of(pid)
         except (OSError, ValueError):
-            continue
-        if pid in seen:
-            continue
-        if time.time() < armed_at + interval:
-            continue
-        try:
-            jvm = executor_of(pid)
-        except OSError:
             continue
         if jvm is None:
             continue
         seen.add(pid)
+        marks.pop(0)
+        worker = jvm.parent() if host else None
+        if worker is not None and "deploy.worker.Worker" in " ".join(worker.cmdline()):
+            os.kill(worker.pid, signal.SIGKILL)
         os.kill(jvm.pid, sig)
         hits.append(time.time())
         print(f"  {signal.Signals(sig).name} to the executor under rank {victim} (JVM {jvm.pid})", flush=True)
-        while not stop.wait(0.05):  # armed again once the victim rank has started again
-            try:
-                if int(open(os.path.join(run_dir, f"pid-{victim}")).read()) not in seen:
-                    break
-            except (OSError, ValueError):
-                pass
-        armed_at = time.time()
 
 
 def _about_a_loss(text: str) -> bool:
@@ -166,6 +185,9 @@ def main(args, train, train_elastic) -> None:
     the only contender (the same steps, commits in memory instead of checkpoints)."""
     from sparkml_dist.session import get_session
 
+    if args.kill == "host" and args.executors < 11:
+        raise SystemExit("--kill host: no executor comes back: 9 losses need --executors 11 (9 spares)")
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spark = get_session(
         f"local-cluster[{args.executors},1,1024]",
@@ -182,6 +204,8 @@ def main(args, train, train_elastic) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
+        if args.kill == "host":  # untimed: the driver's warm job starts the spare executors' pools
+            one_run(train_elastic, 3000, args.commit_every or args.every, kind="in_place")
         kinds = tuple(args.kinds.split(","))
         plain = train_elastic if all(k.endswith("in_place") for k in kinds) else train
         commits = args.commit_every or args.every
@@ -191,7 +215,7 @@ def main(args, train, train_elastic) -> None:
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 job, every = (train_elastic, commits) if kind.endswith("in_place") else (train, args.every)
-                failed[kind] = one_run(job, args.steps, every, clean["wall"] / 10, args.victim, kind)
+                failed[kind] = one_run(job, args.steps, every, 9, args.victim, kind, args.kill == "host")
                 print(f"round {r} {kind}: {failed[kind]}", flush=True)
         _print(args, clean, failed)
     finally:
@@ -202,8 +226,7 @@ def _print(args, clean: dict, failed: dict) -> None:
     per_step = clean["wall"] / args.steps
     print(
         f"\n{args.steps} steps on local-cluster[{args.executors},1,1024] (2 tasks), a checkpoint "
-        f"every {args.every}; the executor under rank {args.victim} hit {clean['wall'] / 10:.1f} s after "
-        "each start of that rank (a tenth of the undisturbed run):"
+        f"every {args.every}; the executor under rank {args.victim} hit at each tenth of the steps:"
     )
     for kind, f in failed.items():
         n = max(1, f["losses"])
@@ -211,10 +234,11 @@ def _print(args, clean: dict, failed: dict) -> None:
         place = kind.endswith("in_place")
         steps = "the new rank's start and the state from rank 0" if place else "restart"
         seen = "the lost task running again (Spark)" if place else "detection"
-        ratio = f["wall"] / clean["wall"]
+        ratio, lost = f["wall"] / clean["wall"], (f["wall"] - clean["wall"]) / n
         print(
             f"  {kind}: {f['losses']} executors {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "
-            f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: {seen} {f['detect_s'] / n:.2f} s, "
+            f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: {lost:.1f} s "
+            f"of wall, {seen} {f['detect_s'] / n:.2f} s, "
             f"{steps} to the first step {f['restart_s'] / n:.2f} s, {f['redone'] / n:.0f} steps trained "
             f"twice (~{f['redone'] * per_step / n:.2f} s)"
         )
