@@ -13,7 +13,7 @@ the pool, the default) and cold ones (``warm_ranks=False``), and under ``elastic
 survivor keeps running, the new rank takes the last in-memory commit from it), interleaved.
 
     python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1] [--kinds elastic,cold]
-                                         [--kill rank|executor|host]
+                                         [--kill rank|executor]
                                          [--commit-every 25]
 
 ``--kill executor`` runs the same job as 2 barrier tasks on ``local-cluster[2,1,1024]`` and hits
@@ -21,8 +21,6 @@ the executor under the victim rank instead: SIGKILLed (cold and warm restarts; `
 elastic job with ``executor_loss="replace"``, the survivor keeps running) or decommissioned (SIGPWR:
 the ranks hand over at an agreed step; ``decommission_in_place``: the elastic job's rank leaves at
 its next commit and only it starts again), with each loss broken down (:mod:`executor_loss`).
-``--kill host`` SIGKILLs the worker JVM with the executor (a lost machine:
-the cluster starts no executor in its place, and a spare executor takes the task).
 A host killed (with ``min_np``) runs through the same restart path and is tested in the
 several-hosts pass, not timed here.
 """
@@ -239,12 +237,7 @@ def main() -> None:
         help="contenders with failures (rank: elastic,warm,cold; "
         "executor: cold,warm,decommission,in_place,cold_spares_in_place,decommission_in_place)",
     )
-    ap.add_argument(
-        "--kill",
-        choices=("rank", "executor", "host"),
-        default="rank",
-        help="what is lost (host: an executor with its local-cluster worker: none starts in its place)",
-    )
+    ap.add_argument("--kill", choices=("rank", "executor"), default="rank", help="what is lost")
     ap.add_argument("--executors", type=int, default=2, help="--kill executor: local-cluster's executors")
     ap.add_argument(
         "--commit-every", type=int, default=None, help="elastic: steps between in-memory commits (--every)"
@@ -253,7 +246,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = (
         HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
     )
-    if args.kill in ("executor", "host"):
+    if args.kill == "executor":
         import executor_loss
 
         args.kinds = args.kinds or "cold,warm,decommission,in_place"

@@ -5,7 +5,9 @@ replacement has to start first; 3: a spare one takes its place at once; ``spark.
 the job of :mod:`bench_failures` (its ``train``) runs as 2 barrier tasks, undisturbed, then with the
 executor under rank ``--victim`` hit at each tenth of the run's steps (9 losses: when rank 0 first
 logs step ``steps * k / 10``, ``k`` = 1..9, once the rank that replaced the last victim runs; every
-contender loses as many executors, however fast it trains):
+contender loses as many executors, however fast it trains; before the in-place contenders, an
+untimed in-place run lets the driver's warm job start the spare executors' pools, which on a cluster
+start on the spares' own cores and here would share the ranks' two):
 
 * ``cold`` / ``warm``: the executor JVM is SIGKILLed (a node failure); the barrier stage ends and
   the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
@@ -66,9 +68,7 @@ def executor_of(rank_pid: int):
     return None
 
 
-def one_run(
-    train, steps: int, every: int, hits: int = 0, victim: int = 1, kind: str = "warm", host: bool = False
-):
+def one_run(train, steps: int, every: int, hits: int = 0, victim: int = 1, kind: str = "warm"):
     import json
     import tempfile
 
@@ -81,7 +81,7 @@ def one_run(
         sig = signal.SIGPWR if kind.startswith("decommission") else signal.SIGKILL
         if hits > 0:
             marks = [steps * k // (hits + 1) for k in range(1, hits + 1)]
-            args = (run_dir, victim, marks, sig, stop, struck, host)
+            args = (run_dir, victim, marks, sig, stop, struck)
             threading.Thread(target=hitter, args=args, daemon=True).start()
         runner = BarrierRunner(
             2,
@@ -123,13 +123,10 @@ def _last_step(run_dir: str) -> int:
     return -1
 
 
-def hitter(
-    run_dir: str, victim: int, marks: list, sig, stop: threading.Event, hits: list, host: bool = False
-) -> None:
+def hitter(run_dir: str, victim: int, marks: list, sig, stop: threading.Event, hits: list) -> None:
     """Signal the executor under rank ``victim`` once rank 0 first logs each step of ``marks`` (a
     mark passed while the victim's replacement was starting is struck as soon as it runs: the
-    pid file the rank writes names a process not struck before); ``host``: SIGKILL its worker JVM
-    first (a lost machine: no executor is started in its place)."""
+    pid file the rank writes names a process not struck before)."""
     seen: set = set()
     marks = list(marks)
     while marks and not stop.wait(0.05):
@@ -144,9 +141,6 @@ def hitter(
             continue
         seen.add(pid)
         marks.pop(0)
-        worker = jvm.parent() if host else None
-        if worker is not None and "deploy.worker.Worker" in " ".join(worker.cmdline()):
-            os.kill(worker.pid, signal.SIGKILL)
         os.kill(jvm.pid, sig)
         hits.append(time.time())
         print(f"  {signal.Signals(sig).name} to the executor under rank {victim} (JVM {jvm.pid})", flush=True)
@@ -185,9 +179,6 @@ def main(args, train, train_elastic) -> None:
     the only contender (the same steps, commits in memory instead of checkpoints)."""
     from sparkml_dist.session import get_session
 
-    if args.kill == "host" and args.executors < 11:
-        raise SystemExit("--kill host: no executor comes back: 9 losses need --executors 11 (9 spares)")
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     spark = get_session(
         f"local-cluster[{args.executors},1,1024]",
@@ -204,7 +195,7 @@ def main(args, train, train_elastic) -> None:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
-        if args.kill == "host":  # untimed: the driver's warm job starts the spare executors' pools
+        if any(k.endswith("in_place") for k in args.kinds.split(",")):  # untimed: the spares' pools start
             one_run(train_elastic, 3000, args.commit_every or args.every, kind="in_place")
         kinds = tuple(args.kinds.split(","))
         plain = train_elastic if all(k.endswith("in_place") for k in kinds) else train
@@ -215,7 +206,7 @@ def main(args, train, train_elastic) -> None:
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 job, every = (train_elastic, commits) if kind.endswith("in_place") else (train, args.every)
-                failed[kind] = one_run(job, args.steps, every, 9, args.victim, kind, args.kill == "host")
+                failed[kind] = one_run(job, args.steps, every, 9, args.victim, kind)
                 print(f"round {r} {kind}: {failed[kind]}", flush=True)
         _print(args, clean, failed)
     finally:
