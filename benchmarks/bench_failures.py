@@ -13,7 +13,7 @@ the pool, the default) and cold ones (``warm_ranks=False``), and under ``elastic
 survivor keeps running, the new rank takes the last in-memory commit from it), interleaved.
 
     python benchmarks/bench_failures.py [--steps 15000] [--every 250] [--repeats 1] [--kinds elastic,cold]
-                                         [--kill rank|executor]
+                                         [--kill rank|executor|host]
                                          [--commit-every 25]
 
 ``--kill executor`` runs the same job as 2 barrier tasks on ``local-cluster[2,1,1024]`` and hits
@@ -21,8 +21,11 @@ the executor under the victim rank instead: SIGKILLed (cold and warm restarts; `
 elastic job with ``executor_loss="replace"``, the survivor keeps running) or decommissioned (SIGPWR:
 the ranks hand over at an agreed step; ``decommission_in_place``: the elastic job's rank leaves at
 its next commit and only it starts again), with each loss broken down (:mod:`executor_loss`).
-A host killed (with ``min_np``) runs through the same restart path and is tested in the
-several-hosts pass, not timed here.
+``--kill host`` runs it on a Spark standalone cluster of one-core worker JVMs started here (2 for
+the ranks and 9 spares for each run with losses, so no lost host's executor is started again on
+the ranks' cores) and SIGKILLs every process of the victim's "host" at once: its worker, its
+executor, Spark's Python side, the warm pools and the rank.  A host lost with ``min_np`` (the
+world shrinks, then grows back) is tested in the several-hosts pass, not timed here.
 """
 
 from __future__ import annotations
@@ -237,7 +240,12 @@ def main() -> None:
         help="contenders with failures (rank: elastic,warm,cold; "
         "executor: cold,warm,decommission,in_place,cold_spares_in_place,decommission_in_place)",
     )
-    ap.add_argument("--kill", choices=("rank", "executor"), default="rank", help="what is lost")
+    ap.add_argument(
+        "--kill",
+        choices=("rank", "executor", "host"),
+        default="rank",
+        help="what is lost (host: a standalone worker with its executor, pools and ranks; spares on others)",
+    )
     ap.add_argument("--executors", type=int, default=2, help="--kill executor: local-cluster's executors")
     ap.add_argument(
         "--commit-every", type=int, default=None, help="elastic: steps between in-memory commits (--every)"
@@ -246,10 +254,10 @@ def main() -> None:
     os.environ["PYTHONPATH"] = (
         HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")
     )
-    if args.kill == "executor":
+    if args.kill in ("executor", "host"):
         import executor_loss
 
-        args.kinds = args.kinds or "cold,warm,decommission,in_place"
+        args.kinds = args.kinds or ("in_place" if args.kill == "host" else "cold,warm,decommission,in_place")
         return executor_loss.main(args, train, train_elastic)
     args.kinds = args.kinds or "elastic,warm,cold"
     rows = []

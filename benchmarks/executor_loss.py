@@ -1,4 +1,4 @@
-"""``bench_failures.py --kill executor``: an executor lost (or decommissioned) every tenth of the run.
+"""``bench_failures.py --kill executor|host``: an executor or a host lost every tenth of the run.
 
 On ``local-cluster[N,1,1024]`` (``--executors N`` JVMs, one slot each, 2 by default: a lost executor's
 replacement has to start first; 3: a spare one takes its place at once; ``spark.decommission.enabled``),
@@ -7,7 +7,9 @@ executor under rank ``--victim`` hit at each tenth of the run's steps (9 losses:
 logs step ``steps * k / 10``, ``k`` = 1..9, once the rank that replaced the last victim runs; every
 contender loses as many executors, however fast it trains; before the in-place contenders, an
 untimed in-place run lets the driver's warm job start the spare executors' pools, which on a cluster
-start on the spares' own cores and here would share the ranks' two):
+start on the spares' own cores and here would share the ranks' two; ``--kill host``: on a standalone
+cluster of one-core workers instead, 2 + 9 a run with losses, the victim's worker killed with
+everything on it, :func:`host_of`, so nothing starts again on the ranks' cores):
 
 * ``cold`` / ``warm``: the executor JVM is SIGKILLed (a node failure); the barrier stage ends and
   the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
@@ -68,7 +70,36 @@ def executor_of(rank_pid: int):
     return None
 
 
-def one_run(train, steps: int, every: int, hits: int = 0, victim: int = 1, kind: str = "warm"):
+def host_of(jvm) -> list:
+    """Every process of the "host" under executor ``jvm`` on a standalone cluster: its worker JVM and
+    everything below it (the executor, Spark's Python daemon and workers), the warm pools anchored to
+    a process of that tree and the ranks they forked (a pool starts in a session of its own)."""
+    import psutil
+
+    worker = jvm.parent()
+    if worker is None or "deploy.worker.Worker" not in " ".join(worker.cmdline()):
+        raise RuntimeError(f"executor {jvm.pid} runs under no standalone worker: --kill host needs one")
+    tree = [worker, *worker.children(recursive=True)]
+    anchors = {f"/{p.pid}-" for p in tree}
+    pools = {
+        c.pid
+        for c in psutil.net_connections("unix")
+        if c.pid
+        and isinstance(c.laddr, str)
+        and "sparkml_dist-pool" in c.laddr
+        and any(a in c.laddr for a in anchors)
+    }
+    for pid in pools:
+        try:
+            tree += [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+        except psutil.Error:
+            continue
+    return tree
+
+
+def one_run(
+    train, steps: int, every: int, hits: int = 0, victim: int = 1, kind: str = "warm", host: bool = False
+):
     import json
     import tempfile
 
@@ -81,7 +112,7 @@ def one_run(train, steps: int, every: int, hits: int = 0, victim: int = 1, kind:
         sig = signal.SIGPWR if kind.startswith("decommission") else signal.SIGKILL
         if hits > 0:
             marks = [steps * k // (hits + 1) for k in range(1, hits + 1)]
-            args = (run_dir, victim, marks, sig, stop, struck)
+            args = (run_dir, victim, marks, sig, stop, struck, host)
             threading.Thread(target=hitter, args=args, daemon=True).start()
         runner = BarrierRunner(
             2,
@@ -123,10 +154,13 @@ def _last_step(run_dir: str) -> int:
     return -1
 
 
-def hitter(run_dir: str, victim: int, marks: list, sig, stop: threading.Event, hits: list) -> None:
+def hitter(
+    run_dir: str, victim: int, marks: list, sig, stop: threading.Event, hits: list, host: bool = False
+) -> None:
     """Signal the executor under rank ``victim`` once rank 0 first logs each step of ``marks`` (a
     mark passed while the victim's replacement was starting is struck as soon as it runs: the
-    pid file the rank writes names a process not struck before)."""
+    pid file the rank writes names a process not struck before).  ``host``: every process of the
+    victim's host instead (:func:`host_of`), all SIGKILLed within a few milliseconds."""
     seen: set = set()
     marks = list(marks)
     while marks and not stop.wait(0.05):
@@ -141,6 +175,19 @@ def hitter(run_dir: str, victim: int, marks: list, sig, stop: threading.Event, h
             continue
         seen.add(pid)
         marks.pop(0)
+        if host:
+            procs = [pid, *{p.pid for p in host_of(jvm)}]
+            for each in procs:  # the whole host at once: its worker, executor, pools and ranks
+                try:
+                    os.kill(each, sig)
+                except ProcessLookupError:
+                    pass
+            hits.append(time.time())
+            print(
+                f"  {signal.Signals(sig).name} to the host of rank {victim} ({len(procs)} processes)",
+                flush=True,
+            )
+            continue
         os.kill(jvm.pid, sig)
         hits.append(time.time())
         print(f"  {signal.Signals(sig).name} to the executor under rank {victim} (JVM {jvm.pid})", flush=True)
@@ -177,27 +224,55 @@ def main(args, train, train_elastic) -> None:
     interleaved.  ``train`` / ``train_elastic``: bench_failures' jobs (passed in: defined in the
     script, they travel by value); the undisturbed run is ``train_elastic``'s when ``in_place`` is
     the only contender (the same steps, commits in memory instead of checkpoints)."""
+    import contextlib
+
     from sparkml_dist.session import get_session
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    spark = get_session(
-        f"local-cluster[{args.executors},1,1024]",
-        conf={
-            "spark.decommission.enabled": "true",
-            # a SIGKILLed executor counts as its task's failure: a plain task (in_place) is retried
-            # at most maxFailures - 1 times in a job (4 by default), then the job fails and restarts
-            "spark.task.maxFailures": "1000",
-            "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
-        },
-        conf_file=os.path.join(root, "conf", "spark-local.yaml"),
-        app_name="bench_failures-executor",
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    kinds = tuple(args.kinds.split(","))
+    host = args.kill == "host"
+    if host and any(k.startswith("decommission") for k in kinds):
+        raise SystemExit("--kill host: a host is lost (SIGKILL); decommissioning is --kill executor's")
+    conf = {
+        "spark.decommission.enabled": "true",
+        # a SIGKILLed executor counts as its task's failure: a plain task (in_place) is retried
+        # at most maxFailures - 1 times in a job (4 by default), then the job fails and restarts
+        "spark.task.maxFailures": "1000",
+        "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
+    }
+    with contextlib.ExitStack() as stack:
+        if host:  # a standalone cluster of one-core workers: 2 for the ranks, 9 for each run's losses
+            from tests.support.standalone import StandaloneCluster
+
+            workers = 2 + 9 * len(kinds) * args.repeats
+            master = stack.enter_context(StandaloneCluster(workers=workers, cores=1, memory="1g"))
+            conf.update({"spark.executor.cores": "1", "spark.cores.max": str(workers)})
+            conf["spark.executor.memory"] = "768m"
+        else:
+            master = f"local-cluster[{args.executors},1,1024]"
+        spark = get_session(
+            master, conf=conf, conf_file=os.path.join(root, "conf", "spark-local.yaml"), app_name="bench-loss"
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        if host:
+            _wait_executors(spark, workers)
+        _runs(args, train, train_elastic, spark, kinds, host)
+
+
+def _wait_executors(spark, n: int, timeout: float = 300.0) -> None:
+    """Until ``n`` executors have registered (the driver counts itself in the status tracker)."""
+    deadline = time.time() + timeout
+    while spark.sparkContext._jsc.sc().getExecutorMemoryStatus().size() - 1 < n:
+        if time.time() > deadline:
+            raise TimeoutError(f"fewer than {n} executors registered within {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def _runs(args, train, train_elastic, spark, kinds: tuple, host: bool) -> None:
     try:
         one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
         if any(k.endswith("in_place") for k in args.kinds.split(",")):  # untimed: the spares' pools start
             one_run(train_elastic, 3000, args.commit_every or args.every, kind="in_place")
-        kinds = tuple(args.kinds.split(","))
         plain = train_elastic if all(k.endswith("in_place") for k in kinds) else train
         commits = args.commit_every or args.every
         for r in range(args.repeats):
@@ -206,7 +281,7 @@ def main(args, train, train_elastic) -> None:
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 job, every = (train_elastic, commits) if kind.endswith("in_place") else (train, args.every)
-                failed[kind] = one_run(job, args.steps, every, 9, args.victim, kind)
+                failed[kind] = one_run(job, args.steps, every, 9, args.victim, kind, host)
                 print(f"round {r} {kind}: {failed[kind]}", flush=True)
         _print(args, clean, failed)
     finally:
@@ -215,9 +290,15 @@ def main(args, train, train_elastic) -> None:
 
 def _print(args, clean: dict, failed: dict) -> None:
     per_step = clean["wall"] / args.steps
+    where = (
+        f"a standalone cluster of {2 + 9 * len(failed) * args.repeats} one-core workers"
+        if args.kill == "host"
+        else f"local-cluster[{args.executors},1,1024]"
+    )
+    what = "host (worker, executor, pools, ranks)" if args.kill == "host" else "executor"
     print(
-        f"\n{args.steps} steps on local-cluster[{args.executors},1,1024] (2 tasks), a checkpoint "
-        f"every {args.every}; the executor under rank {args.victim} hit at each tenth of the steps:"
+        f"\n{args.steps} steps on {where} (2 tasks), a checkpoint every {args.every}; the {what} "
+        f"under rank {args.victim} hit at each tenth of the steps:"
     )
     for kind, f in failed.items():
         n = max(1, f["losses"])
@@ -227,7 +308,7 @@ def _print(args, clean: dict, failed: dict) -> None:
         seen = "the lost task running again (Spark)" if place else "detection"
         ratio, lost = f["wall"] / clean["wall"], (f["wall"] - clean["wall"]) / n
         print(
-            f"  {kind}: {f['losses']} executors {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "
+            f"  {kind}: {f['losses']} {what.split()[0]}s {how}: {f['wall']:.1f} s vs {clean['wall']:.1f} s "
             f"undisturbed = {ratio:.2f}x (target <= 1.15x); per loss: {lost:.1f} s "
             f"of wall, {seen} {f['detect_s'] / n:.2f} s, "
             f"{steps} to the first step {f['restart_s'] / n:.2f} s, {f['redone'] / n:.0f} steps trained "
