@@ -250,6 +250,7 @@ def main() -> None:
     ap.add_argument(
         "--commit-every", type=int, default=None, help="elastic: steps between in-memory commits (--every)"
     )
+    ap.add_argument("--keep-steps", default="", help="--kill executor|host: keep each run's step log here")
     args = ap.parse_args()
     os.environ["PYTHONPATH"] = (
         HERE + os.pathsep + os.path.dirname(HERE) + os.pathsep + os.environ.get("PYTHONPATH", "")

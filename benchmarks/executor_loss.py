@@ -39,6 +39,8 @@ import signal
 import threading
 import time
 
+KEEP_STEPS = ""  # --keep-steps DIR: where each run's step log goes
+
 
 def executor_of(rank_pid: int):
     """The executor JVM above rank ``rank_pid``'s task: the process that holds the other end of one
@@ -133,6 +135,14 @@ def one_run(
             os.environ.pop("SPARKML_DIST_WARM_SPARES")
         wall = time.time() - t0
         events = [json.loads(line) for line in open(os.path.join(run_dir, "steps.jsonl"))]
+        if KEEP_STEPS:  # rank 0's step log, kept for a look at the step rate around each loss
+            import shutil
+
+            os.makedirs(KEEP_STEPS, exist_ok=True)
+            name = f"{kind if hits else 'undisturbed'}-{steps}-{time.strftime('%H%M%S')}.jsonl"
+            shutil.copy(os.path.join(run_dir, "steps.jsonl"), os.path.join(KEEP_STEPS, name))
+            with open(os.path.join(KEEP_STEPS, name + ".hits"), "w") as fh:
+                json.dump(struck, fh)
     return _breakdown(wall, steps, struck, events, lines)
 
 
@@ -229,6 +239,8 @@ def main(args, train, train_elastic) -> None:
     from sparkml_dist.session import get_session
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    global KEEP_STEPS
+    KEEP_STEPS = args.keep_steps
     kinds = tuple(args.kinds.split(","))
     host = args.kill == "host"
     if host and any(k.startswith("decommission") for k in kinds):
