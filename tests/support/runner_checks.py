@@ -9,6 +9,7 @@ import pytest
 
 from sparkml_dist import ConfigurationError, RunTimeoutError, WorkerError
 from sparkml_dist.runner import BarrierRunner
+from sparkml_dist.runner.tasks import standby
 from sparkml_dist.runner.tasks.keeper import KEEPER_MARK
 from sparkml_dist.runner.tasks.warm_pool import POOL_MARK
 from tests.support import runner_helpers as h
@@ -29,7 +30,17 @@ def is_rank(p) -> bool:
     cmd = _cmdline(p)
     if RANK_MARK in cmd or KEEPER_MARK in cmd:
         return True
+    if is_standby(p):
+        return False
     return POOL_MARK in cmd and p.ppid() > 1 and POOL_MARK in _cmdline(psutil.Process(p.ppid()))
+
+
+def is_standby(p) -> bool:
+    """A pool's standby (:mod:`sparkml_dist.runner.tasks.standby`): forked ahead, not a rank yet."""
+    try:
+        return p.name().startswith(standby.NAME.decode())
+    except psutil.Error:
+        return False
 
 
 def pool_socket(p) -> str:
@@ -45,7 +56,13 @@ def pool_socket(p) -> str:
 
 def pool_processes(suite=None):
     """The warm pools (not their ranks) this pytest run's processes started."""
-    return _mine(lambda p: POOL_MARK in _cmdline(p) and not is_rank(p), suite)
+    return _mine(lambda p: POOL_MARK in _cmdline(p) and not is_rank(p) and not is_standby(p), suite)
+
+
+def standby_processes(suite=None, ready=False):
+    """The pools' standbys this pytest run's processes started (they end with their pool);
+    ``ready``: only those that made their imports."""
+    return _mine(lambda p: is_standby(p) and (not ready or p.name() == standby.NAME.decode()), suite)
 
 
 def rank_processes(suite=None):

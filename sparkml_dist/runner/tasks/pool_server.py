@@ -26,6 +26,10 @@ group (and a request whose connection closed before it was read forks nothing). 
 code, its kill and its death with its task thus keep their meaning.  Nothing received is executed
 or unpickled: a malformed request is dropped.
 
+**A standby** (:mod:`.standby`): asked ``{"standby": true}`` (the driver's warm job on a spare
+executor), the pool forks one process that makes the backend's spare imports and waits; the next
+rank asked of it is handed to that process instead of forked.
+
 **What a rank leaves behind** (a double fork, a daemon that left the rank's session) is re-parented
 to the pool, a child subreaper, and killed once its rank has ended (:mod:`.orphans`).
 """
@@ -45,7 +49,8 @@ from typing import Dict, List, Optional
 
 from . import orphans
 from .orphans import Orphans
-from .rank_request import MAX_FDS, MAX_REQUEST, close_all, parse_request, reply, take_descriptors
+from .rank_request import MAX_FDS, MAX_REQUEST, close_all, parse_request, reply, start_rank
+from .standby import Standby
 
 
 class _Rank:
@@ -61,8 +66,12 @@ class _Pending:
 
 
 class PoolServer:
-    def __init__(self, listener: socket.socket, anchor: int, idle_s: float, dir_fd: int = -1) -> None:
+    def __init__(
+        self, listener: socket.socket, anchor: int, idle_s: float, dir_fd: int = -1, spare_preload=None
+    ) -> None:
         self.listener, self.idle_s, self.dir_fd = listener, idle_s, dir_fd
+        self.spare_preload = spare_preload or (lambda: None)  # what a standby imports
+        self.standby: Optional[Standby] = None
         self.sel = selectors.DefaultSelector()
         self.ranks: Dict[int, _Rank] = {}  # pid -> its connection
         self.orphans = Orphans()  # what ranks left behind, re-parented to this pool
@@ -99,6 +108,8 @@ class PoolServer:
                     self._read(key.fileobj)
                 elif key.data == "rank":
                     self._rank_conn(key.fileobj)
+                elif key.data == "standby" and not self.standby.heard():
+                    self._drop_standby()
             self._reap()
 
     def _accept(self) -> None:
@@ -140,6 +151,12 @@ class PoolServer:
             self.stopping = True
             self._close_listener()
             return self._drop(conn)
+        if request.get("standby"):
+            self._drop(conn)
+            if self.standby is None and not self.stopping:
+                self.standby = Standby.fork(self._close_inherited, self.spare_preload)
+                self.sel.register(self.standby.end, selectors.EVENT_READ, "standby")
+            return None
         if _closed(conn):  # its task was killed or gave up while this pool imported: fork nothing
             return self._drop(conn)
         del self.pending[conn]
@@ -158,9 +175,14 @@ class PoolServer:
             close_all(fds)
             conn.close()
             os._exit(3)
-        pid = os.fork()
-        if pid == 0:
-            self._child(conn, request, fds)  # never returns
+        standby = self.standby if self.standby is not None and self.standby.ready else None
+        if standby is not None and standby.hand(request, fds):  # it becomes this rank: no fork
+            pid = standby.pid
+            self._drop_standby()
+        else:
+            pid = os.fork()
+            if pid == 0:
+                self._child(conn, request, fds)  # never returns
         close_all(fds)
         self.ranks[pid] = _Rank(conn, pid)
         self.sel.modify(conn, selectors.EVENT_READ, "rank")
@@ -168,21 +190,32 @@ class PoolServer:
 
     def _child(self, conn: socket.socket, request: dict, fds: List[int]) -> None:
         try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            self.sel.close()
-            for c in [conn, self.listener, *self.pending, *(r.conn for r in self.ranks.values())]:
-                c.close()
-            close_all([fd for p in self.pending.values() for fd in p.fds])
-            close_all(
-                [self.wake_r, self.wake_w, self.dir_fd]
-                + ([self.anchor_fd] if self.anchor_fd is not None else [])
-            )
+            conn.close()
+            self._close_inherited()
             os.setsid()
             start_rank(request, fds, os.getppid())
         except BaseException:
             traceback.print_exc()
         os._exit(1)
+
+    def _close_inherited(self) -> None:
+        """In a forked child: close what is the pool's (its sockets, its requests' descriptors)."""
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        self.sel.close()
+        standby = [self.standby.end] if self.standby is not None else []
+        for c in [self.listener, *self.pending, *(r.conn for r in self.ranks.values()), *standby]:
+            c.close()
+        close_all([fd for p in self.pending.values() for fd in p.fds])
+        close_all(
+            [self.wake_r, self.wake_w, self.dir_fd] + ([self.anchor_fd] if self.anchor_fd is not None else [])
+        )
+
+    def _drop_standby(self) -> None:
+        """No standby any more (it became a rank, or it ended)."""
+        self.sel.unregister(self.standby.end)
+        self.standby.close()
+        self.standby = None
 
     def _rank_conn(self, conn: socket.socket) -> None:
         """The task closed its connection (it ended, or was killed) while its rank runs."""
@@ -207,6 +240,8 @@ class PoolServer:
                 break
             reaped = True
             self.orphans.forget(pid)
+            if self.standby is not None and pid == self.standby.pid:
+                self._drop_standby()  # it ended before it was handed a rank
             rank = self.ranks.pop(pid, None)
             if rank is None:
                 continue  # a process a rank left, ended
@@ -215,22 +250,7 @@ class PoolServer:
             self.sel.unregister(rank.conn)
             rank.conn.close()
         if reaped:
-            self.orphans.end(set(self.ranks))
-
-
-def start_rank(request: dict, fds: List[int], pool_pid: int) -> None:
-    """In the forked child: become the rank ``request`` describes, then run its entry."""
-    env = take_descriptors(request, fds, pool_pid)
-    os.environ.clear()
-    os.environ.update(env)
-    os.chdir(request["cwd"])
-    sys.argv = ["-c"]
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:  # a cold rank draws a fresh seed; a forked one would share the pool's
-        numpy.random.set_state(numpy.random.RandomState().get_state())
-    from .rank import run
-
-    run()
+            self.orphans.end(set(self.ranks) | ({self.standby.pid} if self.standby else set()))
 
 
 def _closed(conn: socket.socket) -> bool:
@@ -308,7 +328,7 @@ def main() -> None:
         from ..data import shard  # noqa: F401 - every rank maps its shard through it (0.2 s)
 
         orphans.subreaper()
-        PoolServer(listener, args["anchor"], args["idle_s"], dir_fd).serve()
+        PoolServer(listener, args["anchor"], args["idle_s"], dir_fd, backend.spare_preload).serve()
     finally:
         orphans.end_all()  # ranks die with the pool anyway; what they left, here
         try:

@@ -2,10 +2,10 @@
 
 A task asks a warm pool (:mod:`.pool_server`) or a cold rank's keeper (:mod:`.keeper`) for its
 rank the same way: one JSON line (at most :data:`MAX_REQUEST` bytes: ``{"env": {name: text},
-"cwd": path}``, or ``{"stop": true}`` for a pool) with 4 or 5 descriptors (the rank's stdin, stdout
-and stderr, its control pipe, rank 0's listening store socket), over a Unix socket; the server
-answers JSON lines, ``{"pid": n}`` once the rank runs and ``{"exit": code}`` when it ends.  Nothing
-received is executed or unpickled: a malformed request is dropped.
+"cwd": path}``; for a pool, ``{"stop": true}`` or ``{"standby": true}`` too) with 4 or 5
+descriptors (the rank's stdin, stdout and stderr, its control pipe, rank 0's listening store
+socket), over a Unix socket; the server answers JSON lines, ``{"pid": n}`` once the rank runs and
+``{"exit": code}`` when it ends.  Nothing received is executed or unpickled: a malformed request is dropped.
 
 Example::
 
@@ -19,6 +19,7 @@ import json
 import os
 import socket
 import struct
+import sys
 from typing import Dict, List, Optional
 
 from .. import protocol
@@ -79,14 +80,15 @@ def server_env(env: Dict[str, str]) -> Dict[str, str]:
 
 
 def parse_request(data: bytes, nfds: int) -> Optional[dict]:
-    """The request, if well formed: a stop, or a rank's env (str to str), cwd and 4-5 descriptors."""
+    """The request, if well formed: a stop, a standby, or a rank's env (str to str), cwd and 4-5
+    descriptors."""
     try:
         request = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(request, dict):
         return None
-    if request.get("stop") is True:
+    if request.get("stop") is True or request.get("standby") is True:  # to a pool, no descriptors
         return request
     env, cwd = request.get("env"), request.get("cwd")
     if not (isinstance(env, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())):
@@ -112,6 +114,22 @@ def take_descriptors(request: dict, fds: List[int], parent: int) -> Dict[str, st
     else:
         env.pop(protocol.STORE_FD_ENV, None)
     return env
+
+
+def start_rank(request: dict, fds: List[int], pool_pid: int) -> None:
+    """In a pool's forked child (or its standby, :mod:`.standby`): become the rank ``request``
+    describes, then run its entry."""
+    env = take_descriptors(request, fds, pool_pid)
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(request["cwd"])
+    sys.argv = ["-c"]
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:  # a cold rank draws a fresh seed; a forked one would share the pool's
+        numpy.random.set_state(numpy.random.RandomState().get_state())
+    from .rank import run
+
+    run()
 
 
 def reply(conn: socket.socket, message: dict, pid: Optional[int] = None) -> None:

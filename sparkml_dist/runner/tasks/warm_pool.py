@@ -160,6 +160,11 @@ class Pool:
         When the pool fails the request the rank starts cold (:mod:`.warm_rank`)."""
         return WarmProcess(self, env, cwd, fds, on_pid)
 
+    def keep_standby(self) -> None:
+        """Ask the running pool to keep a standby: the next rank's process forked ahead with the
+        imports of a first step (:mod:`.standby`); one it has already is kept."""
+        _send(self.path, {"standby": True})
+
     def touch(self) -> None:
         """Mark it in use (the last pool to stop); gone meanwhile (another task made room), no matter."""
         try:

@@ -3,7 +3,9 @@
 The task side of :mod:`.spares`: run on a free slot, it starts the pool that a
 rank of the run would be forked from here (:mod:`.warm_pool`: the key of the run's rank
 environment, anchored to Spark's Python daemon as a rank task's is), and returns once the pool's
-socket accepts; the pool imports the framework in its own process.
+socket accepts; the pool imports the framework in its own process, then forks a standby that
+makes the imports of a rank's first steps too (:mod:`.standby`), which the next rank asked of this
+pool becomes.
 
 Example::
 
@@ -42,4 +44,5 @@ def _start(spec) -> int:
     if pool is None:
         return 0
     pool.start(env)
+    pool.keep_standby()  # the lost executor's rank then starts with a first step's imports made
     return 1
