@@ -5,11 +5,13 @@ replacement has to start first; 3: a spare one takes its place at once; ``spark.
 the job of :mod:`bench_failures` (its ``train``) runs as 2 barrier tasks, undisturbed, then with the
 executor under rank ``--victim`` hit at each tenth of the run's steps (9 losses: when rank 0 first
 logs step ``steps * k / 10``, ``k`` = 1..9, once the rank that replaced the last victim runs; every
-contender loses as many executors, however fast it trains; before the in-place contenders, an
-untimed in-place run lets the driver's warm job start the spare executors' pools, which on a cluster
-start on the spares' own cores and here would share the ranks' two; ``--kill host``: on a standalone
-cluster of one-core workers instead, 2 + 9 a run with losses, the victim's worker killed with
-everything on it, :func:`host_of`, so nothing starts again on the ranks' cores):
+contender loses as many executors, however fast it trains; just before each in-place contender, an
+untimed in-place run lets the driver's warm job start the spare executors' pools and standbys,
+which on a cluster start on the spares' own cores and here would share the ranks' two (started
+once before every contender, they ended within a 450 s undisturbed run: a pool's idle end is
+300 s); ``--kill host``: on a standalone cluster of one-core workers instead, 2 + 9 a run with
+losses, the victim's worker killed with everything on it, :func:`host_of`, so nothing starts again
+on the ranks' cores):
 
 * ``cold`` / ``warm``: the executor JVM is SIGKILLed (a node failure); the barrier stage ends and
   the run restarts from its latest checkpoint (``max_restarts``) once Spark has a new executor,
@@ -283,8 +285,6 @@ def _wait_executors(spark, n: int, timeout: float = 300.0) -> None:
 def _runs(args, train, train_elastic, spark, kinds: tuple, host: bool) -> None:
     try:
         one_run(train, 200, args.every)  # untimed: the executors' Python sides and pools start
-        if any(k.endswith("in_place") for k in args.kinds.split(",")):  # untimed: the spares' pools start
-            one_run(train_elastic, 3000, args.commit_every or args.every, kind="in_place")
         plain = train_elastic if all(k.endswith("in_place") for k in kinds) else train
         commits = args.commit_every or args.every
         for r in range(args.repeats):
@@ -293,6 +293,9 @@ def _runs(args, train, train_elastic, spark, kinds: tuple, host: bool) -> None:
             failed = {}
             for kind in kinds if r % 2 == 0 else kinds[::-1]:
                 job, every = (train_elastic, commits) if kind.endswith("in_place") else (train, args.every)
+                if kind.endswith("in_place"):  # untimed, just before: the spares' pools start (or
+                    # start again: a pool ends IDLE_S = 300 s after its last use, within a long run)
+                    one_run(train_elastic, 3000, commits, kind="in_place")
                 failed[kind] = one_run(job, args.steps, every, 9, args.victim, kind, host)
                 print(f"round {r} {kind}: {failed[kind]}", flush=True)
         _print(args, clean, failed)

@@ -75,7 +75,8 @@ class TorchBackend(Backend):
     # torch._dynamo (what a rank's first optimizer imports: 1.0-1.5 s) is not preloaded: a pool
     # that had imported it made an unchanged DDP script's rank hang at its end 1 time in 3
     # (ProcessGroupGloo's destructor, tests/spark/test_cli_run.py), cause not found yet; a spare
-    # rank imports it itself while it waits (nothing is forked from a spare)
+    # rank imports it itself while it waits, and so does a spare executor's pool's standby
+    # (tasks/standby.py): nothing is forked from either
 
     def spare_preload(self):
         try:
