@@ -88,7 +88,20 @@ def assert_no_rank_left(within=10.0):
     deadline = time.time() + within
     while rank_processes() and time.time() < deadline:
         time.sleep(0.2)
-    assert rank_processes() == [], "rank processes survived the run"
+    left = rank_processes()
+    assert left == [], "rank processes survived the run: " + "; ".join(map(describe, left))
+
+
+def describe(p) -> str:
+    """What a test's failure message says of a process: enough to find what started it."""
+    try:
+        parent = psutil.Process(p.ppid())
+        return (
+            f"pid {p.pid} {p.name()!r} ({p.status()}, {time.time() - p.create_time():.0f} s old), "
+            f"parent {parent.pid} {parent.name()!r}: {_cmdline(p)[:160]!r}"
+        )
+    except psutil.Error as exc:
+        return f"pid {p.pid} ({exc.__class__.__name__})"
 
 
 class RunnerChecks:

@@ -247,7 +247,7 @@ def _running(pid: int) -> bool:
         return False
 
 
-def test_an_orphan_is_ended_only_once_every_rank_it_may_belong_to_has_ended():
+def test_an_orphan_is_ended_only_once_every_rank_it_may_belong_to_has_ended_and_a_standby_owns_none():
     """Orphans.end in a process of its own (its children are the pool's 'ranks' and 'orphans')."""
     script = textwrap.dedent(
         """
@@ -266,6 +266,15 @@ def test_an_orphan_is_ended_only_once_every_rank_it_may_belong_to_has_ended():
         later = subprocess.Popen(["sleep", "60"])  # found when no rank runs: ended at once
         left.end(live=set())
         assert later.wait(5) == -9
+        # the pool's standby (a child, no rank) is kept, and owns no orphan: one found while only
+        # it waits is ended at once (counted an owner, it kept a rank's daemon for the pool's life)
+        standby = subprocess.Popen(["sleep", "60"])
+        daemon = subprocess.Popen(["sleep", "60"])
+        left.end(live=set(), keep={standby.pid})
+        assert daemon.wait(5) == -9
+        time.sleep(0.2)
+        assert standby.poll() is None, "the standby was killed as an orphan"
+        standby.kill(); standby.wait()
         print("ok")
         """
     )
@@ -549,3 +558,21 @@ def test_a_pid_a_pool_names_without_a_pidfd_is_never_signalled(monkeypatch):
         pool.listener.close()
         shutil.rmtree(directory)
     assert_no_rank_left()
+
+
+@pytest.mark.parametrize("request_line", [b'{"standby": true}\n', b'{"stop": true}\n', b"{not json\n"])
+def test_a_keeper_sent_what_is_no_rank_request_starts_nothing(request_line):
+    """A keeper speaks the pool's protocol but keeps one rank: a pool's own requests (a stop, a
+    standby) and junk are refused, nothing forked, no pid answered."""
+    from sparkml_dist.runner.tasks.keeper import KEEPER_ENTRY
+
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    keeper = subprocess.Popen(
+        [sys.executable, "-c", KEEPER_ENTRY, str(theirs.fileno())], pass_fds=(theirs.fileno(),)
+    )
+    theirs.close()
+    with mine:
+        mine.sendall(request_line)
+        mine.settimeout(30)
+        assert mine.recv(100) == b""  # closed without an answer: no rank forked for it
+    assert keeper.wait(30) == 1

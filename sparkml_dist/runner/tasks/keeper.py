@@ -50,7 +50,7 @@ def _receive(conn: socket.socket):
             close_all(fds)
             return None, []
     request = parse_request(bytes(data), len(fds))
-    if request is None or request.get("stop"):
+    if request is None or "env" not in request:  # a pool's stop or standby: no rank to keep
         close_all(fds)
         return None, []
     return request, fds

@@ -14,7 +14,7 @@ Example::
 
     subreaper()                   # in the pool, before it forks ranks
     left = Orphans()
-    left.end(live=set(ranks))     # after reaping a child: kill what may belong to no running rank
+    left.end(live=set(ranks), keep={standby})  # after a reap: kill what may belong to no running rank
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ class Orphans:
         """``pid`` was reaped (its number may be reused)."""
         self.maybe_of.pop(pid, None)
 
-    def end(self, live: Set[int]) -> None:
-        """Kill each orphan no running rank may own: ``live`` are the running ranks' pids."""
+    def end(self, live: Set[int], keep: Set[int] = frozenset()) -> None:
+        """Kill each orphan no running rank may own: ``live`` are the running ranks' pids; ``keep``
+        the pool's other children (its standby), never killed here and owning no orphan (a
+        standby forks nothing: counted an owner, it kept every orphan alive as long as it waited)."""
         for pid in children(os.getpid()):
-            if pid in live:
+            if pid in live or pid in keep:
                 continue
             maybe = self.maybe_of.setdefault(pid, set(live))
             maybe &= live

@@ -250,7 +250,7 @@ class PoolServer:
             self.sel.unregister(rank.conn)
             rank.conn.close()
         if reaped:
-            self.orphans.end(set(self.ranks) | ({self.standby.pid} if self.standby else set()))
+            self.orphans.end(set(self.ranks), keep={self.standby.pid} if self.standby else set())
 
 
 def _closed(conn: socket.socket) -> bool:
@@ -263,10 +263,13 @@ def _closed(conn: socket.socket) -> bool:
 
 
 def _killpg(pid: int) -> None:
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    """Kill rank ``pid`` (this pool's child, not reaped yet: the number is still its own) and its
+    process group."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _pidfd(pid: int) -> Optional[int]:

@@ -232,11 +232,19 @@ def _close(fd: Optional[int]) -> None:
 def killpg(pid: int, pidfd: Optional[int]) -> None:
     """SIGKILL process group ``pid`` (a rank's: it leads a session of its own), if that very process
     is still there: ``pidfd`` (from its pool or keeper) proves the number still names it; a pid
-    without one is never signalled."""
+    without one is never signalled.  The rank itself is then killed through ``pidfd`` too: a kill
+    that missed it (no group of that number) would leave a cancelled run's rank running."""
     if pidfd is None:
         return
     try:
         signal.pidfd_send_signal(pidfd, 0)  # ProcessLookupError: it ended, its number may be reused
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError, OSError):
-        pass
+    except OSError:
+        return
+    for send in (
+        lambda: os.killpg(pid, signal.SIGKILL),
+        lambda: signal.pidfd_send_signal(pidfd, signal.SIGKILL),
+    ):
+        try:
+            send()
+        except OSError:
+            pass
