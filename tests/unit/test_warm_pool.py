@@ -17,6 +17,7 @@ import time
 import psutil
 import pytest
 
+from sparkml_dist import RunTimeoutError
 from sparkml_dist.runner import BarrierRunner
 from sparkml_dist.runner.tasks import warm_pool, warm_rank
 from sparkml_dist.runner.tasks.keeper import KEEPER_MARK
@@ -576,3 +577,18 @@ def test_a_keeper_sent_what_is_no_rank_request_starts_nothing(request_line):
         mine.settimeout(30)
         assert mine.recv(100) == b""  # closed without an answer: no rank forked for it
     assert keeper.wait(30) == 1
+
+
+def test_a_rank_this_process_could_not_signal_is_killed_by_its_pool(monkeypatch):
+    """The task's own kill of a warm rank (through its pidfd) missing it, as it would with that
+    descriptor lost: the pool, the rank's parent, kills it once the task's end of the request
+    stops sending. The run is stopped at its timeout and nothing is left (before: the rank ran on
+    for its hour, and the cancel waited its 30 s for the rank's exit)."""
+    from tests.support import runner_helpers as h
+
+    monkeypatch.setattr(warm_rank, "killpg", lambda pid, pidfd: None)
+    t = time.monotonic()
+    with pytest.raises(RunTimeoutError, match=r"timeout=8s"):
+        BarrierRunner(-2, log_ranks="none", timeout=8).run(h.fail_on, 1, "hang", 0)
+    assert time.monotonic() - t < 25
+    assert_no_rank_left()

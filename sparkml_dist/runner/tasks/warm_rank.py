@@ -202,10 +202,18 @@ class WarmProcess:
         return self.returncode  # type: ignore[return-value]
 
     def kill(self) -> None:
-        """Kill the rank's process group; not forked yet, it never will be (ended: -SIGKILL)."""
+        """Kill the rank's process group; not forked yet, it never will be (ended: -SIGKILL).
+        A forked rank is killed twice over: by this process (its pidfd) and by its pool or keeper
+        (its parent, whose child's number cannot be another's yet), which kills it when this end
+        of the request's connection stops sending, and still answers its exit code."""
         with self._lock:
             if self.pid is not None:
-                return killpg(self.pid, self._pidfd)
+                killpg(self.pid, self._pidfd)
+                try:
+                    self.conn.shutdown(socket.SHUT_WR)
+                except (AttributeError, OSError):  # closed meanwhile: the pool has killed it
+                    pass
+                return
             self._killed = True
             self._drop_conn()
             self._release()
@@ -232,19 +240,11 @@ def _close(fd: Optional[int]) -> None:
 def killpg(pid: int, pidfd: Optional[int]) -> None:
     """SIGKILL process group ``pid`` (a rank's: it leads a session of its own), if that very process
     is still there: ``pidfd`` (from its pool or keeper) proves the number still names it; a pid
-    without one is never signalled.  The rank itself is then killed through ``pidfd`` too: a kill
-    that missed it (no group of that number) would leave a cancelled run's rank running."""
+    without one is never signalled."""
     if pidfd is None:
         return
     try:
         signal.pidfd_send_signal(pidfd, 0)  # ProcessLookupError: it ended, its number may be reused
-    except OSError:
-        return
-    for send in (
-        lambda: os.killpg(pid, signal.SIGKILL),
-        lambda: signal.pidfd_send_signal(pidfd, signal.SIGKILL),
-    ):
-        try:
-            send()
-        except OSError:
-            pass
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        pass
