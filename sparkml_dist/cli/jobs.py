@@ -145,12 +145,14 @@ def _evaluate(scored, task: str, label: str, n_classes: int) -> dict:
 
     if task == "regression":
         return {m: RegressionEvaluator(labelCol=label, metricName=m).evaluate(scored) for m in ("rmse", "r2")}
-    scored = scored.cache()
-    metrics = {
-        "accuracy": MulticlassClassificationEvaluator(labelCol=label, metricName="accuracy").evaluate(scored)
-    }
-    if n_classes == 2:
-        metrics["auc"] = BinaryClassificationEvaluator(labelCol=label).evaluate(scored)
+    scored = scored.cache()  # scored once for both metrics, then let go: a notebook may run many jobs
+    try:
+        accuracy = MulticlassClassificationEvaluator(labelCol=label, metricName="accuracy")
+        metrics = {"accuracy": accuracy.evaluate(scored)}
+        if n_classes == 2:
+            metrics["auc"] = BinaryClassificationEvaluator(labelCol=label).evaluate(scored)
+    finally:
+        scored.unpersist()
     return metrics
 
 

@@ -41,7 +41,10 @@ def test_ensemble_job_from_csv_trains_evaluates_and_saves(spark, tmp_path):
         "evaluate": {"test_fraction": 0.25},
         "output": {"model_path": str(tmp_path / "model")},
     }
+    persisted = spark.sparkContext._jsc.sc().getPersistentRDDs  # what the session holds cached
+    before = persisted().size()
     report = jobs.run_ensemble_job(spark, _job(tmp_path, job)[0])
+    assert persisted().size() == before  # the scored test set was cached for its two metrics, then let go
     assert report["members"] == 3 and sum(report["group_rows"]) > 250
     assert report["metrics"]["accuracy"] > 0.85 and report["metrics"]["auc"] > 0.9
     assert (tmp_path / "model" / "metadata").is_dir()
